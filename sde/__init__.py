@@ -1,0 +1,1 @@
+"""The limiting neural covariance SDE of shaped Transformers (THEORY section 3)."""

@@ -1,0 +1,64 @@
+"""shapedtx: shaped Transformers, their covariance at initialisation, and their training.
+
+Public API of the layer library; the covariance SDE lives in ``sde`` and the finite-network
+simulator in ``simulations``.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from . import metrics
+from .activation import relu_slopes, shaped_relu
+from .attention import (
+    causal_uniform,
+    shaped_attention,
+    shaped_attention_matrix,
+    softmax_attention,
+    softmax_attention_matrix,
+    token_mean,
+)
+from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
+from .config import ModelConfig
+from .metrics import detect_collapse
+from .nn import (
+    MLP,
+    Attention,
+    Block,
+    ShapedAttention,
+    ShapedReLU,
+    SoftmaxAttention,
+    Transformer,
+)
+from .norm import layer_norm
+
+try:
+    __version__ = version("shapedtx")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "MLP",
+    "Attention",
+    "Block",
+    "ModelConfig",
+    "ShapedAttention",
+    "ShapedReLU",
+    "SoftmaxAttention",
+    "Transformer",
+    "__version__",
+    "attention_branch",
+    "block",
+    "causal_uniform",
+    "detect_collapse",
+    "gaussian_linear",
+    "layer_norm",
+    "metrics",
+    "mlp_branch",
+    "relu_slopes",
+    "residual",
+    "shaped_attention",
+    "shaped_attention_matrix",
+    "shaped_relu",
+    "softmax_attention",
+    "softmax_attention_matrix",
+    "token_mean",
+]

@@ -1,0 +1,31 @@
+"""Shaped ReLU (THEORY section 2, [LNR])."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .config import ModelConfig
+
+
+def shaped_relu(x: Tensor, s_plus: float, s_minus: float) -> Tensor:
+    """phi(x) = s_+ max(x, 0) + s_- min(x, 0), elementwise; x: (...)."""
+    return s_plus * torch.clamp(x, min=0) + s_minus * torch.clamp(x, max=0)
+
+
+def relu_slopes(config: ModelConfig) -> tuple[float, float, float]:
+    """(s_plus, s_minus, c) of the configured MLP activation.
+
+    ``shaped_relu``: s_pm = 1 + c_pm / sqrt(n) and the exact normaliser c = 2 / (s_+^2 + s_-^2)
+    (THEORY section 2); ``relu``: s_+ = 1, s_- = 0, c = 2.
+    """
+    if config.mlp == "relu":
+        return 1.0, 0.0, 2.0
+    if config.mlp != "shaped_relu":
+        raise ValueError(f"mlp must be 'shaped_relu' or 'relu' to have slopes, got {config.mlp!r}")
+    root = math.sqrt(config.width)
+    s_plus = 1.0 + config.c_plus / root
+    s_minus = 1.0 + config.c_minus / root
+    return s_plus, s_minus, 2.0 / (s_plus**2 + s_minus**2)

@@ -1,0 +1,76 @@
+"""Attention matrices and their fused (no m x m matrix) forms (THEORY section 2).
+
+Shapes: queries/keys ``q, k: (..., m, n_k)``, values ``v: (..., m, d)``, logits
+``Y = q k^T: (..., m, m)`` with rows indexing queries.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def causal_mask(m: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (m, m) lower-triangular mask: True where query i may attend to key j <= i."""
+    return torch.ones(m, m, dtype=torch.bool, device=device).tril()
+
+
+def causal_uniform(m: int, *, dtype: torch.dtype | None = None, device=None) -> Tensor:
+    """Causal uniform matrix C (m, m): row i (0-based) holds 1/(i+1) on columns j <= i."""
+    rows = torch.arange(1, m + 1, dtype=dtype or torch.get_default_dtype(), device=device)
+    return causal_mask(m, device).to(rows.dtype) / rows[:, None]
+
+
+def _masked_softmax(Y: Tensor, causal: bool) -> Tensor:
+    if causal:
+        Y = Y.masked_fill(~causal_mask(Y.shape[-1], Y.device), float("-inf"))
+    return torch.softmax(Y, dim=-1)
+
+
+def softmax_attention_matrix(Y: Tensor, key_dim: int, *, causal: bool = False) -> Tensor:
+    """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m)."""
+    return _masked_softmax(Y / math.sqrt(key_dim), causal)
+
+
+def shaped_attention_matrix(Y: Tensor, tau: float, *, causal: bool = False) -> Tensor:
+    """Shaped attention ``A = I + Softmax(Y / tau) - 11^T/m``; Y: (..., m, m) -> (..., m, m).
+
+    With ``causal`` the softmax is masked and the centring uses the causal uniform matrix C, so
+    every row of A still sums to 1. ``tau = tau0 sqrt(n n_k)`` (see ``ModelConfig.tau``).
+    """
+    m = Y.shape[-1]
+    eye = torch.eye(m, dtype=Y.dtype, device=Y.device)
+    if causal:
+        centre = causal_uniform(m, dtype=Y.dtype, device=Y.device)
+    else:
+        centre = torch.full((m, m), 1.0 / m, dtype=Y.dtype, device=Y.device)
+    return eye + _masked_softmax(Y / tau, causal) - centre
+
+
+def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:
+    """``(11^T/m) v`` or, if causal, ``C v`` (running mean over tokens); v: (..., m, d)."""
+    if not causal:
+        return v.mean(dim=-2, keepdim=True).expand_as(v)
+    counts = torch.arange(1, v.shape[-2] + 1, dtype=v.dtype, device=v.device)
+    return v.cumsum(dim=-2) / counts[:, None]
+
+
+def shaped_attention(
+    q: Tensor, k: Tensor, v: Tensor, tau: float, *, causal: bool = False
+) -> Tensor:
+    """Fused ``A v`` for shaped attention: ``v + SDPA(q, k, v; scale 1/tau) - mean(v)``.
+
+    q, k: (..., m, n_k); v: (..., m, d) -> (..., m, d). Never forms the m x m matrix: the
+    softmax term goes through ``scaled_dot_product_attention`` (flash/memory-efficient kernels
+    where available) and the centring is a (cumulative, if causal) token mean.
+    """
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
+    return v + attended - token_mean(v, causal=causal)
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+    """Fused ``Softmax(q k^T / sqrt(n_k)) v``; q, k: (..., m, n_k), v: (..., m, d)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)

@@ -1,0 +1,42 @@
+"""The ``shapedtx`` command. Each subcommand lives in its own module with a ``register``
+function; bad input gives a one-line error and exit code 2 (never a traceback)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .. import __version__
+from ._common import ArgumentParser, UsageError
+
+# Subcommand modules of this package, in --help order.
+SUBCOMMANDS: tuple[str, ...] = ()
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="shapedtx",
+        description="Shaped Transformers: simulate, solve the SDE, compare, train, design.",
+    )
+    parser.add_argument("--version", action="version", version=f"shapedtx {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, UsageError) as err:
+        sys.stderr.write(f"shapedtx {args.command}: error: {err}\n")
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Per-token LayerNorm without affine parameters (THEORY section 2, pre-LN baseline)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def layer_norm(X: Tensor, eps: float = 1e-6) -> Tensor:
+    """Normalise each token over its features: X: (..., m, n) -> (..., m, n).
+
+    Subtracts the token's feature mean and divides by its (population) feature std, so that
+    every output token has squared norm / n = 1 (up to ``eps``).
+    """
+    centred = X - X.mean(dim=-1, keepdim=True)
+    return centred / (centred.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()

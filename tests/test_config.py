@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from shapedtx import ModelConfig
+
+
+def test_defaults_and_derived():
+    c = ModelConfig()
+    assert c.head_dim == c.width and c.key_dim == c.head_dim
+    assert math.isclose(c.lam**2 + c.gamma**2, 1.0)
+    assert math.isclose(c.tau, c.tau0 * math.sqrt(c.width * c.key_dim))
+    assert math.isclose(c.T, c.depth / c.width)
+
+
+def test_fixed_head_size_requires_out_proj():
+    c = ModelConfig(width=64, heads=8, head_dim=16, out_proj=True)
+    assert c.value_dim == 128 and c.key_dim == 16
+    with pytest.raises(ValueError, match="head_dim"):
+        ModelConfig(width=64, heads=8, head_dim=16, out_proj=False)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("width", 0),
+        ("width", 2.5),
+        ("depth", 0),
+        ("attention", "linear"),
+        ("mlp", "gelu"),
+        ("norm", "post"),
+        ("heads", 0),
+        ("heads", 3),  # does not divide width=64
+        ("key_dim", 0),
+        ("head_dim", -1),
+        ("out_proj", "yes"),
+        ("tau0", 0.0),
+        ("tau0", float("nan")),
+        ("gamma", 0.0),
+        ("gamma", 1.5),
+        ("c_plus", float("inf")),
+        ("c_minus", -100.0),  # slope 1 + c/sqrt(64) < 0
+        ("causal", 1),
+    ],
+)
+def test_invalid_field_raises_naming_it(field, value):
+    kwargs = {"width": 64, "mlp": "shaped_relu", field: value}
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_empty_block_rejected():
+    with pytest.raises(ValueError, match="attention"):
+        ModelConfig(attention="none", mlp="none")
+
+
+def test_attrs_round_trip():
+    c = ModelConfig(width=48, depth=7, heads=4, head_dim=5, out_proj=True, causal=True, mlp="relu")
+    attrs = c.to_attrs()
+    assert all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in attrs.values())
+    assert ModelConfig.from_attrs(attrs) == c
