@@ -18,6 +18,7 @@ from .attention import (
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
 from .config import ModelConfig
+from .covariance import check_covariance, equicorrelated, initial_tokens
 from .metrics import detect_collapse
 from .nn import (
     MLP,
@@ -29,6 +30,14 @@ from .nn import (
     Transformer,
 )
 from .norm import layer_norm
+from .results import (
+    config_of,
+    covariance_dataset,
+    load_dataset,
+    save_dataset,
+    with_metrics,
+    with_rho,
+)
 
 try:
     __version__ = version("shapedtx")
@@ -48,17 +57,26 @@ __all__ = [
     "attention_branch",
     "block",
     "causal_uniform",
+    "check_covariance",
+    "config_of",
+    "covariance_dataset",
     "detect_collapse",
+    "equicorrelated",
     "gaussian_linear",
+    "initial_tokens",
     "layer_norm",
+    "load_dataset",
     "metrics",
     "mlp_branch",
     "relu_slopes",
     "residual",
+    "save_dataset",
     "shaped_attention",
     "shaped_attention_matrix",
     "shaped_relu",
     "softmax_attention",
     "softmax_attention_matrix",
     "token_mean",
+    "with_metrics",
+    "with_rho",
 ]

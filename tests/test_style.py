@@ -11,9 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_clean():
-    if shutil.which("ruff") is None and subprocess.run(
-        [sys.executable, "-m", "ruff", "--version"], capture_output=True
-    ).returncode:
+    if (
+        shutil.which("ruff") is None
+        and subprocess.run(
+            [sys.executable, "-m", "ruff", "--version"], capture_output=True
+        ).returncode
+    ):
         pytest.skip("ruff is not installed (pip install -e '.[test]')")
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)],

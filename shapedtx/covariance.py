@@ -1,0 +1,69 @@
+"""Initial covariances and their validation (THEORY section 1)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def equicorrelated(
+    m: int,
+    rho0: float,
+    scale: float = 1.0,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """``scale ((1 - rho0) I + rho0 11^T)``: m tokens of squared norm/n ``scale``, correlation
+    ``rho0``; returns (m, m). Positive definite for -1/(m-1) < rho0 < 1."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
+        raise ValueError(f"m (number of tokens) must be an integer >= 2, got {m!r}")
+    if not (-1.0 / (m - 1) < rho0 < 1.0):
+        raise ValueError(f"rho0 must be in (-1/(m-1), 1) = ({-1.0 / (m - 1):.4g}, 1), got {rho0!r}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    eye = torch.eye(m, dtype=dtype, device=device)
+    return scale * ((1 - rho0) * eye + rho0 * torch.ones_like(eye))
+
+
+def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
+    """Validate an initial covariance: (m, m), m >= 2, finite, symmetric, positive definite.
+
+    Returns V0 symmetrised exactly; raises ValueError naming ``name`` otherwise.
+    """
+    if not isinstance(V0, Tensor):
+        V0 = torch.as_tensor(V0, dtype=torch.float64)
+    if V0.dim() != 2 or V0.shape[0] != V0.shape[1]:
+        raise ValueError(f"{name} must be a square (m, m) matrix, got shape {tuple(V0.shape)}")
+    m = V0.shape[0]
+    if m < 2:
+        raise ValueError(f"{name} must have m >= 2 tokens, got m = {m}")
+    if not torch.isfinite(V0).all():
+        raise ValueError(f"{name} must be finite")
+    scale = V0.abs().max().clamp(min=torch.finfo(V0.dtype).tiny)
+    if (V0 - V0.T).abs().max() > 1e-8 * scale:
+        raise ValueError(f"{name} must be symmetric")
+    V0 = (V0 + V0.T) / 2
+    if torch.linalg.eigvalsh(V0)[0] <= 0:
+        raise ValueError(f"{name} must be positive definite (smallest eigenvalue <= 0)")
+    return V0
+
+
+def initial_tokens(
+    V0: Tensor, width: int, samples: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """Token matrices X_0 (samples, m, n) with ``X_0 X_0^T / n = V0`` exactly.
+
+    ``X_0 = sqrt(n) L B^T`` with ``L L^T = V0`` (Cholesky) and B a Haar-random n x m
+    orthonormal frame per sample, so the law of everything downstream depends on V0 only
+    (even with LayerNorm, which is not rotation invariant).
+    """
+    m = V0.shape[-1]
+    if width < m:
+        raise ValueError(f"width must be >= the number of tokens m = {m}, got {width}")
+    G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
+    basis, r = torch.linalg.qr(G)
+    basis = basis * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]  # Haar
+    return math.sqrt(width) * torch.linalg.cholesky(V0) @ basis.transpose(-1, -2)

@@ -1,0 +1,65 @@
+"""Initial covariances and the covariance Dataset contract."""
+
+import numpy as np
+import pytest
+import torch
+
+from shapedtx import (
+    ModelConfig,
+    check_covariance,
+    config_of,
+    covariance_dataset,
+    equicorrelated,
+    initial_tokens,
+    load_dataset,
+    save_dataset,
+    with_metrics,
+    with_rho,
+)
+from shapedtx.metrics import covariance
+
+
+def test_initial_tokens_reproduce_V0_exactly():
+    V0 = equicorrelated(4, 0.3, scale=2.0)
+    X = initial_tokens(V0, 32, 6, torch.Generator().manual_seed(0))
+    assert X.shape == (6, 4, 32)
+    torch.testing.assert_close(covariance(X), V0.expand(6, 4, 4), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "V0, message",
+    [
+        (torch.ones(3, 3), "positive definite"),
+        (torch.tensor([[1.0, 0.5], [0.0, 1.0]]), "symmetric"),
+        (torch.eye(1), "m >= 2"),
+        (torch.ones(2, 3), "square"),
+        (torch.full((2, 2), float("nan")), "finite"),
+    ],
+)
+def test_invalid_V0(V0, message):
+    with pytest.raises(ValueError, match=message):
+        check_covariance(V0.double())
+
+
+def test_equicorrelated_range():
+    with pytest.raises(ValueError, match="rho0"):
+        equicorrelated(3, -0.6)
+    with pytest.raises(ValueError, match="m "):
+        equicorrelated(1, 0.2)
+
+
+def test_dataset_contract_round_trip(tmp_path):
+    config = ModelConfig(width=16, depth=2)
+    V = covariance(initial_tokens(equicorrelated(3, 0.2), 16, 5)).unsqueeze(1).repeat(1, 3, 1, 1)
+    V[0, 2] = float("nan")  # a broken path: metrics must report NaN, not crash
+    ds = covariance_dataset(
+        V, [0.0, 1 / 16, 2 / 16], config, source="network", method="test", seed=3, layer=[0, 1, 2]
+    )
+    assert ds["V"].dims == ("sample", "t", "token_a", "token_b")
+    assert ds.attrs["source"] == "network" and ds.attrs["seed"] == 3
+    ds = with_metrics(with_rho(ds))
+    np.testing.assert_allclose(ds["mean_rho"].values[1:], 0.2)
+    assert np.isnan(ds["mean_rho"].values[0, 2]) and np.isfinite(ds["mean_rho"].values[0, 1])
+    back = load_dataset(save_dataset(ds, tmp_path / "r.nc"))
+    assert config_of(back) == config
+    np.testing.assert_array_equal(back["layer"].values, [0, 1, 2])
