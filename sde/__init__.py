@@ -1,1 +1,30 @@
-"""The limiting neural covariance SDE of shaped Transformers (THEORY section 3)."""
+"""The limiting neural covariance SDE of shaped Transformers (THEORY section 3).
+
+``drift(config, V)`` and ``diffusion(config, V)`` are the coefficients, ``sample_noise`` draws
+increments with covariance ``diffusion`` without an (m^2 x m^2) square root, and ``solve``
+integrates many paths into the shared covariance Dataset (``shapedtx.results``).
+"""
+
+from .coefficients import SDEConstants, arccos_kernel, diffusion, drift, nu, sde_constants
+from .noise import psd_factor, sample_noise
+from .solve import METHODS, solve
+from .solvers import EulerMaruyama, FactoredEuler, integrate
+from .torchsde_solver import CovarianceSDE, solve_torchsde
+
+__all__ = [
+    "METHODS",
+    "CovarianceSDE",
+    "EulerMaruyama",
+    "FactoredEuler",
+    "SDEConstants",
+    "arccos_kernel",
+    "diffusion",
+    "drift",
+    "integrate",
+    "nu",
+    "psd_factor",
+    "sample_noise",
+    "sde_constants",
+    "solve",
+    "solve_torchsde",
+]

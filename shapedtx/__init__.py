@@ -6,7 +6,7 @@ simulator in ``simulations``.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import metrics
+from . import bottleneck, design, metrics
 from .activation import relu_slopes, shaped_relu
 from .attention import (
     causal_uniform,
@@ -17,8 +17,18 @@ from .attention import (
     token_mean,
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
+from .bottleneck import fit_attention, realise_attention
 from .config import ModelConfig
 from .covariance import check_covariance, equicorrelated, initial_tokens
+from .design import (
+    depth_threshold,
+    gpt3_table,
+    head_size_report,
+    optimal_shape,
+    optimal_width,
+    param_count,
+    regime,
+)
 from .metrics import detect_collapse
 from .nn import (
     MLP,
@@ -38,6 +48,7 @@ from .results import (
     with_metrics,
     with_rho,
 )
+from .training import TrainConfig, TrainingDiverged, load_corpus, train
 
 try:
     __version__ = version("shapedtx")
@@ -52,22 +63,36 @@ __all__ = [
     "ShapedAttention",
     "ShapedReLU",
     "SoftmaxAttention",
+    "TrainConfig",
+    "TrainingDiverged",
     "Transformer",
     "__version__",
     "attention_branch",
     "block",
+    "bottleneck",
     "causal_uniform",
     "check_covariance",
     "config_of",
     "covariance_dataset",
+    "depth_threshold",
+    "design",
     "detect_collapse",
     "equicorrelated",
+    "fit_attention",
     "gaussian_linear",
+    "gpt3_table",
+    "head_size_report",
     "initial_tokens",
     "layer_norm",
+    "load_corpus",
     "load_dataset",
     "metrics",
     "mlp_branch",
+    "optimal_shape",
+    "optimal_width",
+    "param_count",
+    "realise_attention",
+    "regime",
     "relu_slopes",
     "residual",
     "save_dataset",
@@ -77,6 +102,7 @@ __all__ = [
     "softmax_attention",
     "softmax_attention_matrix",
     "token_mean",
+    "train",
     "with_metrics",
     "with_rho",
 ]

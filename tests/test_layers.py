@@ -16,6 +16,7 @@ from shapedtx import (
     gaussian_linear,
     layer_norm,
     relu_slopes,
+    shaped_relu,
 )
 from shapedtx.blocks import attention_matrix, split_heads
 from shapedtx.metrics import covariance
@@ -126,3 +127,10 @@ def test_modules_init_and_hidden_states():
     # the module block is the functional block with the module's weights
     blk = model.blocks[1]
     torch.testing.assert_close(blk(X), block(X, cfg, blk._linear, fused=False))
+
+
+@pytest.mark.parametrize("s_plus, s_minus", [(1.1, 0.8), (1.0, 0.0), (0.0, 0.5), (0.9, 1.3)])
+def test_shaped_relu_matches_definition(s_plus, s_minus):
+    x = torch.linspace(-3, 3, 61)
+    expected = s_plus * x.clamp(min=0) + s_minus * x.clamp(max=0)
+    torch.testing.assert_close(shaped_relu(x, s_plus, s_minus), expected)

@@ -10,7 +10,7 @@ from .. import __version__
 from ._common import ArgumentParser, UsageError
 
 # Subcommand modules of this package, in --help order.
-SUBCOMMANDS: tuple[str, ...] = ()
+SUBCOMMANDS: tuple[str, ...] = ("simulate", "sde", "train", "design", "sweep", "compare")
 
 
 def build_parser() -> ArgumentParser:

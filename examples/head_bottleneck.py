@@ -1,0 +1,60 @@
+"""The low-rank bottleneck of attention heads (Bhojanapalli et al. 2020; THEORY section 8).
+
+Run: python examples/head_bottleneck.py
+1. Head size >= m: the pseudo-inverse construction reaches a random target P exactly.
+2. The counterexample d_p = 1, m = 2, X = [[1], [0]]: the best attention found by optimisation
+   stays at the exact (attained) lower bound ||P[1] - [1/2, 1/2]||.
+3. Full-rank X, m = 6: best distance found by optimisation for each head size, next to the
+   provable rank lower bound (p_min / 2) min(1, tail singular values of log(P) C).
+4. Head size m - 1 already suffices for full-rank X (the softmax discards per-row constants):
+   exact construction from the SVD of the row-centred log P.
+"""
+
+import torch
+
+from shapedtx.bottleneck import (
+    attention_of,
+    counterexample_distance,
+    counterexample_x,
+    fit_attention,
+    logit_rank,
+    rank_lower_bound,
+    realise_attention,
+    realise_attention_low_rank,
+)
+
+
+def main() -> None:
+    torch.set_num_threads(1)  # tiny matrices: extra threads only contend
+    f64 = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    m, n = 6, 10
+    X = torch.randn(m, n, generator=gen, dtype=f64)
+    P = torch.softmax(2.0 * torch.randn(m, m, generator=gen, dtype=f64), dim=-1)
+
+    W_Q, W_K = realise_attention(X, P, head_size=m)
+    err = (attention_of(X, W_Q, W_K) - P).abs().max()
+    print(f"1. construction, m = {m}, n = {n}, d_p = {m}: max |A - P| = {err:.2e}")
+
+    P2 = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=f64)
+    fit = fit_attention(counterexample_x(), P2, 1, restarts=16, steps=1000, lr=0.1)
+    print(
+        f"2. counterexample, target rows {P2.tolist()}: best ||A - P||_F = {fit.distance:.6f}, "
+        f"exact lower bound {float(counterexample_distance(P2)):.6f}; "
+        f"best A = {[[round(v, 4) for v in row] for row in fit.attention.tolist()]}"
+    )
+
+    print(f"3. full-rank X ({m} x {n}), same P; optimisation: 16 restarts x 1500 Adam steps")
+    for d_p in range(1, m + 1):
+        fit = fit_attention(X, P, d_p, restarts=16, steps=1500, lr=0.05)
+        bound = float(rank_lower_bound(P, min(d_p, m)))
+        print(f"   d_p = {d_p}: best ||A - P||_F = {fit.distance:.2e}   lower bound {bound:.2e}")
+
+    r = int(logit_rank(P))
+    W_Q, W_K = realise_attention_low_rank(X, P, head_size=r)
+    err = (attention_of(X, W_Q, W_K) - P).abs().max()
+    print(f"4. logit_rank(P) = {r}; construction with d_p = {r}: max |A - P| = {err:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Drift and diffusion of the neural covariance SDE (THEORY section 3).
+
+``dV = b(V) dt + Sigma(V)^{1/2} dB`` with ``E[dV^{ab} dV^{cd}] = Sigma^{ab,cd} dt``. Every
+supported configuration has
+
+- diffusion ``k_lin Sigma_lin(V) + k_att [V^{ac} W^{bd} + V^{ad} W^{bc} + V^{bc} W^{ad}
+  + V^{bd} W^{ac}]`` with ``W = V P V P V``;
+- drift ``b_att(V)`` (shaped attention, scaled by ``gamma^2 / tau0^2``) plus
+  ``gamma^2 beta (J(V) - V)`` (shaped ReLU MLP), where ``beta = (c_+ - c_-)^2 / 4`` and
+  ``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)`` (the arc-cosine kernel); this equals THEORY's
+  ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``.
+
+The constants (:func:`sde_constants`) follow THEORY's variants table and its general rule; the
+cases the table does not list (several heads without ``W^O``, a value size ``n_h d_p != n``
+with ``W^O``) were derived with that rule and verified by one-step Monte Carlo on the
+project's finite network (``tests/test_sde_onestep.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from shapedtx.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SDEConstants:
+    """Scalar coefficients of the SDE of one configuration.
+
+    Attributes:
+        k_lin: coefficient of ``Sigma_lin`` in the diffusion.
+        k_att: factor of the attention (``V (x) W``) diffusion term, 0 without attention.
+        a_att: factor ``gamma^2 / tau0^2`` of the attention drift, 0 without attention.
+        k_mlp: factor ``gamma^2 (c_+ - c_-)^2 / 4`` of the MLP drift ``J(V) - V``, 0 without MLP.
+        heads: n_h (enters through ``k_att`` only).
+    """
+
+    k_lin: float
+    k_att: float
+    a_att: float
+    k_mlp: float
+    heads: int
+
+
+def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
+    """The :class:`SDEConstants` of ``config`` for ``m`` tokens (``k_att`` needs m).
+
+    Raises ValueError for configurations without a (non-degenerate) covariance SDE limit.
+    """
+    if config.attention == "softmax":
+        raise ValueError(
+            "attention='softmax' has no covariance SDE limit: standard attention has O(1) "
+            "logits, so A is not a perturbation of the identity and tokens collapse in O(1) "
+            "layers (THEORY section 4); use attention='shaped'"
+        )
+    if config.mlp == "relu":
+        raise ValueError(
+            "mlp='relu' has no covariance SDE limit: a standard ReLU changes the correlation by "
+            "O(1) per block, so the covariance does not move on the time scale t = layer / "
+            "width and collapses (THEORY sections 2-3); use mlp='shaped_relu'"
+        )
+    if config.norm != "none":
+        raise ValueError(
+            f"norm={config.norm!r} has no derived covariance SDE: THEORY section 3 covers "
+            "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
+            "use norm='none'"
+        )
+    if config.causal:
+        raise ValueError(
+            "causal=True has no derived covariance SDE (THEORY section 2: the causal variant is "
+            "not covered by the theory); use causal=False"
+        )
+    g2 = config.gamma**2
+    lam2 = 1.0 - g2
+    k_lin = k_att = a_att = k_mlp = 0.0
+    if config.attention == "shaped":
+        # Skip x branch cross term 2 lam^2 gamma^2; W^V fluctuates with weight n / (n_h d_p)
+        # (its Gram has n_h d_p columns), W^O (when present) with weight 1.
+        value_weight = config.width / config.value_dim
+        k_lin += 2 * lam2 * g2 + g2**2 * (value_weight + (1.0 if config.out_proj else 0.0))
+        if m is not None:
+            k_att = g2**2 / (config.tau0**2 * m**2 * config.heads)
+        a_att = g2 / config.tau0**2
+    if config.mlp == "shaped_relu":
+        k_lin += 2 * g2  # 2 lam^2 gamma^2 (cross) + gamma^4 (W^pre) + gamma^4 (W^post)
+        k_mlp = g2 * (config.c_plus - config.c_minus) ** 2 / 4
+    return SDEConstants(k_lin=k_lin, k_att=k_att, a_att=a_att, k_mlp=k_mlp, heads=config.heads)
+
+
+def _check_V(V: Tensor) -> int:
+    if V.dim() < 2 or V.shape[-1] != V.shape[-2] or V.shape[-1] < 2:
+        raise ValueError(f"V must have shape (..., m, m) with m >= 2, got {tuple(V.shape)}")
+    return V.shape[-1]
+
+
+def centering(m: int, *, dtype: torch.dtype, device: torch.device | None) -> Tensor:
+    """``P = I - 11^T / m``: (m, m)."""
+    eye = torch.eye(m, dtype=dtype, device=device)
+    return eye - 1.0 / m
+
+
+def attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(Vbar, Q, u, v)`` of THEORY section 3: ``P V P`` (..., m, m), ``tr(P V P V)`` (...),
+    ``u_a = Vbar^{aa} - tr(Vbar) / m`` and ``v = diag(V)`` (..., m)."""
+    m = V.shape[-1]
+    P = centering(m, dtype=V.dtype, device=V.device)
+    Vbar = P @ V @ P
+    Q = (Vbar * V).sum(dim=(-2, -1))
+    dbar = torch.diagonal(Vbar, dim1=-2, dim2=-1)
+    u = dbar - dbar.mean(-1, keepdim=True)
+    v = torch.diagonal(V, dim1=-2, dim2=-1)
+    return Vbar, Q, u, v
+
+
+def attention_drift_factor(V: Tensor, a_att: float) -> Tensor:
+    """H with ``H V + V H^T = b_att(V)``: ``a_att [Q / (2 m^2) I + v u^T / (2m)]``; (..., m, m)."""
+    m = V.shape[-1]
+    _, Q, u, v = attention_auxiliaries(V)
+    eye = torch.eye(m, dtype=V.dtype, device=V.device)
+    return a_att * (
+        Q[..., None, None] / (2 * m**2) * eye + v[..., :, None] * u[..., None, :] / (2 * m)
+    )
+
+
+def arccos_kernel(V: Tensor) -> Tensor:
+    """``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)``:
+    ``sqrt(V^{aa} V^{bb}) (2/pi) (sqrt(1 - rho^2) + rho arcsin rho)``; (..., m, m), PSD."""
+    d = torch.diagonal(V, dim1=-2, dim2=-1).clamp(min=0).sqrt()
+    norms = d[..., :, None] * d[..., None, :]
+    tiny = torch.finfo(V.dtype).tiny
+    rho = (V / norms.clamp(min=tiny)).clamp(-1.0, 1.0)
+    value = (2 / math.pi) * ((1 - rho**2).clamp(min=0).sqrt() + rho * torch.asin(rho))
+    return norms * value
+
+
+def nu(rho: Tensor, c_plus: float, c_minus: float) -> Tensor:
+    """``nu(rho) = ((c_+ - c_-)^2 / (2 pi)) (sqrt(1 - rho^2) - rho arccos rho)``; nu(1) = 0."""
+    rho = rho.clamp(-1.0, 1.0)
+    return ((c_plus - c_minus) ** 2 / (2 * math.pi)) * (
+        (1 - rho**2).clamp(min=0).sqrt() - rho * torch.acos(rho)
+    )
+
+
+def drift(config: ModelConfig, V: Tensor) -> Tensor:
+    """Drift ``b(V)``; V: (..., m, m) -> (..., m, m) (THEORY section 3).
+
+    Shaped attention: ``(gamma^2 / tau0^2) [(Q / m^2) V + (v (Vu)^T + (Vu) v^T) / (2m)]``;
+    shaped ReLU MLP: ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
+    """
+    m = _check_V(V)
+    const = sde_constants(config, m)
+    out = torch.zeros_like(V)
+    if const.a_att:
+        H = attention_drift_factor(V, const.a_att)
+        HV = H @ V
+        out = out + HV + HV.transpose(-1, -2)
+    if const.k_mlp:
+        d = torch.diagonal(V, dim1=-2, dim2=-1).clamp(min=0).sqrt()
+        norms = d[..., :, None] * d[..., None, :]
+        rho = V / norms.clamp(min=torch.finfo(V.dtype).tiny)
+        out = out + config.gamma**2 * nu(rho, config.c_plus, config.c_minus) * norms
+    return out
+
+
+def sigma_lin(V: Tensor) -> Tensor:
+    """``Sigma_lin^{ab,cd} = V^{ac} V^{bd} + V^{ad} V^{bc}``; (..., m, m) -> (..., m, m, m, m)."""
+    ac_bd = V[..., :, None, :, None] * V[..., None, :, None, :]
+    ad_bc = V[..., :, None, None, :] * V[..., None, :, :, None]
+    return ac_bd + ad_bc
+
+
+def attention_sigma(V: Tensor) -> Tensor:
+    """``V^{ac} W^{bd} + V^{ad} W^{bc} + V^{bc} W^{ad} + V^{bd} W^{ac}``, ``W = V P V P V``;
+    (..., m, m) -> (..., m, m, m, m)."""
+    P = centering(V.shape[-1], dtype=V.dtype, device=V.device)
+    W = V @ P @ V @ P @ V
+    return (
+        V[..., :, None, :, None] * W[..., None, :, None, :]
+        + V[..., :, None, None, :] * W[..., None, :, :, None]
+        + V[..., None, :, :, None] * W[..., :, None, None, :]
+        + V[..., None, :, None, :] * W[..., :, None, :, None]
+    )
+
+
+def diffusion(config: ModelConfig, V: Tensor) -> Tensor:
+    """Increment covariance ``Sigma^{ab,cd}(V)``; V: (..., m, m) -> (..., m, m, m, m).
+
+    ``k_lin Sigma_lin + k_att [V (x) W terms]`` with the constants of :func:`sde_constants`.
+    """
+    m = _check_V(V)
+    const = sde_constants(config, m)
+    out = const.k_lin * sigma_lin(V)
+    if const.k_att:
+        out = out + const.k_att * attention_sigma(V)
+    return out

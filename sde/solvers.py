@@ -1,0 +1,193 @@
+"""Time stepping for the covariance SDE: one stepping loop, two explicit schemes.
+
+- :class:`FactoredEuler` (``method="euler"``, the default): PSD-safe Euler scheme. The MLP
+  drift is a convex combination ``V + w (J(V) - V)`` with ``J`` the (PSD) arc-cosine kernel,
+  ``w = 1 - exp(-k_mlp dt)``; then ``V' = F F^T`` with ``F = (I + H dt + G) L (I + eps N1)``,
+  ``L L^T = V``, ``eps = sqrt(k_lin dt / 2)``, ``G = sqrt(k_att dt) L N2 L^T P`` and ``H`` the
+  attention drift factor (``H V + V H^T = b_att``) minus the Ito corrections
+  ``(eps^2 m + k_att dt Q) / (2 dt) I``. Every step is PSD by construction; mean and covariance
+  of an increment match ``b dt`` and ``Sigma dt`` up to O(dt^2), odd moments vanish: weak order 1.
+- :class:`EulerMaruyama` (``method="em"``): plain ``V + b dt + Sigma^{1/2} dB``, symmetrised;
+  can leave the PSD cone (such paths are flagged), kept as a reference.
+
+:func:`integrate` freezes and flags paths whose next state is non-finite, exceeds
+``bound * max_a V0^{aa}`` in absolute value, or (EM only) is not PSD. All checks are masks on
+the device: no host synchronisation inside the loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from shapedtx.config import ModelConfig
+
+from .coefficients import (
+    arccos_kernel,
+    attention_auxiliaries,
+    attention_drift_factor,
+    centering,
+    drift,
+    sde_constants,
+)
+from .noise import noise_increment, psd_factor
+
+NoiseSource = Callable[[int], Tensor]
+"""``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
+
+PSD_TOLERANCE = 1e-8
+"""EM flags a state whose smallest eigenvalue is below ``-PSD_TOLERANCE * max |eigenvalue|``."""
+
+
+def _symmetrise(V: Tensor) -> Tensor:
+    return (V + V.transpose(-1, -2)) / 2
+
+
+class FactoredEuler:
+    """PSD-safe weak-order-1 Euler step ``V -> F F^T`` (module docstring).
+
+    By default the state is the factor ``F`` itself (``V = F F^T``): any square root gives the
+    same noise law (``L R N R^T L^T`` with an adapted rotation R is again driven by iid
+    Gaussians), so attention-only configurations need no eigendecomposition. The solution has
+    the same law as with the canonical factor ``V^{1/2}``, but is a different pathwise coupling
+    with the driving noise; ``canonical=True`` re-factors every step with ``V^{1/2}`` (as
+    :class:`EulerMaruyama` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
+    always re-factors.
+    """
+
+    name = "euler"
+
+    def __init__(self, config: ModelConfig, m: int, *, canonical: bool = False) -> None:
+        self.config, self.m, self.canonical = config, m, canonical
+        self.const = sde_constants(config, m)
+
+    def init(self, V0: Tensor) -> Tensor:
+        """State of ``V0: (B, m, m)``: a factor L with ``L L^T = V0``."""
+        return psd_factor(V0)[0]
+
+    def step(self, L: Tensor, normals: Tensor, dt: float) -> tuple[Tensor, Tensor, Tensor | None]:
+        """L: (B, m, m) factor, normals: (B, 2, m, m) -> (new factor, new V, None)."""
+        const, m = self.const, self.m
+        V = L @ L.transpose(-1, -2)
+        if const.k_mlp:
+            V = V + (-math.expm1(-const.k_mlp * dt)) * (arccos_kernel(V) - V)
+        if const.k_mlp or self.canonical:
+            L, _ = psd_factor(V)
+        eye = torch.eye(m, dtype=V.dtype, device=V.device)
+        eps2 = const.k_lin * dt / 2
+        left = eye.expand_as(V) * (1 - eps2 * m / 2)
+        if const.a_att:
+            _, Q, _, _ = attention_auxiliaries(V)
+            P = centering(m, dtype=V.dtype, device=V.device)
+            G = math.sqrt(const.k_att * dt) * (L @ normals[:, 1] @ L.transpose(-1, -2) @ P)
+            ito = (const.k_att * dt / 2) * Q[:, None, None] * eye
+            left = left + dt * attention_drift_factor(V, const.a_att) + G - ito
+        F = left @ L @ (eye + math.sqrt(eps2) * normals[:, 0])
+        return F, _symmetrise(F @ F.transpose(-1, -2)), None
+
+
+class EulerMaruyama:
+    """Plain Euler-Maruyama step ``V + b dt + sqrt(dt) Sigma^{1/2} xi`` (not PSD-safe)."""
+
+    name = "em"
+
+    def __init__(self, config: ModelConfig, m: int) -> None:
+        self.config, self.m = config, m
+        self.const = sde_constants(config, m)
+
+    def init(self, V0: Tensor) -> Tensor:
+        """State of ``V0``: V0 itself."""
+        return V0
+
+    def step(self, V: Tensor, normals: Tensor, dt: float) -> tuple[Tensor, Tensor, Tensor | None]:
+        """V: (B, m, m), normals: (B, 2, m, m) -> (V', V', psd_ok (B,))."""
+        L, _ = psd_factor(V)
+        noise = noise_increment(L, V, normals, self.const.k_lin, self.const.k_att)
+        new = _symmetrise(V + drift(self.config, V) * dt + math.sqrt(dt) * noise)
+        eye = torch.eye(self.m, dtype=V.dtype, device=V.device)
+        finite = torch.isfinite(new).all(-1).all(-1)
+        evals = torch.linalg.eigvalsh(torch.where(finite[:, None, None], new, eye))
+        ok = evals[:, 0] >= -PSD_TOLERANCE * evals.abs().amax(-1)
+        return new, new, ok
+
+
+STEPPERS = {"euler": FactoredEuler, "em": EulerMaruyama}
+
+
+class Solution(NamedTuple):
+    """Output of :func:`integrate`: ``V (B, S, m, m)`` at the saved steps, ``exploded (B,)``
+    bool, ``t_explode (B,)`` (NaN where not exploded), ``steps`` the saved step indices."""
+
+    V: Tensor
+    exploded: Tensor
+    t_explode: Tensor
+    steps: list[int]
+
+
+def save_steps(steps: int, save_every: int) -> list[int]:
+    """Saved step indices: 0, save_every, 2 save_every, ... and always the last step."""
+    out = list(range(0, steps + 1, save_every))
+    if out[-1] != steps:
+        out.append(steps)
+    return out
+
+
+def integrate(
+    stepper: FactoredEuler | EulerMaruyama,
+    V0: Tensor,
+    *,
+    steps: int,
+    dt: float,
+    save_every: int,
+    noise: NoiseSource,
+    bound: float,
+    progress: bool | None = None,
+) -> Solution:
+    """Advance ``V0: (B, m, m)`` by ``steps`` steps of size ``dt`` (the one stepping loop).
+
+    A path is frozen (kept at its last accepted state) and flagged at ``t = (k + 1) dt`` when
+    its step-``k`` candidate is non-finite, exceeds ``bound * max_a V0^{aa}`` in absolute value
+    or is rejected by the stepper (EM: not PSD).
+    """
+    B, m = V0.shape[0], V0.shape[-1]
+    saved = save_steps(steps, save_every)
+    out = V0.new_empty(B, len(saved), m, m)
+    out[:, 0] = V0
+    limit = bound * torch.diagonal(V0, dim1=-2, dim2=-1).amax(-1)
+    active = torch.ones(B, dtype=torch.bool, device=V0.device)
+    t_explode = torch.full((B,), math.nan, dtype=V0.dtype, device=V0.device)
+    state = stepper.init(V0)
+    V = V0.clone()
+    j = 1
+    bar = tqdm(range(steps), disable=None if progress is None else not progress, leave=False)
+    for k in bar:
+        new_state, new, ok = stepper.step(state, noise(k), dt)
+        good = torch.isfinite(new).all(-1).all(-1)
+        good = good & (new.abs().amax((-2, -1)) <= limit)
+        if ok is not None:
+            good = good & ok
+        bad = active & ~good
+        t_explode = torch.where(bad, (k + 1) * dt, t_explode)
+        active = active & good
+        V = torch.where(active[:, None, None], new, V)
+        state = torch.where(active[:, None, None], new_state, state)
+        if k + 1 == saved[j]:
+            out[:, j] = V
+            j += 1
+    return Solution(out, ~active, t_explode, saved)
+
+
+def gaussian_noise(
+    shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype, device: torch.device
+) -> NoiseSource:
+    """Fresh iid N(0, 1) normals of ``shape`` = (B, 2, m, m) at every step."""
+
+    def noise(step: int) -> Tensor:
+        return torch.randn(shape, generator=generator, dtype=dtype, device=device)
+
+    return noise

@@ -1,0 +1,128 @@
+"""``shapedtx sweep``: run a parameter grid from a TOML file on Dask (``simulations.sweep``).
+
+The file has a ``[grid]`` table (parameter = value, or = [values] for a grid dimension) and
+optionally ``kind = "network" | "sde" | "both"``; see ``examples/sweep_grid.toml``.
+Exit code 0 when every point is done, 1 when some failed (listed), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._common import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+KINDS = ("network", "sde", "both")
+_FILE_KEYS = ("grid", "kind")
+_MAX_LISTED = 20
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="run a parameter grid (simulate and/or SDE) on Dask into a zarr store",
+        description="Run every point of the grid in GRID.toml as a Dask task (embedded local "
+        "cluster, or any cluster via --scheduler) into one resumable zarr store: run the "
+        "same command again to finish an interrupted sweep. Read the results with "
+        "xarray.open_zarr(STORE) or simulations.open_sweep(STORE).",
+    )
+    parser.add_argument("grid", metavar="GRID.toml", help="grid file ([grid] table, kind)")
+    parser.add_argument("--store", required=True, help="zarr store directory (created/resumed)")
+    parser.add_argument("--kind", choices=KINDS, default=None, help="overrides the file's kind")
+    parser.add_argument(
+        "--scheduler", default=None, metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="embedded cluster worker processes (default 2)"
+    )
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    parser.add_argument("--device", default=None, help="torch device on the workers (cpu)")
+    parser.add_argument(
+        "--no-retry-failed", action="store_true", help="do not rerun points that failed before"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _read_grid(path: str) -> tuple[dict[str, Any], str | None]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as err:
+        raise UsageError(f"cannot read {path!r}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path!r} is not valid TOML: {err}") from None
+    unknown = sorted(set(data) - set(_FILE_KEYS))
+    if unknown:
+        raise UsageError(f"{path!r}: unknown keys {unknown}; expected a [grid] table and kind")
+    grid = data.get("grid")
+    if not isinstance(grid, dict) or not grid:
+        raise UsageError(f"{path!r} needs a non-empty [grid] table")
+    kind = data.get("kind")
+    if kind is not None and kind not in KINDS:
+        raise UsageError(f"{path!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return grid, kind
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulations import sweep
+
+    grid, file_kind = _read_grid(args.grid)
+    kind = args.kind or file_kind or "network"
+    if args.scheduler is not None and args.workers is not None:
+        raise UsageError("--workers sets the embedded cluster; omit it with --scheduler")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.threads_per_worker < 1:
+        raise UsageError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
+    if Path(args.store).exists() and not Path(args.store).is_dir():
+        raise UsageError(f"--store must be a directory, got the file {args.store!r}")
+    if args.device is not None:
+        try:
+            torch.device(args.device)
+        except RuntimeError as err:
+            raise UsageError(f"--device: {err}") from None
+    client = None
+    if args.scheduler is not None:
+        from distributed import Client
+
+        try:
+            client = Client(args.scheduler, timeout="20s")
+        except (OSError, ValueError, TimeoutError) as err:
+            raise UsageError(f"--scheduler {args.scheduler}: {err}") from None
+    try:
+        summary = sweep(
+            grid,
+            store=args.store,
+            kind=kind,
+            client=client,
+            workers=args.workers,
+            threads_per_worker=args.threads_per_worker,
+            dtype=DTYPES[args.dtype],
+            device=args.device,
+            retry_failed=not args.no_retry_failed,
+            progress=False if args.no_progress else None,
+        )
+    finally:
+        if client is not None:
+            client.close()
+    print(
+        f"sweep[{kind}] {summary.total} points: {summary.computed} computed, "
+        f"{summary.skipped} already done, {len(summary.failed)} failed; store {summary.store}"
+    )
+    for label, error in list(summary.failed.items())[:_MAX_LISTED]:
+        print(f"  failed: {label}: {error.splitlines()[0] if error else ''}")
+    if len(summary.failed) > _MAX_LISTED:
+        print(f"  ... and {len(summary.failed) - _MAX_LISTED} more (simulations.open_sweep)")
+    return 1 if summary.failed else 0

@@ -1,0 +1,103 @@
+"""``shapedtx train``: causal byte-level LM training of a (shaped or vanilla) Transformer."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ._common import UsageError, add_config_arguments, config_from_args
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+MODEL_DEFAULTS = ModelConfig(
+    width=64, depth=4, attention="shaped", mlp="shaped_relu", heads=4, out_proj=True, causal=True
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..training import TrainConfig
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a causal byte-level language model",
+        description="Train Transformer(config) as a causal byte-level LM (AdamW, warm-up + "
+        "cosine, clipping); writes checkpoint.pt, log.nc, loss.png and collapse.png to --out "
+        "and resumes from --out/checkpoint.pt if present.",
+    )
+    add_config_arguments(parser, MODEL_DEFAULTS)
+    d = TrainConfig()
+    g = parser.add_argument_group("training (TrainConfig)")
+    for f in dataclasses.fields(TrainConfig):
+        default = getattr(d, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            g.add_argument(flag, type=type(default), default=default, help="(default %(default)s)")
+    g = parser.add_argument_group("data and run")
+    g.add_argument("--data", default=None, help="text file or folder (default: Python stdlib)")
+    g.add_argument("--suffix", default=None, help="only files with this suffix, e.g. .txt")
+    g.add_argument("--max-bytes", type=int, default=8_000_000, help="(default %(default)s)")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="(default %(default)s)")
+    g.add_argument("--out", default="runs/train", help="output folder (default %(default)s)")
+    g.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
+    g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..training import TrainConfig, TrainingDiverged, load_corpus, plot_collapse, plot_losses
+    from ..training import train as train_model
+
+    model_config = config_from_args(args)
+    train_config = TrainConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    )
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise UsageError(f"--device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda requested but CUDA is not available")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    data = load_corpus(
+        args.data, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
+    )
+    out = Path(args.out)
+    try:
+        result = train_model(
+            model_config,
+            data,
+            train_config,
+            out_dir=out,
+            device=device,
+            dtype=DTYPES[args.dtype],
+            resume=args.resume,
+            progress=args.progress,
+        )
+    except TrainingDiverged as err:
+        sys.stderr.write(f"shapedtx train: diverged: {err}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"shapedtx train: interrupted; the same command resumes from {out / 'checkpoint.pt'}\n"
+        )
+        return 130
+    plot_losses({f"{model_config.attention}, norm={model_config.norm}": result.log}).savefig(
+        out / "loss.png", dpi=120
+    )
+    plot_collapse(result.log).savefig(out / "collapse.png", dpi=120)
+    val = result.log["val_loss"].dropna("step")
+    print(f"final validation loss {float(val[-1]):.4f} nats/byte at step {int(val.step[-1])}")
+    print(f"wrote {out / 'log.nc'}, {out / 'checkpoint.pt'}, loss.png, collapse.png")
+    return 0

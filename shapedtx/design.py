@@ -1,0 +1,324 @@
+"""Depth, width and head-size design rules (THEORY sections 7 and 8).
+
+Conventions: ``L`` = depth (number of residual blocks), ``d`` = width (d_x, the residual
+stream), size ``N = 12 L d^2`` (non-embedding, d_ff = 4 d; THEORY section 7).
+
+The fitted optimal width ``ln d*(L) = a + b L`` with ``a = 5.039``, ``b = 0.0555`` is *not*
+taken from [LW] directly: it is the restatement of the [LW] fit by the BigScience workshop,
+as written in THEORY section 7. Its checks (GPT-3 175B: L* ~ 80.5, d* ~ 13.4K; 1T parameters:
+L* ~ 94.7, d* ~ 29.6K against the paper's quoted depth 92 and width 30K) are reproduced by the
+tests, which is all the evidence this module has for the constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from scipy.special import lambertw
+
+from .config import ModelConfig
+
+
+def _check_positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True) -> float:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    if not bad:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        bad = not math.isfinite(value) or (value <= minimum if strict else value < minimum)
+    if bad:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
+    return value
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DepthWidthFit:
+    """Fitted optimal width per depth, ``ln d*(L) = a + b L`` (THEORY section 7)."""
+
+    a: float
+    b: float
+
+    def __post_init__(self) -> None:
+        _check_positive("a", self.a)
+        _check_positive("b", self.b)
+
+
+#: BigScience restatement of the [LW] fit (THEORY section 7): ln d*(L) = 5.039 + 0.0555 L.
+LW_FIT = DepthWidthFit(a=5.039, b=0.0555)
+
+# GPT-3 family: Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165),
+# Table 2.1 (n_layers, d_model, n_heads, d_head; context 2048 tokens for every size).
+# The 13B row prints d_model = 5140 although 40 heads x 128 = 5120; kept as printed.
+GPT3_CONTEXT = 2048
+GPT3_MODELS: tuple[tuple[str, int, int, int, int], ...] = (
+    # name, depth, width, heads, head size
+    ("GPT-3 Small (125M)", 12, 768, 12, 64),
+    ("GPT-3 Medium (350M)", 24, 1024, 16, 64),
+    ("GPT-3 Large (760M)", 24, 1536, 16, 96),
+    ("GPT-3 XL (1.3B)", 24, 2048, 24, 128),
+    ("GPT-3 2.7B", 32, 2560, 32, 80),
+    ("GPT-3 6.7B", 32, 4096, 32, 128),
+    ("GPT-3 13B", 40, 5140, 40, 128),
+    ("GPT-3 175B", 96, 12288, 96, 128),
+)
+
+
+# Depth threshold and regime -------------------------------------------------------------------
+def depth_threshold(width: float) -> float:
+    """``L_th = log_3(width)`` [LW] (THEORY section 7); width >= 1."""
+    width = _check_positive("width", width, 1.0, strict=False)
+    return math.log(width) / math.log(3.0)
+
+
+def regime(depth: float, width: float) -> str:
+    """``"depth-efficient"`` if depth < log_3(width), else ``"depth-inefficient"``.
+
+    Below the threshold depth is double-exponentially more efficient than width; above it,
+    depth and width contribute similarly [LW].
+    """
+    depth = _check_positive("depth", depth)
+    return "depth-efficient" if depth < depth_threshold(width) else "depth-inefficient"
+
+
+# Fitted optimal shape -------------------------------------------------------------------------
+def optimal_width(depth: float, *, fit: DepthWidthFit = LW_FIT) -> float:
+    """Fitted optimal width ``d*(L) = exp(a + b L)`` for depth L > 0."""
+    depth = _check_positive("depth", depth)
+    return math.exp(fit.a + fit.b * depth)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A recommended shape for a parameter budget ``params = 12 L d^2``.
+
+    ``depth``/``width`` are the real-valued optimum of the fit; ``depth_rounded`` is the
+    nearest integer depth (>= 1) and ``width_rounded`` the width that spends the budget at that
+    depth, ``sqrt(params / (12 depth_rounded))``, rounded to a multiple of ``multiple``.
+    """
+
+    params: float
+    depth: float
+    width: float
+    depth_rounded: int
+    width_rounded: int
+    multiple: int = 1
+
+    @property
+    def params_rounded(self) -> int:
+        """``12 L d^2`` of the rounded shape."""
+        return 12 * self.depth_rounded * self.width_rounded**2
+
+
+def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_FIT) -> Shape:
+    """Optimal depth and width for a budget ``N = 12 L d^2`` (THEORY section 7).
+
+    Inverts ``N = 12 L exp(2a + 2bL)``: ``L* = W0(N b / (6 e^{2a})) / (2b)`` (Lambert W,
+    principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``).
+    """
+    params = _check_positive("params", params)
+    multiple = _check_int("multiple", multiple, 1)
+    w = lambertw(params * fit.b / (6.0 * math.exp(2.0 * fit.a)), 0)
+    depth = float(w.real) / (2.0 * fit.b)
+    if not (math.isfinite(depth) and depth > 0 and abs(w.imag) < 1e-12):
+        raise ValueError(f"params={params!r} gives no finite positive optimal depth")
+    width = math.sqrt(params / (12.0 * depth))
+    depth_rounded = max(1, round(depth))
+    budget_width = math.sqrt(params / (12.0 * depth_rounded))
+    width_rounded = max(multiple, multiple * round(budget_width / multiple))
+    return Shape(params, depth, width, depth_rounded, width_rounded, multiple)
+
+
+def allocation(
+    depth: float, width: float, *, tolerance: float = 0.1, fit: DepthWidthFit = LW_FIT
+) -> str:
+    """Compare a shape with the fit at its own size ``12 L d^2``.
+
+    Returns ``"too deep"`` / ``"too shallow"`` when depth differs from the optimal depth for
+    that size by more than ``tolerance`` (relative), else ``"near optimal"``. (At fixed size,
+    too deep is the same as ``width < optimal_width(depth)``.)
+    """
+    depth = _check_positive("depth", depth)
+    width = _check_positive("width", width)
+    tolerance = _check_positive("tolerance", tolerance, strict=False)
+    best = optimal_shape(12.0 * depth * width**2, fit=fit).depth
+    if depth > best * (1 + tolerance):
+        return "too deep"
+    if depth < best * (1 - tolerance):
+        return "too shallow"
+    return "near optimal"
+
+
+# Parameter counts -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParamCount:
+    """Non-embedding parameters of ``Transformer(config)`` and the ``12 L d^2`` convention.
+
+    ``attention`` and ``mlp`` are totals over all blocks. Note that the shapedtx MLP is
+    ``n -> n -> n`` (2 n^2 weights), whereas the convention assumes d_ff = 4 d (8 d^2) and
+    ``4 d^2`` attention weights, so ``total`` and ``convention`` differ by design.
+    """
+
+    attention: int
+    mlp: int
+    convention: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp
+
+
+def _attention_params_per_block(config: ModelConfig, bias: bool) -> int:
+    if config.attention == "none":
+        return 0
+    n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
+    count = 2 * n * keys + n * values + (2 * keys + values if bias else 0)
+    if config.out_proj:
+        count += values * n + (n if bias else 0)
+    return count
+
+
+def param_count(config: ModelConfig, *, bias: bool = False) -> ParamCount:
+    """Parameter count of ``shapedtx.Transformer(config, bias=bias)`` (no embeddings).
+
+    Per block: query and key ``n x (n_h n_k)``, value ``n x (n_h d_p)``, output
+    ``(n_h d_p) x n`` if ``out_proj``; MLP ``2 n^2``; plus biases if ``bias``.
+    """
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+    n, depth = config.width, config.depth
+    mlp = 0 if config.mlp == "none" else 2 * n * n + (2 * n if bias else 0)
+    return ParamCount(
+        attention=depth * _attention_params_per_block(config, bias),
+        mlp=depth * mlp,
+        convention=12 * depth * n * n,
+    )
+
+
+# Head size ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeadSizeReport:
+    """Head-size bottleneck check for one config at sequence length m [BH] (THEORY section 8).
+
+    ``bottleneck`` is True when the query/key size per head ``key_dim`` is below ``seq_len``:
+    each head's logit matrix then has rank <= key_dim < m and cannot express every attention
+    pattern. Parameter counts are per layer: ``standard = 4 n^2`` (W^Q, W^K, W^V, W^O with
+    head size n / n_h) and ``fixed = 4 n_h d_p n`` with the recommended ``d_p = seq_len``.
+    """
+
+    width: int
+    heads: int
+    head_dim: int
+    key_dim: int
+    seq_len: int
+    bottleneck: bool
+    max_logit_rank: int
+    max_unbottlenecked_heads: int
+    params_actual: int
+    params_standard: int
+    params_fixed: int
+
+    @property
+    def recommended_head_dim(self) -> int:
+        return self.seq_len
+
+
+def head_size_report(config: ModelConfig, seq_len: int) -> HeadSizeReport:
+    """Flag heads whose size is below the sequence length and compare attention costs.
+
+    ``max_unbottlenecked_heads = width // seq_len`` is the largest number of standard heads
+    (head size width / heads) whose size still reaches seq_len (0: even one head is too small).
+    ``params_actual`` is this config's attention parameter count per layer (no biases).
+    """
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+    seq_len = _check_int("seq_len", seq_len, 1)
+    if config.attention == "none":
+        raise ValueError("config.attention must be 'shaped' or 'softmax' for a head-size report")
+    n, h = config.width, config.heads
+    return HeadSizeReport(
+        width=n,
+        heads=h,
+        head_dim=config.head_dim,
+        key_dim=config.key_dim,
+        seq_len=seq_len,
+        bottleneck=config.key_dim < seq_len,
+        max_logit_rank=min(config.key_dim, seq_len, n),
+        max_unbottlenecked_heads=n // seq_len,
+        params_actual=_attention_params_per_block(config, bias=False),
+        params_standard=4 * n * n,
+        params_fixed=4 * h * seq_len * n,
+    )
+
+
+# Tables ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DesignRow:
+    """One model next to the fitted recommendation for its size ``12 L d^2``."""
+
+    name: str
+    depth: int
+    width: int
+    heads: int
+    head_dim: int
+    seq_len: int
+    threshold: float
+    regime: str
+    allocation: str
+    recommended: Shape
+
+    @property
+    def params(self) -> int:
+        return 12 * self.depth * self.width**2
+
+    @property
+    def bottleneck(self) -> bool:
+        """Head size below the sequence length [BH]."""
+        return self.head_dim < self.seq_len
+
+
+def design_row(
+    name: str,
+    depth: int,
+    width: int,
+    heads: int,
+    head_dim: int,
+    seq_len: int,
+    *,
+    multiple: int = 1,
+    fit: DepthWidthFit = LW_FIT,
+) -> DesignRow:
+    """Depth threshold, regime, allocation verdict and recommended shape of one model."""
+    for key, value in (("depth", depth), ("width", width), ("heads", heads)):
+        _check_int(key, value, 1)
+    _check_int("head_dim", head_dim, 1)
+    _check_int("seq_len", seq_len, 1)
+    return DesignRow(
+        name=name,
+        depth=depth,
+        width=width,
+        heads=heads,
+        head_dim=head_dim,
+        seq_len=seq_len,
+        threshold=depth_threshold(width),
+        regime=regime(depth, width),
+        allocation=allocation(depth, width, fit=fit),
+        recommended=optimal_shape(12.0 * depth * width**2, multiple=multiple, fit=fit),
+    )
+
+
+def gpt3_table(*, multiple: int = 1, fit: DepthWidthFit = LW_FIT) -> list[DesignRow]:
+    """The eight GPT-3 sizes (``GPT3_MODELS``) with the fitted recommendation for each."""
+    return [
+        design_row(name, L, d, h, dp, GPT3_CONTEXT, multiple=multiple, fit=fit)
+        for name, L, d, h, dp in GPT3_MODELS
+    ]

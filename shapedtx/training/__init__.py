@@ -1,0 +1,37 @@
+"""Training shaped vs vanilla Transformers as causal byte-level language models.
+
+``train(model_config, load_corpus(), TrainConfig(...))`` returns the model and its log
+(an ``xarray.Dataset``, see :mod:`shapedtx.training.log`); ``plots`` draws loss curves and
+rank collapse over training.
+"""
+
+from .config import TrainConfig
+from .data import ByteCorpus, load_corpus
+from .log import final_val_loss, log_dataset
+from .model import LanguageModel
+from .trainer import TrainingDiverged, TrainResult, configs_of, lr_factor, train
+
+__all__ = [
+    "ByteCorpus",
+    "LanguageModel",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "configs_of",
+    "final_val_loss",
+    "load_corpus",
+    "log_dataset",
+    "lr_factor",
+    "plot_collapse",
+    "plot_losses",
+    "train",
+]
+
+
+def __getattr__(name: str) -> object:
+    # plots import matplotlib: load them only when asked for
+    if name in ("plot_collapse", "plot_losses"):
+        from . import plots
+
+        return getattr(plots, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

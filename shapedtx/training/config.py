@@ -1,0 +1,131 @@
+"""Optimisation settings of the language-model trainer (the architecture is ``ModelConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float, *, open_low: bool) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok:
+        ok = (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if open_low else "["
+        raise ValueError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Causal byte-level language-model training (AdamW, warm-up + cosine, clipping).
+
+    Attributes:
+        steps: optimiser steps in total (the token budget is ``steps * batch_size * seq_len``).
+        batch_size: sequences per step.
+        seq_len: m, tokens (bytes) per sequence.
+        lr: peak learning rate, reached after ``warmup_steps`` (linear warm-up from 0).
+        min_lr_ratio: the cosine decays the lr from ``lr`` to ``lr * min_lr_ratio`` at ``steps``.
+        warmup_steps: linear warm-up length (``< steps``).
+        weight_decay: AdamW decoupled weight decay, applied to weight matrices only.
+        beta1, beta2, eps: AdamW moments.
+        grad_clip: maximum global gradient norm (``0`` disables clipping).
+        log_interval: steps between log rows (train loss, lr, gradient norms, covariance
+            metrics on the fixed batch); the only steps at which the device is synchronised.
+        eval_interval: steps between held-out evaluations (a multiple of ``log_interval``).
+        eval_batches: batches of ``batch_size`` fixed validation windows per evaluation.
+        metrics_batch: sequences in the fixed batch on which token covariances are measured.
+        checkpoint_interval: steps between checkpoints (a multiple of ``log_interval``;
+            ``0``: only at the end).
+        seed: seeds the initialisation and the data order.
+        final_norm: LayerNorm (no affine) before the unembedding (default: norm-free readout).
+    """
+
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    log_interval: int = 10
+    eval_interval: int = 50
+    eval_batches: int = 4
+    metrics_batch: int = 4
+    checkpoint_interval: int = 100
+    seed: int = 0
+    final_norm: bool = False
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("steps", 1),
+            ("batch_size", 1),
+            ("seq_len", 2),
+            ("warmup_steps", 0),
+            ("log_interval", 1),
+            ("eval_interval", 1),
+            ("eval_batches", 1),
+            ("metrics_batch", 1),
+            ("checkpoint_interval", 0),
+            ("seed", 0),
+        ):
+            _check_int(name, getattr(self, name), minimum)
+        _check_float("lr", self.lr, 0.0, 10.0, open_low=True)
+        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, open_low=False)
+        _check_float("weight_decay", self.weight_decay, 0.0, 1.0, open_low=False)
+        _check_float("beta1", self.beta1, 0.0, 0.999999, open_low=False)
+        _check_float("beta2", self.beta2, 0.0, 0.999999, open_low=False)
+        _check_float("eps", self.eps, 0.0, 1.0, open_low=True)
+        _check_float("grad_clip", self.grad_clip, 0.0, 1e6, open_low=False)
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
+                f"steps={self.steps}"
+            )
+        for name in ("eval_interval", "checkpoint_interval"):
+            value = getattr(self, name)
+            if value % self.log_interval:
+                raise ValueError(
+                    f"{name} must be a multiple of log_interval={self.log_interval}, got {value}"
+                )
+        if not isinstance(self.final_norm, bool):
+            raise ValueError(f"final_norm must be True or False, got {self.final_norm!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_attrs(self, prefix: str = "train.") -> dict[str, int | float]:
+        """Flat netCDF-safe dictionary (bools as 0/1) with keys ``prefix + field``."""
+        out: dict[str, int | float] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[prefix + f.name] = int(value) if isinstance(value, bool) else value
+        return out
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any], prefix: str = "train.") -> TrainConfig:
+        """Inverse of :meth:`to_attrs` (ignores unrelated keys)."""
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if prefix + f.name not in attrs:
+                continue
+            value = attrs[prefix + f.name]
+            value = value.item() if hasattr(value, "item") else value
+            default = getattr(cls, f.name)
+            kwargs[f.name] = type(default)(value)
+        return cls(**kwargs)

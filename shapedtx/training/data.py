@@ -1,0 +1,163 @@
+"""Byte-level text corpora that need no download, and batches drawn from them.
+
+A corpus is a sequence of documents (files) read as raw bytes (vocabulary 256, no tokenizer).
+The split into training and validation is by document: a document goes to validation when
+``sha1(relative path)``, read as a number in [0, 1), is below ``val_fraction``. So the split
+depends only on the file names, never on the file-system order or on a random seed. A single
+file (or a folder whose hash split leaves one side empty) is split by bytes instead: its last
+``val_fraction`` of bytes are the validation set.
+
+Default corpus: the ``.py`` sources of Python's own standard library
+(``sysconfig.get_paths()["stdlib"]``, ``site-packages`` excluded), present on every machine
+with Python. Files are read in the order of a second, independent hash of their relative path until
+``max_bytes`` is reached: a deterministic, diverse subset whose split keeps the
+``val_fraction`` proportion (in expectation over documents).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+VOCAB = 256
+
+
+@dataclass(frozen=True)
+class ByteCorpus:
+    """Training and validation bytes, ``train, val: (N,) uint8`` (CPU)."""
+
+    train: Tensor
+    val: Tensor
+    source: str
+    documents: int
+
+    def fingerprint(self) -> str:
+        """Short hash of the contents (a checkpoint only resumes on the same data)."""
+        digest = hashlib.sha1()
+        for part in (self.train, self.val):
+            digest.update(part.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+
+def _hash_fraction(name: str, salt: str = "") -> float:
+    return int(hashlib.sha1((salt + name).encode()).hexdigest()[:12], 16) / 16**12
+
+
+def _read_order(name: str) -> float:
+    # independent of the split hash, so that a max_bytes cap keeps the split proportions
+    return _hash_fraction(name, salt="order:")
+
+
+def default_corpus_root() -> Path:
+    """Folder of the running Python's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _documents(root: Path, suffix: str | None, exclude: tuple[str, ...]) -> list[Path]:
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in exclude]
+        files.extend(
+            Path(folder, name) for name in names if suffix is None or name.endswith(suffix)
+        )
+    return [f for f in files if f.is_file()]
+
+
+def load_corpus(
+    path: str | os.PathLike | None = None,
+    *,
+    val_fraction: float = 0.1,
+    max_bytes: int | None = 8_000_000,
+    suffix: str | None = None,
+) -> ByteCorpus:
+    """Read a text file, a folder of text files, or (``path=None``) the default corpus.
+
+    Args:
+        path: a file or a folder (searched recursively; files containing a NUL byte are
+            skipped as binary). ``None``: the ``.py`` files of the standard library.
+        val_fraction: share of documents (or of bytes, for a single file) held out, in (0, 1).
+        max_bytes: read documents (in the order of a second hash of their relative path) until
+            this many bytes, truncating the last one; ``None``: all.
+        suffix: only files with this suffix (e.g. ``".py"``); default all (``.py`` for the
+            default corpus).
+    """
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)):
+        raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 16
+    ):
+        raise ValueError(f"max_bytes must be an integer >= 16 or None, got {max_bytes!r}")
+    if path is None:
+        root = default_corpus_root()
+        files = _documents(root, suffix or ".py", ("site-packages", "__pycache__"))
+        source = f"python-stdlib:{root}"
+    else:
+        root = Path(path)
+        if root.is_file():
+            files, root = [root], root.parent
+        elif root.is_dir():
+            files = _documents(root, suffix, ("__pycache__", ".git"))
+        else:
+            raise ValueError(f"data path must be an existing file or folder, got {str(path)!r}")
+        source = str(Path(path))
+    names = sorted((f.relative_to(root).as_posix() for f in files), key=_read_order)
+    texts: list[tuple[str, bytes]] = []
+    total = 0
+    for name in names:
+        data = (root / name).read_bytes()
+        if not data or b"\0" in data:
+            continue
+        if max_bytes is not None:
+            data = data[: max_bytes - total]
+        texts.append((name, data))
+        total += len(data)
+        if max_bytes is not None and total >= max_bytes:
+            break
+    if total < 16:
+        raise ValueError(f"data at {source!r} holds fewer than 16 bytes of text")
+    train = b"".join(d for name, d in texts if _hash_fraction(name) >= val_fraction)
+    val = b"".join(d for name, d in texts if _hash_fraction(name) < val_fraction)
+    if not train or not val:
+        joined = b"".join(d for _, d in texts)
+        cut = len(joined) - max(1, round(val_fraction * len(joined)))
+        train, val = joined[:cut], joined[cut:]
+    return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts))
+
+
+def _as_tensor(data: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def sample_batch(data: Tensor, batch: int, seq_len: int, generator: torch.Generator) -> Tensor:
+    """Random windows of ``seq_len + 1`` bytes: data (N,) uint8 -> (batch, seq_len + 1) int64.
+
+    Offsets are drawn with ``generator`` on ``data.device`` (no host synchronisation).
+    """
+    starts = torch.randint(
+        0, data.numel() - seq_len, (batch,), generator=generator, device=data.device
+    )
+    return windows(data, starts, seq_len)
+
+
+def windows(data: Tensor, starts: Tensor, seq_len: int) -> Tensor:
+    """``data[s : s + seq_len + 1]`` for every start: starts (B,) -> (B, seq_len + 1) int64."""
+    index = starts[:, None] + torch.arange(seq_len + 1, device=data.device)
+    return data[index].long()
+
+
+def fixed_windows(data: Tensor, count: int, seq_len: int) -> Tensor:
+    """``count`` evenly spaced windows (deterministic evaluation set): (count, seq_len + 1)."""
+    if data.numel() < seq_len + 1:
+        raise ValueError(
+            f"seq_len must be < the size of the data split ({data.numel()} bytes), got {seq_len}"
+        )
+    starts = torch.linspace(0, data.numel() - seq_len - 1, count, device=data.device)
+    return windows(data, starts.long(), seq_len)

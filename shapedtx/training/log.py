@@ -1,0 +1,90 @@
+"""The training log: an ``xarray.Dataset`` indexed by optimiser step.
+
+Variables: ``train_loss`` (mean over the steps since the previous row), ``val_loss`` (NaN on
+rows without evaluation), ``lr``, ``grad_norm`` (global, before clipping) and
+``grad_norm_block(step, block)``, and the token-covariance metrics of ``shapedtx.metrics``
+measured on a fixed validation batch after every block (THEORY section 4):
+``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``eigenvalue_ratio(step, layer)``,
+``residual(step, layer)`` (layer 0 = embedding output). Step 0 is the initialisation.
+``attrs`` hold the model config (``config.*``), the training config (``train.*``), the corpus,
+seed, device, dtype, version and ``status`` (``"running"``, ``"finished"``, ``"diverged"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import Tensor
+
+from .. import metrics
+from ..config import ModelConfig
+from .config import TrainConfig
+
+METRICS = {
+    "mean_rho": metrics.mean_correlation,
+    "stable_rank": metrics.stable_rank,
+    "eigenvalue_ratio": metrics.eigenvalue_ratio,
+    "residual": metrics.covariance_residual,
+}
+
+
+@torch.no_grad()
+def covariance_metrics(hidden: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Batch-averaged metrics of every hidden state (B, m, n) -> {name: (depth + 1,)}.
+
+    Computed in float64 on the hidden states' device; non-finite states give NaN.
+    """
+    V = torch.stack([metrics.covariance(h.double()) for h in hidden], dim=1)  # (B, L, m, m)
+    finite = torch.isfinite(V).all(dim=(-2, -1))
+    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+    V = torch.where(finite[..., None, None], V, eye)
+    out = {}
+    for name, fn in METRICS.items():
+        value = torch.where(finite, fn(V), torch.nan).mean(0)
+        out[name] = value.cpu().numpy()
+    return out
+
+
+def log_dataset(
+    rows: Sequence[Mapping[str, Any]],
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    attrs: Mapping[str, Any] | None = None,
+) -> xr.Dataset:
+    """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset."""
+    if not rows:
+        raise ValueError("rows must hold at least one logged step")
+    depth = model_config.depth
+    data: dict[str, Any] = {}
+    for name in ("train_loss", "val_loss", "lr", "grad_norm"):
+        data[name] = ("step", np.array([r[name] for r in rows], dtype=np.float64))
+    data["grad_norm_block"] = (
+        ("step", "block"),
+        np.stack([r["grad_norm_block"] for r in rows]).astype(np.float64),
+    )
+    for name in METRICS:
+        data[name] = (("step", "layer"), np.stack([r[name] for r in rows]).astype(np.float64))
+    coords = {
+        "step": np.array([r["step"] for r in rows], dtype=np.int64),
+        "block": np.arange(depth),
+        "layer": np.arange(depth + 1),
+    }
+    ds = xr.Dataset(data, coords=coords)
+    ds["step"].attrs["long_name"] = "optimiser step"
+    ds["train_loss"].attrs["units"] = "nats per byte"
+    ds["val_loss"].attrs["units"] = "nats per byte"
+    ds.attrs.update(model_config.to_attrs())
+    ds.attrs.update(train_config.to_attrs())
+    ds.attrs.update(attrs or {})
+    return ds
+
+
+def final_val_loss(ds: xr.Dataset) -> float:
+    """The last finite validation loss of a log (NaN if none)."""
+    val = ds["val_loss"].values
+    finite = val[np.isfinite(val)]
+    return float(finite[-1]) if finite.size else float("nan")

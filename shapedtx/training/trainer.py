@@ -1,0 +1,341 @@
+"""``train``: causal byte-level LM training of ``Transformer(config)`` with exact resume.
+
+Per step: sample windows (device generator), forward, backward, clip the global gradient
+norm, AdamW step, scheduler step. Nothing in a step synchronises with the host; the loss and
+gradient-norm finiteness is accumulated on the device and checked at every log row (and so
+before every checkpoint, since checkpoints fall on log rows). A checkpoint holds the model,
+optimizer, scheduler, data-generator state, step and log rows, so a resumed run reproduces the
+uninterrupted one exactly (bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..config import ModelConfig
+from ..results import save_dataset
+from .config import TrainConfig
+from .data import ByteCorpus, fixed_windows, sample_batch
+from .log import covariance_metrics, log_dataset
+from .model import LanguageModel
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "log.nc"
+
+LossHook = Callable[[int, Tensor], Tensor]
+
+
+class TrainingDiverged(FloatingPointError):
+    """The loss or the gradient norm became NaN/inf; carries ``step``, ``checkpoint``, ``log``."""
+
+    def __init__(
+        self, message: str, *, step: int, checkpoint: Path | None, log: xr.Dataset | None
+    ) -> None:
+        super().__init__(message)
+        self.step, self.checkpoint, self.log = step, checkpoint, log
+
+
+@dataclass
+class TrainResult:
+    """The trained model, its log Dataset and the last checkpoint (None without ``out_dir``)."""
+
+    model: LanguageModel
+    log: xr.Dataset
+    checkpoint: Path | None
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Learning-rate multiplier of 0-based step ``step``: linear warm-up, then cosine decay
+    from 1 to ``min_lr_ratio`` (reached at ``step = steps``)."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = min((step - config.warmup_steps) / (config.steps - config.warmup_steps), 1.0)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _block_grad_norms(model: LanguageModel) -> Tensor:
+    """Gradient norm of every block's parameters: (depth,) on the model's device."""
+    norms = []
+    for block in model.body.blocks:
+        grads = [p.grad.norm() for p in block.parameters() if p.grad is not None]
+        norms.append(torch.stack(grads).norm() if grads else model.position.new_zeros(()))
+    return torch.stack(norms).float()
+
+
+@torch.no_grad()
+def evaluate(model: LanguageModel, batches: list[Tensor]) -> Tensor:
+    """Mean held-out loss over fixed batches (each (B, m + 1)) -> scalar tensor (no sync)."""
+    was_training = model.training
+    model.eval()
+    loss = torch.stack([model.loss(b) for b in batches]).mean()
+    model.train(was_training)
+    return loss
+
+
+def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW:
+    matrices = [p for name, p in model.named_parameters() if p.dim() >= 2]
+    others = [p for name, p in model.named_parameters() if p.dim() < 2]
+    groups = [
+        {"params": matrices, "weight_decay": config.weight_decay},
+        {"params": others, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps
+    )
+
+
+def _check_data(data: ByteCorpus, config: TrainConfig) -> None:
+    for split in ("train", "val"):
+        size = getattr(data, split).numel()
+        if size <= config.seq_len + 1:
+            raise ValueError(
+                f"seq_len must be < the {split} split size minus 1 ({size} bytes), "
+                f"got seq_len={config.seq_len}"
+            )
+
+
+def _rows_to_plain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in r.items()} for r in rows]
+
+
+def _rows_from_plain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: np.asarray(v) if isinstance(v, list) else v for k, v in r.items()} for r in rows]
+
+
+def train(
+    model_config: ModelConfig,
+    data: ByteCorpus,
+    config: TrainConfig | None = None,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    resume: bool = True,
+    progress: bool = True,
+    loss_hook: LossHook | None = None,
+) -> TrainResult:
+    """Train ``LanguageModel(model_config)`` on ``data`` with the settings ``config``.
+
+    Args:
+        model_config: the architecture; ``causal`` must be True.
+        data: a :class:`ByteCorpus` (see :func:`load_corpus`).
+        config: optimisation settings (default ``TrainConfig()``).
+        out_dir: folder for ``checkpoint.pt`` and ``log.nc`` (written atomically at every
+            checkpoint and at the end); ``None``: nothing is written and no resume.
+        device, dtype: where and in which precision the model runs (default CPU, float32).
+        resume: continue from ``out_dir/checkpoint.pt`` if present (it must have been written
+            with the same configs and data); a finished run is returned as is.
+        progress: show a tqdm progress bar.
+        loss_hook: ``hook(step, loss) -> loss`` applied before the backward pass (1-based step;
+            for tests: inject a non-finite loss or simulate an interruption).
+
+    Raises:
+        TrainingDiverged: the loss or gradient norm became NaN/inf (message gives the step and
+            the last good checkpoint, which is kept; the log is saved with status "diverged").
+    """
+    config = config or TrainConfig()
+    _check_data(data, config)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    out = Path(out_dir) if out_dir is not None else None
+    ckpt_path = out / CHECKPOINT if out is not None else None
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = LanguageModel(model_config, config.seq_len, final_norm=config.final_norm)
+    model.to(device=device, dtype=dtype)
+    optimizer = _make_optimizer(model, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed + 1)
+    train_data, val_data = data.train.to(device), data.val.to(device)
+    val_batches = list(
+        fixed_windows(val_data, config.eval_batches * config.batch_size, config.seq_len).split(
+            config.batch_size
+        )
+    )
+    metric_tokens = fixed_windows(val_data, config.metrics_batch, config.seq_len)[:, :-1]
+    attrs = {
+        "corpus": data.source,
+        "corpus_fingerprint": data.fingerprint(),
+        "train_bytes": int(data.train.numel()),
+        "val_bytes": int(data.val.numel()),
+        "seed": config.seed,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "version": _version(),
+    }
+    identity = {**model_config.to_attrs(), **config.to_attrs(), "data": attrs["corpus_fingerprint"]}
+
+    rows: list[dict[str, Any]] = []
+    step = 0
+    saved_step: list[int | None] = [None]  # step of the last checkpoint written or loaded
+    if resume and ckpt_path is not None and ckpt_path.exists():
+        # CPU first: the generator state must stay a CPU tensor; the model and optimizer
+        # state are copied to the parameters' device by load_state_dict
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        _check_identity(state["identity"], identity, ckpt_path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["generator"])
+        rows, step = _rows_from_plain(state["rows"]), int(state["step"])
+        saved_step[0] = step
+
+    def build_log(status: str, **extra: Any) -> xr.Dataset:
+        return log_dataset(rows, model_config, config, {**attrs, "status": status, **extra})
+
+    def checkpoint() -> None:
+        if out is None:
+            return
+        state = {
+            "identity": identity,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "generator": generator.get_state(),
+            "rows": _rows_to_plain(rows),
+            "step": step,
+        }
+        _atomic_save(state, ckpt_path)
+        saved_step[0] = step
+        save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
+
+    def diverged(bad_step: int, what: str) -> TrainingDiverged:
+        good = rows[-1]["step"] if rows else 0
+        saved = ckpt_path if saved_step[0] is not None else None
+        where = (
+            f"last good checkpoint kept: {ckpt_path} (step {saved_step[0]})"
+            if saved
+            else "no checkpoint was written (out_dir not given or none due yet)"
+        )
+        log = build_log("diverged", diverged_step=bad_step) if rows else None
+        if log is not None and out is not None:
+            save_dataset(log, out / LOG)
+        return TrainingDiverged(
+            f"non-finite {what} at step {bad_step} (lr {scheduler.get_last_lr()[0]:.3g}, "
+            f"last finite log row at step {good}); training stopped, {where}",
+            step=bad_step,
+            checkpoint=saved,
+            log=log,
+        )
+
+    def log_row(train_loss: float, lr: float, grad_norm: float, blocks: np.ndarray) -> None:
+        row: dict[str, Any] = {
+            "step": step,
+            "train_loss": train_loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "grad_norm_block": blocks,
+            "val_loss": math.nan,
+        }
+        if step % config.eval_interval == 0 or step == config.steps:
+            row["val_loss"] = evaluate(model, val_batches).item()
+            if not math.isfinite(row["val_loss"]):
+                raise diverged(step, "validation loss")
+        was_training = model.training
+        model.eval()
+        row.update(covariance_metrics(model.hidden_states(metric_tokens)))
+        model.train(was_training)
+        rows.append(row)
+
+    if step == 0:
+        log_row(math.nan, math.nan, math.nan, np.full(model_config.depth, np.nan))
+        if config.checkpoint_interval:
+            checkpoint()
+
+    model.train()
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    first_bad = torch.full((), -1, device=device, dtype=torch.int64)
+    since_log = 0
+    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+    params = list(model.parameters())
+    with tqdm(total=config.steps, initial=step, disable=not progress, desc="train") as bar:
+        while step < config.steps:
+            batch = sample_batch(train_data, config.batch_size, config.seq_len, generator)
+            loss = model.loss(batch)
+            if loss_hook is not None:
+                loss = loss_hook(step + 1, loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            step += 1
+            log_now = step % config.log_interval == 0 or step == config.steps
+            if log_now:
+                blocks = _block_grad_norms(model)
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            loss = loss.detach().float()
+            finite = torch.isfinite(loss) & torch.isfinite(total)
+            first_bad = torch.where(~finite & (first_bad < 0), step, first_bad)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss
+            since_log += 1
+            bar.update(1)
+            if not log_now:
+                continue
+            bad = int(first_bad.item())
+            if bad >= 0:
+                raise diverged(bad, "loss or gradient norm")
+            log_row((loss_sum / since_log).item(), lr, total.item(), blocks.cpu().numpy())
+            loss_sum.zero_()
+            since_log = 0
+            bar.set_postfix(loss=f"{rows[-1]['train_loss']:.3f}")
+            due = config.checkpoint_interval and step % config.checkpoint_interval == 0
+            if due or step == config.steps:
+                checkpoint()
+    return TrainResult(model, build_log("finished"), ckpt_path if out is not None else None)
+
+
+def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            raise ValueError(
+                f"resume: checkpoint {path} was written with {key}={saved.get(key)!r}, "
+                f"now {current.get(key)!r}; use another out_dir or resume=False"
+            )
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def configs_of(log: xr.Dataset) -> tuple[ModelConfig, TrainConfig]:
+    """The (ModelConfig, TrainConfig) stored in a training log's attrs."""
+    return ModelConfig.from_attrs(log.attrs), TrainConfig.from_attrs(log.attrs)
+
+
+__all__ = [
+    "TrainResult",
+    "TrainingDiverged",
+    "configs_of",
+    "evaluate",
+    "lr_factor",
+    "train",
+]

@@ -1,0 +1,352 @@
+"""Finite network vs covariance SDE, time by time (THEORY sections 3 and 6).
+
+:func:`compare` aligns two covariance Datasets (the contract of ``shapedtx.results``) on
+depth time ``t`` and returns a Dataset of distribution summaries with Monte Carlo standard
+errors and two-sample distances. Both inputs must share the number of tokens ``m``.
+
+Conventions (one place, used everywhere below):
+
+* **Time alignment: nearest common times, no interpolation.** The grid with fewer points in
+  the common time range is the reference; each reference time is paired with the nearest time
+  of the other grid. Pairs further apart than ``tolerance`` (default: half the largest spacing
+  of the other grid, i.e. any in-range time) are dropped. The coordinates ``t_network`` and
+  ``t_limit`` record the times actually used; ``attrs["max_time_gap"]`` the largest mismatch.
+* **Excluded samples.** A sample whose ``V`` is non-finite at any aligned time, or which is
+  flagged ``exploded`` (SDE blow-up), is dropped from *all* times so that every statistic uses
+  the same paths; the counts are in ``attrs`` (``n_excluded_network``, ``n_excluded_limit``).
+* **Pooled statistics.** ``rho`` pools the off-diagonal pairs ``a < b`` of every sample and
+  ``V^{aa}`` the diagonal; values of one sample are dependent, so standard errors and
+  p-values treat each *sample* as one observation (cluster-robust; exact when m = 2 for rho).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+from scipy import stats
+
+from shapedtx import metrics
+from shapedtx.metrics import detect_collapse
+from shapedtx.results import rho as _rho
+
+QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+SOURCES: tuple[str, str] = ("network", "sde")
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics on arrays x: (N, t, k) (N samples, t times, k dependent values per sample)
+# --------------------------------------------------------------------------------------------
+def quantiles_with_se(
+    x: np.ndarray, probs: Sequence[float] = QUANTILES
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled quantiles and their cluster-robust standard errors.
+
+    x: (N, t, k) -> q, se: (t, P). The quantile ``q_p`` of the N k pooled values has, to first
+    order, error ``-(F_N(q_p) - p) / f(q_p)``; ``Var F_N(q_p) = Var_s(g_s) / N`` with ``g_s``
+    the fraction of sample s's k values <= q_p (so dependence within a sample is accounted
+    for; for k = 1 this is the classical ``sqrt(p(1 - p) / N) / f``). The sparsity ``1 / f`` is
+    the difference quotient of the empirical quantile function with the Hall-Sheather
+    bandwidth.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 3 or x.shape[0] < 2:
+        raise ValueError(f"x must have shape (N, t, k) with N >= 2, got {x.shape}")
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 1 or not ((probs > 0) & (probs < 1)).all():
+        raise ValueError(f"probs must be a 1-d sequence in (0, 1), got {probs}")
+    N, nt, k = x.shape
+    pooled = np.moveaxis(x, 1, 0).reshape(nt, N * k)
+    q = np.quantile(pooled, probs, axis=1).T  # (t, P)
+    h = _hall_sheather(N * k, probs)
+    lo = np.quantile(pooled, np.clip(probs - h, 0.0, 1.0), axis=1).T
+    hi = np.quantile(pooled, np.clip(probs + h, 0.0, 1.0), axis=1).T
+    sparsity = (hi - lo) / (np.clip(probs + h, 0.0, 1.0) - np.clip(probs - h, 0.0, 1.0))
+    g = (x[..., None] <= q[None, :, None, :]).mean(axis=2)  # (N, t, P)
+    se = np.sqrt(g.var(axis=0, ddof=1) / N) * sparsity
+    return q, se
+
+
+def _hall_sheather(n: int, probs: np.ndarray, alpha: float = 0.05) -> np.ndarray:
+    """Hall-Sheather (1988) bandwidth for the sparsity function at ``probs``."""
+    z = stats.norm.ppf(probs)
+    za = stats.norm.ppf(1 - alpha / 2)
+    h = n ** (-1 / 3) * za ** (2 / 3) * (1.5 * stats.norm.pdf(z) ** 2 / (2 * z**2 + 1)) ** (1 / 3)
+    return np.minimum(h, np.minimum(probs, 1 - probs) * 0.999)
+
+
+def moments_with_se(x: np.ndarray) -> dict[str, np.ndarray]:
+    """Mean and variance over samples (axis 0) with standard errors.
+
+    x: (N, ...) -> ``mean``, ``mean_se = sd / sqrt(N)``, ``var`` (ddof 1),
+    ``var_se = sqrt((mu_4 - var^2) / N)`` (mu_4 the central fourth moment), each (...).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    N = x.shape[0]
+    if N < 2:
+        raise ValueError(f"need at least 2 samples, got {N}")
+    mean = x.mean(axis=0)
+    var = x.var(axis=0, ddof=1)
+    mu4 = ((x - mean) ** 4).mean(axis=0)
+    return {
+        "mean": mean,
+        "mean_se": np.sqrt(var / N),
+        "var": var,
+        "var_se": np.sqrt(np.clip(mu4 - var**2, 0.0, None) / N),
+    }
+
+
+def distances(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """Two-sample distances per time between pooled values.
+
+    a: (N_a, t, k), b: (N_b, t, k') -> ``ks`` (Kolmogorov-Smirnov statistic), ``ks_pvalue``
+    and ``w1`` (1-Wasserstein), each (t,). The p-value is scipy's asymptotic two-sample one
+    (``kstwo`` at ``N_a N_b / (N_a + N_b)``) with effective sizes N_a, N_b: each *sample*
+    counted once, which is conservative for pooled dependent values and the usual test when
+    k = 1.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"a, b must be (N, t, k) with the same t, got {a.shape}, {b.shape}")
+    nt = a.shape[1]
+    ks = np.empty(nt)
+    w1 = np.empty(nt)
+    for i in range(nt):
+        u, v = a[:, i].ravel(), b[:, i].ravel()
+        ks[i] = _ks_statistic(u, v)
+        w1[i] = stats.wasserstein_distance(u, v)
+    en = a.shape[0] * b.shape[0] / (a.shape[0] + b.shape[0])
+    pvalue = stats.kstwo.sf(ks, max(round(en), 1))
+    return {"ks": ks, "ks_pvalue": pvalue, "w1": w1}
+
+
+def _ks_statistic(u: np.ndarray, v: np.ndarray) -> float:
+    """sup_x |F_u(x) - F_v(x)| of two 1-d samples (exact, ties handled). Values equal to
+    within 1e-12 of the largest magnitude count as ties, so that a point mass computed twice
+    with different rounding (e.g. rho at t = 0) gives 0, not a spurious 1."""
+    scale = 1e-12 * max(np.abs(u).max(), np.abs(v).max(), np.finfo(np.float64).tiny)
+    u, v = np.sort(np.round(u / scale)), np.sort(np.round(v / scale))
+    grid = np.concatenate([u, v])
+    Fu = np.searchsorted(u, grid, side="right") / u.size
+    Fv = np.searchsorted(v, grid, side="right") / v.size
+    return float(np.abs(Fu - Fv).max())
+
+
+# --------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------
+def align_times(
+    t_a: np.ndarray, t_b: np.ndarray, tolerance: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i, j) pairing times of two grids at nearest common times (see module doc).
+
+    Returns ``idx_a, idx_b`` (same length, increasing). Raises ValueError if nothing pairs.
+    """
+    t_a, t_b = np.asarray(t_a, dtype=np.float64), np.asarray(t_b, dtype=np.float64)
+    if t_a.ndim != 1 or t_b.ndim != 1 or t_a.size == 0 or t_b.size == 0:
+        raise ValueError("time grids must be non-empty 1-d arrays")
+    lo, hi = max(t_a.min(), t_b.min()), min(t_a.max(), t_b.max())
+    eps = 1e-9 * max(1.0, abs(hi))
+    in_a = np.flatnonzero((t_a >= lo - eps) & (t_a <= hi + eps))
+    in_b = np.flatnonzero((t_b >= lo - eps) & (t_b <= hi + eps))
+    swap = in_b.size < in_a.size
+    ref_t, other_t, ref_idx = (t_b, t_a, in_b) if swap else (t_a, t_b, in_a)
+    if ref_idx.size == 0:
+        raise ValueError(
+            f"the time ranges do not overlap: [{t_a.min():.4g}, {t_a.max():.4g}] vs "
+            f"[{t_b.min():.4g}, {t_b.max():.4g}]"
+        )
+    if tolerance is None:
+        spacing = np.diff(np.sort(other_t)).max() if other_t.size > 1 else 0.0
+        tolerance = spacing / 2 + eps
+    order = np.argsort(other_t)
+    pos = np.clip(np.searchsorted(other_t[order], ref_t[ref_idx]), 1, max(other_t.size - 1, 1))
+    cand = np.stack([order[pos - 1], order[np.minimum(pos, other_t.size - 1)]])
+    gaps = np.abs(other_t[cand] - ref_t[ref_idx])
+    other_idx = cand[gaps.argmin(0), np.arange(ref_idx.size)]
+    gap = gaps.min(0)
+    keep = gap <= tolerance
+    keep &= np.r_[True, other_idx[1:] != other_idx[:-1]]  # one pair per time
+    if not keep.any():
+        raise ValueError(f"no common times within tolerance {tolerance:.3g}")
+    ref_idx, other_idx = ref_idx[keep], other_idx[keep]
+    return (other_idx, ref_idx) if swap else (ref_idx, other_idx)
+
+
+def valid_samples(ds: xr.Dataset) -> np.ndarray:
+    """Boolean mask (sample,): finite ``V`` at every time and not flagged ``exploded``."""
+    ok = np.isfinite(ds["V"].values).all(axis=(1, 2, 3))
+    if "exploded" in ds:
+        ok &= ~ds["exploded"].values.astype(bool)
+    return ok
+
+
+def token_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
+    """Pooled per-sample values: ``rho`` (N, t, m(m-1)/2) off-diagonal pairs a < b,
+    ``Vaa`` and ``logVaa`` (N, t, m) diagonals."""
+    m = ds.sizes["token_a"]
+    iu = np.triu_indices(m, 1)
+    V = ds["V"].values.astype(np.float64, copy=False)
+    diag = np.diagonal(V, axis1=-2, axis2=-1)
+    with np.errstate(all="ignore"):
+        return {
+            "rho": _rho(ds).values[..., iu[0], iu[1]],
+            "Vaa": diag,
+            "logVaa": np.log(diag),
+        }
+
+
+def compare(
+    network: xr.Dataset,
+    limit: xr.Dataset,
+    *,
+    quantiles: Sequence[float] = QUANTILES,
+    tolerance: float | None = None,
+) -> xr.Dataset:
+    """Distributions of a finite network and of the SDE (or any two covariance Datasets),
+    time by time (THEORY section 6: compare distributions of rho and quantiles, not means).
+
+    Returns a Dataset over ``source = ("network", "sde")``, ``t`` (aligned times, see module
+    doc), ``quantile`` and tokens with:
+
+    * ``rho_quantile``, ``rho_quantile_se`` (source, t, quantile): pooled off-diagonal rho;
+    * ``Vaa_quantile``, ``Vaa_quantile_se`` (source, t, quantile): pooled diagonal V^{aa};
+    * ``mean_rho``, ``mean_rho_se`` (source, t): mean off-diagonal correlation per sample,
+      averaged over samples;
+    * ``V_mean``, ``V_mean_se``, ``V_var``, ``V_var_se`` (source, t, token_a, token_b);
+    * ``ks_rho``, ``ks_rho_pvalue``, ``w1_rho``, ``ks_logVaa``, ``ks_logVaa_pvalue``,
+      ``w1_logVaa`` (t): two-sample distances between the pooled values.
+
+    ``attrs``: the network's config, sample counts used and excluded, ``max_time_gap``.
+    """
+    for name, ds in (("network", network), ("limit", limit)):
+        if "V" not in ds or ds["V"].dims != ("sample", "t", "token_a", "token_b"):
+            raise ValueError(
+                f"{name} must be a covariance Dataset with V(sample, t, token_a, token_b)"
+            )
+    if network.sizes["token_a"] != limit.sizes["token_a"]:
+        raise ValueError(
+            f"network and limit must have the same number of tokens, got "
+            f"{network.sizes['token_a']} and {limit.sizes['token_a']}"
+        )
+    if network.sizes["token_a"] < 2:
+        raise ValueError("need m >= 2 tokens")
+    ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
+    parts = [network.isel(t=ia), limit.isel(t=ib)]
+    counts = {}
+    for src, ds in zip(SOURCES, list(parts), strict=True):
+        ok = valid_samples(ds)
+        counts[src] = (int(ok.sum()), int((~ok).sum()))
+        if ok.sum() < 2:
+            raise ValueError(f"{src}: fewer than 2 usable samples ({int(ok.sum())} valid)")
+    parts = [ds.isel(sample=valid_samples(ds)) for ds in parts]
+    values = [token_values(ds) for ds in parts]
+
+    out: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for var in ("rho", "Vaa"):
+        q, se = zip(*(quantiles_with_se(v[var], quantiles) for v in values), strict=True)
+        out[f"{var}_quantile"] = (("source", "t", "quantile"), np.stack(q))
+        out[f"{var}_quantile_se"] = (("source", "t", "quantile"), np.stack(se))
+    mean_rho = [moments_with_se(v["rho"].mean(axis=-1)) for v in values]
+    out["mean_rho"] = (("source", "t"), np.stack([mr["mean"] for mr in mean_rho]))
+    out["mean_rho_se"] = (("source", "t"), np.stack([mr["mean_se"] for mr in mean_rho]))
+    mom = [moments_with_se(ds["V"].values) for ds in parts]
+    for key in ("mean", "mean_se", "var", "var_se"):
+        out[f"V_{key}"] = (
+            ("source", "t", "token_a", "token_b"),
+            np.stack([mo[key] for mo in mom]),
+        )
+    for var in ("rho", "logVaa"):
+        d = distances(values[0][var], values[1][var])
+        out[f"ks_{var}"] = (("t",), d["ks"])
+        out[f"ks_{var}_pvalue"] = (("t",), d["ks_pvalue"])
+        out[f"w1_{var}"] = (("t",), d["w1"])
+
+    t_net = network["t"].values[ia]
+    t_lim = limit["t"].values[ib]
+    m = network.sizes["token_a"]
+    coords = {
+        "source": list(SOURCES),
+        "t": t_net,
+        "t_network": ("t", t_net),
+        "t_limit": ("t", t_lim),
+        "quantile": np.asarray(quantiles, dtype=np.float64),
+        "token_a": np.arange(m),
+        "token_b": np.arange(m),
+    }
+    if "layer" in network.coords:
+        coords["layer"] = ("t", network["layer"].values[ia])
+    attrs = {k: v for k, v in network.attrs.items() if k.startswith("config.")}
+    attrs.update(
+        {
+            "alignment": "nearest",
+            "max_time_gap": float(np.abs(t_net - t_lim).max()),
+            "n_network": counts["network"][0],
+            "n_excluded_network": counts["network"][1],
+            "n_limit": counts["sde"][0],
+            "n_excluded_limit": counts["sde"][1],
+            "network_method": str(network.attrs.get("method", "")),
+            "limit_method": str(limit.attrs.get("method", "")),
+            "limit_source": str(limit.attrs.get("source", "")),
+        }
+    )
+    if "dt" in limit.attrs:
+        attrs["limit_dt"] = float(limit.attrs["dt"])
+    return xr.Dataset(out, coords=coords, attrs=attrs)
+
+
+def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -> xr.Dataset:
+    """Rank-collapse summary per model (THEORY section 4) via ``shapedtx.detect_collapse``.
+
+    models: label -> covariance Dataset. Returns a Dataset over ``model`` with
+    ``fraction_collapsed`` (mean off-diagonal rho above ``threshold`` at some recorded time,
+    non-finite V counting as collapsed), ``median_collapse_layer`` and ``median_collapse_t``
+    (median over *all* samples of the first collapse time, never-collapsed samples counting
+    as +inf: so it is inf when fewer than half collapse), ``final_mean_rho`` (mean over
+    samples at the last time, finite samples only) and ``samples``. Layers come from the
+    ``layer`` coordinate, else ``t * width``.
+    """
+    if not models:
+        raise ValueError("models must name at least one Dataset")
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "fraction_collapsed",
+            "median_collapse_layer",
+            "median_collapse_t",
+            "final_mean_rho",
+            "samples",
+        )
+    }
+    for ds in models.values():
+        V = torch.from_numpy(np.ascontiguousarray(ds["V"].values))
+        with np.errstate(all="ignore"):
+            res = detect_collapse(V, threshold)
+            final = metrics.mean_correlation(V[:, -1]).numpy()
+        first = res.first_index.numpy()
+        t = ds["t"].values
+        layer = (
+            ds["layer"].values.astype(np.float64)
+            if "layer" in ds.coords
+            else t * float(ds.attrs.get("config.width", np.nan))
+        )
+        hit = first >= 0
+        t_first = np.where(hit, t[np.maximum(first, 0)], np.inf)
+        l_first = np.where(hit, layer[np.maximum(first, 0)], np.inf)
+        finite = np.isfinite(final)
+        rows["fraction_collapsed"].append(float(hit.mean()))
+        rows["median_collapse_t"].append(_median_inf(t_first))
+        rows["median_collapse_layer"].append(_median_inf(l_first))
+        rows["final_mean_rho"].append(float(final[finite].mean()) if finite.any() else np.nan)
+        rows["samples"].append(float(first.size))
+    data = {k: (("model",), np.asarray(v)) for k, v in rows.items()}
+    return xr.Dataset(data, coords={"model": list(models)}, attrs={"threshold": threshold})
+
+
+def _median_inf(x: np.ndarray) -> float:
+    """Median allowing +inf entries (lower median: inf only if more than half are inf)."""
+    s = np.sort(x)
+    return float(s[(s.size - 1) // 2])

@@ -1,0 +1,163 @@
+"""Convergence of finite networks to the covariance SDE at fixed T = depth / width
+(THEORY section 6: the gap must shrink as n grows; the expected rate is about n^(-1/2))."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import Tensor
+
+from shapedtx import ModelConfig
+
+from .compare import compare, distances, token_values, valid_samples
+
+STATISTICS: tuple[str, ...] = ("w1_rho", "ks_rho", "w1_logVaa", "ks_logVaa")
+
+
+def at_width(config: ModelConfig, width: int) -> ModelConfig:
+    """``config`` at another width with the same T = depth / width (depth = T width).
+
+    Head sizes that were derived from the width (``width // heads``) follow it; explicitly
+    different ones are kept. Raises ValueError if ``T * width`` is not an integer.
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"widths must be integers >= 1, got {width!r}")
+    depth = config.depth * width / config.width
+    if abs(depth - round(depth)) > 1e-9 or round(depth) < 1:
+        raise ValueError(
+            f"widths must make depth = T * width a positive integer (T = {config.T:g}), "
+            f"got width {width} (depth {depth:g})"
+        )
+    changes: dict = {"width": width, "depth": round(depth)}
+    if config.head_dim == config.width // config.heads:
+        changes["head_dim"] = None
+        if config.key_dim == config.head_dim:
+            changes["key_dim"] = None
+    return config.replace(**changes)
+
+
+def convergence(
+    config: ModelConfig,
+    widths: Sequence[int],
+    V0: Tensor,
+    samples: int,
+    *,
+    limit: xr.Dataset | None = None,
+    networks: Mapping[int, xr.Dataset] | None = None,
+    method: str = "exact",
+    dt: float = 0.01,
+    sde_method: str = "euler",
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float64,
+    progress: bool | None = None,
+    on_width: Callable[[int], None] | None = None,
+) -> xr.Dataset:
+    """Distance between finite networks and the SDE at the final time T = config.T.
+
+    Runs :func:`simulations.simulate` at every width (depth = T width, see :func:`at_width`)
+    and :func:`sde.solve` once at T (unless given as ``networks`` / ``limit``, e.g. from a
+    previous run), then compares the distributions at T with :func:`simulations.compare`.
+
+    Returns a Dataset over ``width`` with the distances ``w1_rho``, ``ks_rho``,
+    ``ks_rho_pvalue``, ``w1_logVaa``, ``ks_logVaa``, the ``rho_quantile`` of both sources
+    (width, source, quantile) and the median gap with its standard error. ``attrs`` hold, per
+    distance, the least-squares fit ``log d = intercept + slope log n`` (``<stat>_slope``,
+    ``<stat>_slope_se``, ``<stat>_intercept``) and ``<stat>_noise_floor``: the distance
+    expected from Monte Carlo noise alone (between two halves of the SDE sample, rescaled to
+    the compared sample sizes; a rough single-split estimate). Distances near the floor
+    flatten the fitted slope.
+    """
+    widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
+    if len(widths) < 2 or len(set(widths)) != len(widths):
+        raise ValueError(f"widths must list at least 2 distinct widths, got {widths!r}")
+    configs = {w: at_width(config, w) for w in sorted(widths)}
+    T = config.T
+    if limit is None:
+        from sde import solve
+
+        limit = solve(config, V0, samples, T=T, dt=dt, method=sde_method, seed=seed + 1,
+                      device=device, dtype=dtype)  # fmt: skip
+    k_T = int(np.abs(limit["t"].values - T).argmin())
+    if abs(limit["t"].values[k_T] - T) > 1e-6 * max(1.0, T):
+        raise ValueError(f"limit has no time at T = {T:g} (last time {limit['t'].values[-1]:g})")
+    lim_T = limit.isel(t=[k_T])
+
+    rows = []
+    for w, cfg in configs.items():
+        net = (networks or {}).get(w)
+        if net is None:
+            from .driver import simulate
+
+            net = simulate(cfg, V0, samples, method=method, seed=seed, device=device,
+                           dtype=dtype, progress=progress)  # fmt: skip
+        net_T = net.isel(t=[-1]).assign_coords(t=[T])
+        rows.append(compare(net_T, lim_T.assign_coords(t=[T])).isel(t=0))
+        if on_width is not None:
+            on_width(w)
+    cmp = xr.concat(rows, dim=xr.DataArray(list(configs), dims="width", name="width"))
+    gap = cmp["rho_quantile"].sel(quantile=0.5, method="nearest")
+    gap_se = cmp["rho_quantile_se"].sel(quantile=0.5, method="nearest")
+    out = xr.Dataset(
+        {
+            **{s: cmp[s] for s in STATISTICS},
+            "ks_rho_pvalue": cmp["ks_rho_pvalue"],
+            "rho_quantile": cmp["rho_quantile"],
+            "median_rho_gap": gap.sel(source="network") - gap.sel(source="sde"),
+            "median_rho_gap_se": np.hypot(gap_se.sel(source="network"), gap_se.sel(source="sde")),
+            "depth": ("width", [c.depth for c in configs.values()]),
+            "n_network": ("width", [r.attrs["n_network"] for r in rows]),
+        }
+    ).drop_vars([c for c in ("t", "t_network", "t_limit", "layer") if c in cmp.coords])
+    out.attrs.update({k: v for k, v in cmp.attrs.items() if k.startswith("config.")})
+    out.attrs.update(
+        {"T": T, "n_limit": rows[0].attrs["n_limit"],
+         "n_excluded_limit": rows[0].attrs["n_excluded_limit"]}
+    )  # fmt: skip
+    floors = _noise_floor(lim_T, int(np.min(out["n_network"].values)))
+    logn = np.log(np.asarray(list(configs), dtype=np.float64))
+    for s in STATISTICS:
+        out.attrs.update(_fit(logn, out[s].values, s))
+        out.attrs[f"{s}_noise_floor"] = floors[s]
+    return out
+
+
+def _fit(logn: np.ndarray, d: np.ndarray, name: str) -> dict[str, float]:
+    """Least-squares fit of log d on log n: slope, its standard error and the intercept."""
+    ok = np.isfinite(d) & (d > 0)
+    if ok.sum() < 2:
+        return {f"{name}_slope": math.nan, f"{name}_slope_se": math.nan,
+                f"{name}_intercept": math.nan}  # fmt: skip
+    x, y = logn[ok], np.log(d[ok])
+    A = np.stack([np.ones_like(x), x], axis=1)
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    dof = ok.sum() - 2
+    if dof > 0:
+        s2 = ((y - A @ coef) ** 2).sum() / dof
+        se = math.sqrt(s2 / ((x - x.mean()) ** 2).sum())
+    else:
+        se = math.nan
+    return {f"{name}_slope": float(coef[1]), f"{name}_slope_se": se,
+            f"{name}_intercept": float(coef[0])}  # fmt: skip
+
+
+def _noise_floor(limit_T: xr.Dataset, n_network: int) -> dict[str, float]:
+    """Distances between two halves of the SDE sample, rescaled by
+    ``sqrt(1/n_network + 1/n_limit) / sqrt(2/h + ...)`` to the compared sizes."""
+    ok = limit_T.isel(sample=valid_samples(limit_T))
+    N = ok.sizes["sample"]
+    h = N // 2
+    if h < 2:
+        return {s: math.nan for s in STATISTICS}
+    vals = token_values(ok)
+    scale = math.sqrt(1 / n_network + 1 / N) / math.sqrt(1 / h + 1 / (N - h))
+    out = {}
+    for var in ("rho", "logVaa"):
+        d = distances(vals[var][:h], vals[var][h:])
+        out[f"w1_{var}"] = float(d["w1"][0] * scale)
+        out[f"ks_{var}"] = float(d["ks"][0] * scale)
+    return out

@@ -1,0 +1,173 @@
+"""The simulation driver: one loop over blocks shared by every method (THEORY sections 2, 5).
+
+Samples are processed in chunks sized to a memory budget; each chunk is a whole number of
+fixed-size groups with their own generators (:mod:`simulations.rng`), so results do not depend
+on the chunking. Inside the block loop there is no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import xarray as xr
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from shapedtx import ModelConfig, check_covariance, covariance_dataset
+
+from .rng import GroupedNormal
+from .samplers import SAMPLERS
+
+DEFAULT_MEMORY_BUDGET = 2**30
+"""Default working-memory budget of one chunk, in bytes (1 GiB)."""
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget) -> None:
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
+    _check_positive_int("samples", samples)
+    if method not in SAMPLERS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, SAMPLERS))}, got {method!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if chunk_size is not None:
+        _check_positive_int("chunk_size", chunk_size)
+    if (
+        isinstance(memory_budget, bool)
+        or not isinstance(memory_budget, (int, float))
+        or not memory_budget > 0
+    ):
+        raise ValueError(f"memory_budget must be a number of bytes > 0, got {memory_budget!r}")
+
+
+def _chunk_groups(
+    sampler, config: ModelConfig, m: int, dtype: torch.dtype, chunk_size, memory_budget
+) -> int:
+    """Number of groups per chunk: ``chunk_size`` rounded up to whole groups, or the budget."""
+    G = sampler.group_size
+    if chunk_size is not None:
+        return math.ceil(chunk_size / G)
+    per_sample, fixed = sampler.memory(config, m, dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_sample += (config.depth + 1) * m * m * itemsize  # the recorded covariances
+    groups = int((memory_budget - fixed) // (G * per_sample))
+    if groups < 1:
+        warnings.warn(
+            f"memory_budget={memory_budget:.3g} bytes is below one group of {G} samples "
+            f"(about {fixed + G * per_sample:.3g} bytes); using one group per chunk",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return max(groups, 1)
+
+
+def _simulate_chunk(sampler, V0: Tensor, samples: int, depth: int, bar) -> Tensor:
+    """The shared block loop: V: (samples, depth + 1, m, m) on the sampler's device."""
+    m = V0.shape[-1]
+    out = torch.empty(samples, depth + 1, m, m, dtype=V0.dtype, device=V0.device)
+    state = sampler.init(V0, samples)
+    out[:, 0] = sampler.covariance(state)
+    for layer in range(1, depth + 1):
+        state = sampler.step(state)
+        out[:, layer] = sampler.covariance(state)
+        bar.update(samples)
+    return out
+
+
+def simulate(
+    config: ModelConfig,
+    V0: Tensor,
+    samples: int,
+    *,
+    method: str = "exact",
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float64,
+    chunk_size: int | None = None,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
+    progress: bool | None = None,
+) -> xr.Dataset:
+    """Token covariances ``V_l = X_l X_l^T / n`` of random networks at initialisation.
+
+    Args:
+        config: the architecture (any combination ModelConfig allows).
+        V0: (m, m) symmetric positive-definite input covariance, m >= 2; every sample starts
+            from X_0 with ``X_0 X_0^T / n = V0`` exactly.
+        samples: number of independent networks (weights and inputs drawn afresh).
+        method: ``"exact"`` (THEORY section 5, default) or ``"weights"`` (explicit matrices);
+            see :data:`simulations.samplers.SAMPLERS`.
+        seed: integer >= 0; the same seed gives the same numbers on the same device.
+        device: where to compute (default: V0's device).
+        dtype: torch.float64 (default) or torch.float32.
+        chunk_size: samples per chunk (rounded up to whole generator groups); default from
+            ``memory_budget``. Does not change the results.
+        memory_budget: approximate working memory of one chunk, in bytes.
+        progress: tqdm progress bar; ``None`` shows it only when stderr is a terminal.
+
+    Returns:
+        The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
+        ``t = layer / width`` for layers 0..depth, a ``layer`` coordinate, source
+        ``"network"``, attrs ``group_size`` and ``nonfinite`` (number of samples whose
+        covariance became non-finite; a RuntimeWarning is issued when > 0).
+    """
+    _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
+    sampler_cls = SAMPLERS[method]
+    sampler_cls.check(config)
+    V0 = check_covariance(V0)
+    device = torch.device(device) if device is not None else V0.device
+    V0 = V0.to(device=device, dtype=dtype)
+    m = V0.shape[-1]
+    if config.width < m:
+        raise ValueError(
+            f"config.width must be >= the number of tokens m = {m}, got {config.width}"
+        )
+
+    G = sampler_cls.group_size
+    n_groups = math.ceil(samples / G)
+    per_chunk = _chunk_groups(sampler_cls, config, m, dtype, chunk_size, memory_budget)
+    V = torch.empty(samples, config.depth + 1, m, m, dtype=dtype)
+    with tqdm(
+        total=samples * config.depth,
+        desc=f"simulate[{method}]",
+        unit="sample-block",
+        unit_scale=True,
+        disable=None if progress is None else not progress,
+    ) as bar:
+        for first in range(0, n_groups, per_chunk):
+            groups = range(first, min(first + per_chunk, n_groups))
+            sizes = [min(G, samples - g * G) for g in groups]
+            rng = GroupedNormal(seed, groups, sizes, device)
+            start = first * G
+            chunk = _simulate_chunk(sampler_cls(config, rng), V0, sum(sizes), config.depth, bar)
+            V[start : start + sum(sizes)] = chunk.cpu()
+
+    nonfinite = int((~torch.isfinite(V).flatten(1).all(dim=1)).sum())
+    if nonfinite:
+        warnings.warn(
+            f"simulate: {nonfinite} of {samples} samples have non-finite covariances "
+            f"(method={method!r}, dtype={dtype}); see the 'nonfinite' attribute",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    layers = torch.arange(config.depth + 1)
+    return covariance_dataset(
+        V,
+        layers.double() / config.width,
+        config,
+        source="network",
+        method=method,
+        seed=seed,
+        layer=layers,
+        attrs={"device": str(device), "group_size": G, "nonfinite": nonfinite},
+    )

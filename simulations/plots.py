@@ -1,0 +1,210 @@
+"""Figures of covariance Datasets (THEORY sections 4 and 6): one function per figure.
+
+Every function takes Datasets of the shared contract (or the outputs of
+:func:`simulations.compare` / :func:`simulations.convergence`), draws into ``ax`` if given
+(else a new figure), saves PNG and PDF when ``path`` is given (the suffix is replaced) and
+returns the matplotlib Figure. No pyplot state is used (safe on headless machines).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from scipy import stats
+
+from shapedtx import metrics
+
+from .compare import SOURCES, align_times, token_values, valid_samples
+
+COLORS = {"network": "tab:blue", "sde": "tab:orange"}
+LABELS = {"network": "finite network", "sde": "SDE limit"}
+
+
+def save_figure(fig: Figure, path: str | os.PathLike) -> list[Path]:
+    """Write ``fig`` as ``<path>.png`` and ``<path>.pdf`` (atomically); returns both paths."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for suffix in (".png", ".pdf"):
+        target = path.with_suffix(suffix)
+        tmp = target.with_name(f".{target.name}.tmp")
+        fig.savefig(tmp, format=suffix[1:], dpi=150, bbox_inches="tight")
+        os.replace(tmp, target)
+        out.append(target)
+    return out
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float] = (6.0, 4.0)) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _finish(fig: Figure, path: str | os.PathLike | None) -> Figure:
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def _layers(ds: xr.Dataset) -> np.ndarray:
+    """Layer index of every time: the ``layer`` coordinate, else ``t * width``."""
+    if "layer" in ds.coords:
+        return ds["layer"].values.astype(np.float64)
+    return ds["t"].values * float(ds.attrs.get("config.width", 1.0))
+
+
+def plot_mean_correlation(
+    models: Mapping[str, xr.Dataset],
+    *,
+    threshold: float | None = 0.99,
+    ax: Axes | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Mean off-diagonal token correlation vs layer, one curve per model: the average over
+    samples with a 5-95% band across samples; rank collapse is the curve reaching 1
+    (THEORY section 4). ``threshold`` draws the collapse threshold."""
+    fig, ax = _axes(ax)
+    for label, ds in models.items():
+        with np.errstate(all="ignore"):
+            r = metrics.mean_correlation(torch.from_numpy(np.ascontiguousarray(ds["V"].values)))
+        r = r.numpy()
+        r = r[np.isfinite(r).all(axis=1)]
+        x = _layers(ds)
+        (line,) = ax.plot(x, r.mean(axis=0), lw=2, label=label)
+        lo, hi = np.quantile(r, [0.05, 0.95], axis=0)
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+    if threshold is not None:
+        ax.axhline(threshold, color="k", ls=":", lw=1, label=f"collapse threshold {threshold:g}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean token correlation ρ")
+    ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.02)
+    ax.set_title("Rank collapse: mean correlation vs depth (band: 5-95% of samples)")
+    ax.legend(loc="lower right", fontsize="small")
+    ax.grid(alpha=0.3)
+    return _finish(fig, path)
+
+
+def plot_rho_density(
+    network: xr.Dataset,
+    limit: xr.Dataset,
+    *,
+    t: float | None = None,
+    bins: int = 60,
+    ax: Axes | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Density of the off-diagonal correlations at time ``t`` (default: the last common
+    time), network vs SDE: normalised histogram plus Gaussian KDE. Excluded samples
+    (non-finite or exploded) are left out, as in :func:`simulations.compare`."""
+    fig, ax = _axes(ax)
+    ia, ib = align_times(network["t"].values, limit["t"].values)
+    k = len(ia) - 1
+    if t is not None:
+        k = int(np.abs(network["t"].values[ia] - t).argmin())
+    edges = None
+    for src, ds, idx in zip(SOURCES, (network, limit), (ia[k], ib[k]), strict=True):
+        one = ds.isel(t=[idx])
+        one = one.isel(sample=valid_samples(one))
+        x = token_values(one)["rho"].ravel()
+        if edges is None:
+            edges = np.linspace(x.min(), x.max(), bins + 1)
+        ax.hist(x, bins=edges, density=True, alpha=0.35, color=COLORS[src])
+        grid = np.linspace(edges[0], edges[-1], 400)
+        ax.plot(grid, stats.gaussian_kde(x)(grid), color=COLORS[src], lw=2,
+                label=f"{LABELS[src]} ({one.sizes['sample']} samples)")  # fmt: skip
+    ax.set_xlabel(f"token correlation ρ at t = {float(network['t'].values[ia[k]]):.3g}")
+    ax.set_ylabel("density")
+    ax.set_title("Distribution of ρ: histogram and KDE")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return _finish(fig, path)
+
+
+def plot_quantile_bands(
+    comparison: xr.Dataset,
+    *,
+    axes: tuple[Axes, Axes] | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Quantile bands over time of ρ (left) and V^aa (right), network vs SDE, from
+    :func:`simulations.compare`: median (line), 25-75% (dark band), 5-95% (light band)."""
+    if axes is None:
+        fig = Figure(figsize=(11.0, 4.0), layout="constrained")
+        axes = tuple(fig.subplots(1, 2))
+    else:
+        fig = axes[0].figure
+    t = comparison["t"].values
+    probs = list(comparison["quantile"].values)
+    need = {0.05, 0.25, 0.5, 0.75, 0.95}
+    if not need <= {round(p, 6) for p in probs}:
+        raise ValueError(f"comparison must hold the quantiles {sorted(need)}, got {probs}")
+
+    def q(var: str, src: str, p: float) -> np.ndarray:
+        return comparison[var].sel(source=src).sel(quantile=p, method="nearest").values
+
+    for ax, var, ylabel in zip(
+        axes,
+        ("rho_quantile", "Vaa_quantile"),
+        ("token correlation ρ", "squared norm V^aa"),
+        strict=True,
+    ):
+        for src in SOURCES:
+            c = COLORS[src]
+            ax.fill_between(t, q(var, src, 0.05), q(var, src, 0.95), color=c, alpha=0.12, lw=0)
+            ax.fill_between(t, q(var, src, 0.25), q(var, src, 0.75), color=c, alpha=0.3, lw=0)
+            ax.plot(t, q(var, src, 0.5), color=c, lw=2, label=f"{LABELS[src]} median")
+            for p in (0.05, 0.95):
+                ax.plot(t, q(var, src, p), color=c, lw=0.8, ls="--")
+        ax.set_xlabel("t = layer / width")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper left")
+    axes[0].set_title("ρ: median, 25-75% and 5-95% bands")
+    axes[1].set_title("V^aa: median, 25-75% and 5-95% bands")
+    axes[1].set_yscale("log")
+    return _finish(fig, path)
+
+
+def plot_convergence(
+    convergence: xr.Dataset,
+    *,
+    statistic: str = "w1_rho",
+    ax: Axes | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Distance between network and SDE at time T vs width on log-log axes (output of
+    :func:`simulations.convergence`), with the fitted power law, the n^(-1/2) reference
+    and the Monte Carlo noise floor of the distance."""
+    if statistic not in convergence:
+        raise ValueError(f"statistic must be a variable of the convergence Dataset, "
+                         f"got {statistic!r}")  # fmt: skip
+    fig, ax = _axes(ax)
+    n = convergence["width"].values.astype(np.float64)
+    d = convergence[statistic].values
+    ax.loglog(n, d, "o-", color="tab:blue", lw=1.5, label=f"{statistic} (network vs SDE)")
+    fit_key = f"{statistic}_slope"
+    if fit_key in convergence.attrs:
+        slope = convergence.attrs[fit_key]
+        intercept = convergence.attrs[f"{statistic}_intercept"]
+        ax.loglog(n, np.exp(intercept) * n**slope, color="tab:red", lw=1,
+                  label=f"fit: slope {slope:.2f}")  # fmt: skip
+    ref = d[0] * (n / n[0]) ** -0.5
+    ax.loglog(n, ref, color="gray", ls="--", lw=1, label="n^(-1/2) reference")
+    floor_key = f"{statistic}_noise_floor"
+    if floor_key in convergence.attrs:
+        ax.axhline(convergence.attrs[floor_key], color="k", ls=":", lw=1,
+                   label="Monte Carlo noise floor")  # fmt: skip
+    ax.set_xlabel("width n (depth = T n)")
+    ax.set_ylabel(statistic)
+    ax.set_title(f"Convergence to the SDE at fixed T = {convergence.attrs.get('T', np.nan):.3g}")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3, which="both")
+    return _finish(fig, path)

@@ -1,0 +1,69 @@
+"""Named experiment set-ups of ``shapedtx compare`` (THEORY sections 4 and 6).
+
+A preset fixes the shaped model, its input (m tokens, equicorrelated with rho0), the sample
+counts and the standard-attention baselines of the rank-collapse report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shapedtx import ModelConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One comparison set-up; every field can be overridden on the command line."""
+
+    description: str
+    config: ModelConfig
+    tokens: int = 4
+    rho0: float = 0.2
+    samples: int = 4096
+    baseline_samples: int = 256
+    convergence_widths: tuple[int, ...] = (4, 8, 16, 32, 64)
+
+
+PRESETS: dict[str, Preset] = {
+    "block": Preset(
+        "shaped Transformer block: shaped attention + shaped ReLU MLP",
+        ModelConfig(width=200, depth=150, attention="shaped", mlp="shaped_relu"),
+    ),
+    "attention": Preset(
+        "attention-only network: shaped attention, one head, value weights only [ST]",
+        ModelConfig(width=200, depth=150, attention="shaped", mlp="none"),
+    ),
+    "mlp": Preset(
+        "MLP-only network: residual shaped-ReLU MLP blocks, no attention [LNR]",
+        ModelConfig(width=200, depth=150, attention="none", mlp="shaped_relu"),
+    ),
+}
+"""Presets by name; ``"block"`` is the default of ``shapedtx compare``."""
+
+QUICK = {"width": 32, "depth": 24, "samples": 256, "baseline_samples": 64, "widths": (8, 16)}
+"""Sizes of ``--quick`` (seconds, for smoke tests): width, depth (same T), samples."""
+
+
+def baselines(config: ModelConfig) -> dict[str, ModelConfig]:
+    """The standard-architecture counterparts of a shaped model (THEORY section 2, vanilla
+    baselines): shaped attention -> softmax attention, shaped ReLU -> ReLU, without
+    normalisation and with pre-LN; everything else (width, depth, gamma, heads) unchanged."""
+    std = config.replace(
+        attention="softmax" if config.attention == "shaped" else config.attention,
+        mlp="relu" if config.mlp == "shaped_relu" else config.mlp,
+    )
+    return {
+        "standard, no norm": std.replace(norm="none"),
+        "standard, pre-LN": std.replace(norm="pre"),
+    }
+
+
+def model_label(config: ModelConfig) -> str:
+    """Short human-readable name: e.g. ``"shaped attn + shaped_relu MLP"``."""
+    parts = []
+    if config.attention != "none":
+        parts.append(f"{config.attention} attn")
+    if config.mlp != "none":
+        parts.append(f"{config.mlp} MLP")
+    label = " + ".join(parts)
+    return label + (", pre-LN" if config.norm == "pre" else "")

@@ -1,0 +1,76 @@
+"""Exact Wishart(k, I_m) draws from an explicit generator (THEORY section 5).
+
+``W = Z Z^T`` with ``Z: (m, k)`` iid N(0, 1) is drawn through a factor ``F`` (``F F^T = W`` in
+law) at a cost independent of ``k``:
+
+- ``k >= m``: the Bartlett decomposition. ``F = T`` lower triangular with
+  ``T_ii = sqrt(chi^2_{k - i})`` (i = 0..m-1) and ``T_ij ~ N(0, 1)`` for ``i > j``, all
+  independent; T is the Cholesky factor of a Wishart(k, I_m) matrix.
+- ``k < m`` (singular Wishart): ``F = Z`` itself, ``m x k`` iid N(0, 1) (O(m^2) numbers).
+
+Reproducibility: every random number comes from the ``generator`` argument: normals from
+``torch.randn(generator=...)``, chi-square variables as ``2 Gamma(dof / 2, 1)`` from
+``torch._standard_gamma(..., generator=...)`` (an exact Marsaglia-Tsang rejection sampler on
+CPU and CUDA, in float64 whatever the output dtype; ``torch.distributions.Chi2`` cannot take
+a generator). Draw order per call: normals first, then the m chi-square variables.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check(k: int, m: int, batch: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k (degrees of freedom) must be an integer >= 0, got {k!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be an integer >= 1, got {m!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        raise ValueError(f"batch must be an integer >= 0, got {batch!r}")
+
+
+def chi2(dof: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Chi-square variables with ``dof`` (> 0, any shape) degrees of freedom, one per entry:
+    ``2 Gamma(dof / 2, 1)`` drawn from ``generator``; same shape, dtype and device as dof."""
+    return 2.0 * torch._standard_gamma(dof / 2, generator=generator)
+
+
+def wishart_factor(
+    k: int,
+    m: int,
+    batch: int,
+    generator: torch.Generator | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """F: (batch, m, min(k, m)) with ``F F^T ~ Wishart(k, I_m)``, independently per batch entry.
+
+    Lower-triangular Bartlett factor when ``k >= m`` (then F is the Cholesky factor of the
+    Wishart matrix), iid N(0, 1) when ``k < m`` (``k = 0`` gives an empty last dimension).
+    Exact for every k; cost O(m^2) numbers, independent of k.
+    """
+    _check(k, m, batch)
+    if k < m:
+        return torch.randn((batch, m, k), generator=generator, dtype=dtype, device=device)
+    normals = torch.randn((batch, m, m), generator=generator, dtype=dtype, device=device)
+    # degrees of freedom and chi-square draws in float64 (k may exceed float32's 2^24)
+    dof = (k - torch.arange(m, dtype=torch.float64, device=device)).expand(batch, m)
+    diag = chi2(dof.contiguous(), generator).sqrt().to(dtype)
+    return normals.tril(-1) + torch.diag_embed(diag)
+
+
+def wishart(
+    k: int,
+    m: int,
+    batch: int,
+    generator: torch.Generator | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """W: (batch, m, m) iid Wishart(k, I_m) matrices (``E W = k I``,
+    ``Var W_ij = k (1 + delta_ij)``), via :func:`wishart_factor`."""
+    F = wishart_factor(k, m, batch, generator, dtype=dtype, device=device)
+    return F @ F.mT

@@ -1,0 +1,196 @@
+"""Low-rank bottleneck of attention heads [BH] (THEORY section 8)."""
+
+import math
+
+import pytest
+import torch
+
+from shapedtx import ModelConfig
+from shapedtx.bottleneck import (
+    attention_of,
+    check_stochastic,
+    counterexample_distance,
+    counterexample_x,
+    fit_attention,
+    logit_rank,
+    rank_lower_bound,
+    realise_attention,
+    realise_attention_low_rank,
+)
+from shapedtx.nn import SoftmaxAttention
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny matrices: OpenMP threads only contend on a loaded 2-core machine (~50x slower)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _random_problem(m, n, seed, batch=()):
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(*batch, m, n, generator=gen, dtype=F64)
+    P = torch.softmax(2.0 * torch.randn(*batch, m, m, generator=gen, dtype=F64), dim=-1)
+    return X, P
+
+
+# Construction (Theorem 1) ---------------------------------------------------------------------
+@pytest.mark.parametrize(("m", "n", "head_size"), [(2, 2, 2), (3, 5, 3), (5, 8, 7), (8, 8, 8)])
+def test_construction_reproduces_P(m, n, head_size):
+    for seed in range(3):
+        X, P = _random_problem(m, n, seed)
+        W_Q, W_K = realise_attention(X, P, head_size)
+        assert W_Q.shape == W_K.shape == (n, head_size)
+        assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
+
+
+def test_construction_batched_and_any_row_scale():
+    X, P = _random_problem(4, 6, seed=7, batch=(3,))
+    row_scale = torch.tensor([0.1, 1.0, 5.0, 40.0], dtype=F64)
+    for scale in (None, row_scale):
+        W_Q, W_K = realise_attention(X, P, 4, row_scale=scale)
+        assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
+
+
+def test_diagonal_must_act_on_rows():
+    # softmax removes per-row constants (D0 P), not per-column ones (P D0): a column scaling
+    # changes the attention, so log(P D0) in THEORY section 8 must be read as log(D0 P).
+    _, P = _random_problem(4, 4, seed=1)
+    d = torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64)
+    assert torch.allclose(torch.softmax(P.log() + d.log()[:, None], -1), P, atol=1e-12)
+    assert (torch.softmax(P.log() + d.log()[None, :], -1) - P).abs().max() > 1e-2
+
+
+def test_realised_weights_work_in_the_library_layer():
+    m, n, head_size = 4, 6, 5
+    X, P = _random_problem(m, n, seed=3)
+    W_Q, W_K = realise_attention(X, P, head_size)
+    layer = SoftmaxAttention(ModelConfig(width=n, depth=1, heads=1, key_dim=head_size)).double()
+    with torch.no_grad():  # nn.Linear computes x W^T: weight = (W / sqrt(n))^T
+        layer.layers["query"].weight.copy_((W_Q / math.sqrt(n)).T)
+        layer.layers["key"].weight.copy_((W_K / math.sqrt(n)).T)
+    A = layer.attention_matrix(X[None])[0, 0]
+    assert (A - P).abs().max() < 1e-8
+
+
+@pytest.mark.parametrize(("m", "n"), [(2, 2), (3, 4), (5, 5), (8, 11)])
+def test_head_size_m_minus_1_suffices_for_full_rank_X(m, n):
+    # the softmax removes per-row constants, so the centred log P (rank m - 1) is enough
+    X, P = _random_problem(m, n, seed=m)
+    assert int(logit_rank(P)) == m - 1
+    W_Q, W_K = realise_attention_low_rank(X, P, m - 1)
+    assert W_Q.shape == (n, m - 1)
+    assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
+    W_Q, W_K = realise_attention_low_rank(X, P, m + 2)  # larger heads: zero-padded
+    assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
+    if m > 2:
+        assert float(rank_lower_bound(P, m - 2)) > 0  # and m - 2 cannot reach it
+        with pytest.raises(ValueError, match="head_size"):
+            realise_attention_low_rank(X, P, m - 2)
+
+
+def test_low_rank_target_needs_only_its_rank():
+    gen = torch.Generator().manual_seed(4)
+    m = 6
+    u, v = torch.randn(2, m, 1, generator=gen, dtype=F64)
+    P = torch.softmax(u @ v.T, dim=-1)  # rank-1 logits
+    assert int(logit_rank(P)) == 1 and float(rank_lower_bound(P, 1)) < 1e-12
+    X = torch.randn(m, m, generator=gen, dtype=F64)
+    W_Q, W_K = realise_attention_low_rank(X, P, 1)
+    assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
+
+
+# Counterexample d_p = 1, m = 2, X = [[1], [0]] ------------------------------------------------
+def test_counterexample_row_is_fixed_for_every_head():
+    X = counterexample_x()
+    gen = torch.Generator().manual_seed(0)
+    for head_size in (1, 2, 3):
+        W_Q = 10 * torch.randn(500, 1, head_size, generator=gen, dtype=F64)
+        W_K = 10 * torch.randn(500, 1, head_size, generator=gen, dtype=F64)
+        A = attention_of(X, W_Q, W_K)
+        assert torch.equal(A[:, 1], torch.full((500, 2), 0.5, dtype=F64))
+        w = (W_Q * W_K).sum(-1)[:, 0] / math.sqrt(head_size)  # logit of token 1 on itself
+        assert torch.allclose(A[:, 0, 0], torch.sigmoid(w), atol=1e-14)
+
+
+def test_counterexample_cannot_be_realised_by_optimisation():
+    X = counterexample_x()
+    P = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=F64)
+    bound = float(counterexample_distance(P))
+    assert bound == pytest.approx(math.sqrt(2) * 0.3)
+    fit = fit_attention(X, P, 1, restarts=8, steps=300, lr=0.1)
+    # the optimiser reaches the infimum (row 0 matched) but never goes below it
+    assert bound - 1e-12 <= fit.distance < bound + 1e-3
+    assert torch.allclose(fit.attention[1], torch.tensor([0.5, 0.5], dtype=F64))
+    assert float(fit.distances.min()) >= bound - 1e-12
+    with pytest.raises(ValueError, match="X must have full row rank"):
+        realise_attention(X, P, 2)
+
+
+def test_realisable_counterexample_target_is_reached():
+    # power: the same optimisation does reach a P whose second row is [1/2, 1/2]
+    P = torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=F64)
+    assert float(counterexample_distance(P)) == 0.0
+    fit = fit_attention(counterexample_x(), P, 1, restarts=8, steps=300, lr=0.1)
+    assert fit.distance < 1e-3
+
+
+# Rank lower bound for full-rank X -------------------------------------------------------------
+def test_rank_lower_bound_holds_and_small_heads_stay_away():
+    m = 4
+    X, P = _random_problem(m, m, seed=11)
+    bound = float(rank_lower_bound(P, 1))
+    assert bound > 1e-3
+    assert float(rank_lower_bound(P, m - 1)) < 1e-12  # centred log P has rank m - 1
+    # the bound holds for many random rank-1 heads
+    gen = torch.Generator().manual_seed(1)
+    W_Q = 3 * torch.randn(2000, m, 1, generator=gen, dtype=F64)
+    W_K = 3 * torch.randn(2000, m, 1, generator=gen, dtype=F64)
+    dist = torch.linalg.matrix_norm(attention_of(X, W_Q, W_K) - P)
+    assert float(dist.min()) >= bound
+    # optimisation: head size 1 stalls well above zero, head size m gets close to P
+    small = fit_attention(X, P, 1, restarts=8, steps=400, lr=0.1)
+    full = fit_attention(X, P, m, restarts=8, steps=400, lr=0.1)
+    assert small.distance >= bound
+    assert small.distance > 0.05
+    assert full.distance < 0.1 * small.distance
+
+
+def test_fit_is_reproducible():
+    X, P = _random_problem(3, 3, seed=2)
+    a = fit_attention(X, P, 1, restarts=2, steps=20, seed=5)
+    b = fit_attention(X, P, 1, restarts=2, steps=20, seed=5)
+    assert torch.equal(a.distances, b.distances)
+
+
+# Bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda X, P: realise_attention(X, P, 2), "head_size"),
+        (lambda X, P: realise_attention(X, P, 3.0), "head_size"),
+        (lambda X, P: realise_attention(X[:, :2], P, 3), "X must have full row rank"),
+        (lambda X, P: realise_attention(X * float("nan"), P, 3), "X must be finite"),
+        (lambda X, P: realise_attention(X, P[:2], 3), "P must be square"),
+        (lambda X, P: realise_attention(X, P[:2, :2] / P[:2, :2].sum(-1, True), 3), "P must be"),
+        (lambda X, P: realise_attention(X, P * 1.1, 3), "row-stochastic"),
+        (lambda X, P: realise_attention(X, P, 3, row_scale=-torch.ones(3)), "row_scale"),
+        (lambda X, P: check_stochastic(torch.eye(3, dtype=F64)), "positive"),
+        (lambda X, P: rank_lower_bound(P, -1), "rank"),
+        (lambda X, P: counterexample_distance(P), r"\(\.\.\., 2, 2\)"),
+        (lambda X, P: fit_attention(X, P, 0), "head_size"),
+        (lambda X, P: realise_attention_low_rank(X, P, 1), "head_size"),
+        (lambda X, P: realise_attention_low_rank(X[:, :2], P, 2), "X must have full row rank"),
+        (lambda X, P: fit_attention(X, P, 1, steps=-1), "steps"),
+        (lambda X, P: fit_attention(X, P, 1, lr=0.0), "lr"),
+        (lambda X, P: fit_attention(X, P, 1, init_scale=float("inf")), "init_scale"),
+    ],
+)
+def test_invalid_inputs(call, match):
+    X, P = _random_problem(3, 4, seed=0)
+    with pytest.raises(ValueError, match=match):
+        call(X, P)

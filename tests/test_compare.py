@@ -1,0 +1,188 @@
+"""simulations.compare statistics on synthetic Datasets with known answers."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from shapedtx import ModelConfig, covariance_dataset
+from simulations.compare import (
+    align_times,
+    collapse_report,
+    compare,
+    distances,
+    moments_with_se,
+    quantiles_with_se,
+)
+
+CONFIG = ModelConfig(width=20, depth=4)
+
+
+def _two_token(r: np.ndarray, scale: np.ndarray | float = 1.0) -> torch.Tensor:
+    """V (N, t, 2, 2) with correlation r (N, t) and diagonal ``scale``."""
+    r = torch.as_tensor(r, dtype=torch.float64)
+    V = torch.empty(*r.shape, 2, 2, dtype=torch.float64)
+    V[..., 0, 0] = V[..., 1, 1] = 1.0
+    V[..., 0, 1] = V[..., 1, 0] = r
+    return V * torch.as_tensor(scale, dtype=torch.float64)[..., None, None]
+
+
+def _dataset(V: torch.Tensor, t=None, **kw):
+    t = np.arange(V.shape[1]) / CONFIG.width if t is None else t
+    return covariance_dataset(V, t, CONFIG, source="test", method="synthetic", seed=0, **kw)
+
+
+def _random_V(N: int, nt: int, m: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(N, nt, m, 3 * m, generator=g, dtype=torch.float64)
+    return X @ X.transpose(-1, -2) / X.shape[-1]
+
+
+def test_identical_samples_give_zero_distance():
+    ds = _dataset(_random_V(300, 3, 4, 0))
+    out = compare(ds, ds)
+    for var in ("rho", "logVaa"):
+        np.testing.assert_array_equal(out[f"ks_{var}"].values, 0.0)
+        np.testing.assert_allclose(out[f"w1_{var}"].values, 0.0, atol=1e-15)
+        np.testing.assert_array_equal(out[f"ks_{var}_pvalue"].values, 1.0)
+    q = out["rho_quantile"].values
+    np.testing.assert_array_equal(q[0], q[1])
+    assert out.attrs["n_network"] == 300 and out.attrs["n_excluded_limit"] == 0
+    assert out["rho_quantile"].dims == ("source", "t", "quantile")
+    assert out["V_mean"].shape == (2, 3, 4, 4)
+
+
+def test_shifted_samples_give_the_shift():
+    rng = np.random.default_rng(1)
+    r = rng.uniform(-0.5, 0.4, size=(500, 2))
+    scale = np.exp(rng.normal(size=(500, 2)))
+    a = _dataset(_two_token(r, scale))
+    b = _dataset(_two_token(r + 0.1, scale))
+    out = compare(a, b)
+    np.testing.assert_allclose(out["w1_rho"].values, 0.1, rtol=1e-9)
+    np.testing.assert_allclose(out["w1_logVaa"].values, 0.0, atol=1e-12)
+    np.testing.assert_allclose(
+        out["rho_quantile"].sel(source="sde") - out["rho_quantile"].sel(source="network"),
+        0.1,
+        rtol=1e-9,
+    )
+    # scaling V by c = 4 shifts log V^aa by log c and leaves rho unchanged (exactly)
+    c = _dataset(_two_token(r, 4.0 * scale))
+    out = compare(a, c)
+    np.testing.assert_allclose(out["w1_logVaa"].values, np.log(4.0), rtol=1e-9)
+    np.testing.assert_allclose(out["w1_rho"].values, 0.0, atol=1e-12)
+    np.testing.assert_array_equal(out["ks_rho"].values, 0.0)
+    # shifted beyond the whole range: KS = 1
+    d = _dataset(_two_token(r, 1e3 * scale))
+    np.testing.assert_allclose(compare(a, d)["ks_logVaa"].values, 1.0)
+
+
+def test_ks_pvalue_matches_scipy_for_one_value_per_sample_and_has_power():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=(800, 1, 1)), rng.normal(size=(600, 1, 1))
+    d = distances(a, b)
+    ref = stats.ks_2samp(a.ravel(), b.ravel(), method="asymp")
+    assert d["ks"][0] == pytest.approx(ref.statistic, abs=1e-14)
+    assert d["ks_pvalue"][0] == pytest.approx(ref.pvalue, rel=1e-6)
+    assert d["w1"][0] == pytest.approx(stats.wasserstein_distance(a.ravel(), b.ravel()))
+    shifted = distances(a, b + 0.4)
+    assert shifted["ks_pvalue"][0] < 1e-6 < d["ks_pvalue"][0]
+
+
+def _clustered(N: int, R: int, k: int, rng) -> np.ndarray:
+    """(N, R, k): k values per sample sharing a common component (correlation 0.6)."""
+    common = rng.normal(size=(N, R, 1))
+    return np.sqrt(0.6) * common + np.sqrt(0.4) * rng.normal(size=(N, R, k))
+
+
+def test_quantile_se_is_calibrated_for_dependent_values():
+    """The SE matches the spread of the quantile over independent replications (the time
+    axis holds R = 400 replications); ignoring the dependence would be ~40% too small."""
+    rng = np.random.default_rng(3)
+    N, k = 400, 4
+    x = _clustered(N, 400, k, rng)
+    q, se = quantiles_with_se(x, (0.05, 0.25, 0.5, 0.75, 0.95))
+    spread = q.std(axis=0, ddof=1)
+    ratio = se.mean(axis=0) / spread
+    np.testing.assert_allclose(ratio, 1.0, atol=0.15)
+    iid = x.transpose(0, 2, 1).reshape(N * k, 400)[:, :, None]  # each value its own sample
+    _, naive = quantiles_with_se(iid, (0.5,))
+    assert naive.mean() / spread[2] < 0.75  # the naive (iid) formula is visibly wrong
+
+
+def test_standard_errors_shrink_like_inverse_sqrt_n():
+    rng = np.random.default_rng(4)
+    small, large = rng.normal(size=(1000, 1, 3)), rng.normal(size=(16000, 1, 3))
+    _, se_s = quantiles_with_se(small)
+    _, se_l = quantiles_with_se(large)
+    np.testing.assert_allclose(se_s / se_l, 4.0, rtol=0.2)
+    m_s, m_l = moments_with_se(small), moments_with_se(large)
+    np.testing.assert_allclose(m_s["mean_se"] / m_l["mean_se"], 4.0, rtol=0.1)
+    np.testing.assert_allclose(m_s["var_se"] / m_l["var_se"], 4.0, rtol=0.2)
+
+
+def test_moment_standard_errors_are_calibrated():
+    rng = np.random.default_rng(5)
+    x = rng.exponential(size=(300, 500))  # 500 replications of 300 samples
+    mo = moments_with_se(x)
+    np.testing.assert_allclose(mo["mean_se"].mean() / mo["mean"].std(ddof=1), 1.0, atol=0.1)
+    np.testing.assert_allclose(mo["var_se"].mean() / mo["var"].std(ddof=1), 1.0, atol=0.2)
+    np.testing.assert_allclose(mo["var"].mean(), 1.0, atol=4 * mo["var"].std() / 500**0.5)
+
+
+def test_align_times_nearest_common_times():
+    net = np.arange(151) / 200
+    ia, ib = align_times(net, np.arange(76) * 0.01)
+    np.testing.assert_allclose(net[ia], np.arange(76) * 0.01, atol=1e-12)
+    np.testing.assert_array_equal(ib, np.arange(76))
+    sde = np.arange(0, 0.7501, 0.003)
+    ia, ib = align_times(net, sde)
+    assert np.abs(net[ia] - sde[ib]).max() <= 0.0015 + 1e-12
+    assert len(set(ia)) == len(ia) and len(set(ib)) == len(ib)
+    with pytest.raises(ValueError, match="overlap"):
+        align_times(net, net + 2.0)
+
+
+def test_compare_aligns_and_excludes_exploded_paths():
+    V = _random_V(50, 5, 3, 6)
+    net = _dataset(V, t=np.arange(5) / 20, layer=np.arange(5))
+    lim_V = _random_V(40, 3, 3, 7)
+    lim_V[0, 2] = float("nan")
+    exploded = np.zeros(40, dtype=bool)
+    exploded[[0, 1, 2]] = True
+    lim = _dataset(lim_V, t=[0.0, 0.1, 0.2], data_vars={"exploded": (("sample",), exploded)})
+    out = compare(net, lim)
+    np.testing.assert_allclose(out["t"].values, [0.0, 0.1, 0.2])
+    np.testing.assert_array_equal(out["layer"].values, [0, 2, 4])
+    assert out.attrs["n_limit"] == 37 and out.attrs["n_excluded_limit"] == 3
+    assert np.isfinite(out["ks_logVaa"].values).all()
+    direct = V[:, [0, 2, 4]].mean(0).numpy()
+    np.testing.assert_allclose(out["V_mean"].sel(source="network").values, direct)
+
+
+def test_compare_rejects_bad_input():
+    a = _dataset(_random_V(10, 2, 3, 0))
+    b = _dataset(_random_V(10, 2, 4, 0))
+    with pytest.raises(ValueError, match="tokens"):
+        compare(a, b)
+    with pytest.raises(ValueError, match="probs"):
+        quantiles_with_se(np.zeros((5, 1, 1)), (0.0, 0.5))
+
+
+def test_collapse_report_known_layers():
+    N, nt = 10, 8
+    r = np.full((N, nt), 0.2)
+    for s in range(N):
+        if s < 6:  # sample s collapses at index s + 1
+            r[s, s + 1 :] = 0.999
+    ds = _dataset(_two_token(r), layer=np.arange(nt))
+    rep = collapse_report(
+        {"model": ds, "stable": _dataset(_two_token(np.full((N, nt), 0.2)))}, threshold=0.99
+    )
+    assert rep["fraction_collapsed"].sel(model="model") == pytest.approx(0.6)
+    # first indices 1..6 then four never: lower median of [1,2,3,4,5,6,inf x4] is 5
+    assert rep["median_collapse_layer"].sel(model="model") == 5
+    assert rep["median_collapse_t"].sel(model="model") == pytest.approx(5 / CONFIG.width)
+    assert rep["fraction_collapsed"].sel(model="stable") == 0
+    assert np.isinf(rep["median_collapse_layer"].sel(model="stable"))
+    assert rep["final_mean_rho"].sel(model="stable") == pytest.approx(0.2)

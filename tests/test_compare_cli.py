@@ -1,0 +1,104 @@
+"""``shapedtx compare``: a tiny end-to-end run writes every file; bad options exit 2."""
+
+import json
+import math
+
+import pytest
+
+from shapedtx import load_dataset
+from shapedtx.cli import main
+from simulations.presets import PRESETS, baselines
+
+
+def _numbers(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _numbers(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _numbers(v)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield x
+
+
+def test_compare_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["compare", "--quick", "--width", "16", "--depth", "12", "--samples", "128"]
+    argv += ["--baseline-samples", "32", "--convergence-widths", "8", "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "rank collapse" in printed and "rho at T" in printed
+    for name in ("network", "sde", "comparison", "collapse", "convergence"):
+        assert (out / f"{name}.nc").is_file()
+    for fig in ("mean_correlation", "rho_density", "quantile_bands", "convergence"):
+        for ext in ("png", "pdf"):
+            assert (out / "figures" / f"{fig}.{ext}").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(math.isfinite(v) for v in _numbers(summary))
+    for src in ("network", "sde"):
+        q = summary["rho_T"][src]["quantiles"]
+        assert len(q) == 5 and all(v is not None for v in q) and q == sorted(q)
+    for key in ("ks_rho", "ks_rho_pvalue", "w1_rho", "ks_logVaa", "w1_logVaa"):
+        assert summary["distances_T"][key] is not None
+    assert len(summary["collapse"]["models"]) == 3
+    assert summary["convergence"]["widths"] == [8, 16]
+    assert summary["run_times_s"]["total"] > 0
+    net, cmp = load_dataset(out / "network.nc"), load_dataset(out / "comparison.nc")
+    assert net.sizes["sample"] == 128 and net.attrs["config.width"] == 16
+    assert cmp.sizes["t"] == 13  # layers 0..12 of width 16 pair with SDE times (dt 0.01)
+    assert cmp.attrs["max_time_gap"] <= 0.005 + 1e-12
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--samples", "1"], "--samples"),
+        (["--rho0", "1.5"], "rho0"),
+        (["--tokens", "1"], "--tokens"),
+        (["--threshold", "1.5"], "--threshold"),
+        (["--convergence-widths", "7"], "widths"),
+        (["--convergence-widths", "a,b"], "--convergence-widths"),
+        (["--dt", "-1"], "--dt"),
+        (["--gamma", "2"], "gamma"),
+        (["--preset", "nope"], "preset"),
+        (["--width", "x"], "width"),
+    ],
+)
+def test_compare_rejects_bad_options(tmp_path, capsys, extra, message):
+    try:
+        code = main(["compare", "--quick", "--no-figures", "--out", str(tmp_path), *extra])
+    except SystemExit as exit_:  # argparse errors
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_presets_and_baselines():
+    assert set(PRESETS) == {"block", "attention", "mlp"}
+    block = PRESETS["block"]
+    assert (block.config.width, block.config.depth, block.samples, block.tokens) == (
+        200,
+        150,
+        4096,
+        4,
+    )
+    assert block.config.mlp == "shaped_relu" and block.rho0 == 0.2
+    base = baselines(block.config)
+    assert {c.norm for c in base.values()} == {"none", "pre"}
+    assert all(c.attention == "softmax" and c.mlp == "relu" for c in base.values())
+    mlp = baselines(PRESETS["mlp"].config)
+    assert all(c.attention == "none" and c.mlp == "relu" for c in mlp.values())
+
+
+def test_at_width_keeps_T_and_derived_head_sizes():
+    from shapedtx import ModelConfig
+    from simulations.convergence import at_width
+
+    cfg = at_width(ModelConfig(width=200, depth=150, mlp="shaped_relu"), 16)
+    assert (cfg.width, cfg.depth, cfg.head_dim, cfg.key_dim) == (16, 12, 16, 16)
+    fixed = ModelConfig(width=64, depth=32, heads=2, head_dim=8, out_proj=True)
+    assert at_width(fixed, 32).head_dim == 8
+    with pytest.raises(ValueError, match="depth = T"):
+        at_width(ModelConfig(width=200, depth=150), 10)

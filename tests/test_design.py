@@ -1,0 +1,166 @@
+"""Depth/width/head-size design rules (THEORY sections 7 and 8)."""
+
+import math
+
+import pytest
+
+from shapedtx import ModelConfig, Transformer
+from shapedtx.design import (
+    GPT3_MODELS,
+    LW_FIT,
+    DepthWidthFit,
+    allocation,
+    depth_threshold,
+    design_row,
+    gpt3_table,
+    head_size_report,
+    optimal_shape,
+    optimal_width,
+    param_count,
+    regime,
+)
+
+
+# Anchors of THEORY section 7 ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("params", "depth", "width"), [(1.739e11, 80.5, 13.4e3), (1e12, 94.7, 29.6e3)]
+)
+def test_fit_reproduces_its_anchor_points(params, depth, width):
+    shape = optimal_shape(params)
+    assert shape.depth == pytest.approx(depth, abs=0.05)
+    # THEORY quotes 13.4K and 29.6K; the fit gives 13.42K and 29.66K (the text truncates)
+    assert shape.width == pytest.approx(width, rel=0.005)
+    assert 12 * shape.depth * shape.width**2 == pytest.approx(params, rel=1e-12)
+
+
+def test_small_gpt3_comes_out_shallow_as_stated():
+    # THEORY section 7: "125M: L* ~ 23 at d* ~ 555" (size 12 L d^2 of GPT-3 Small)
+    shape = optimal_shape(12 * 12 * 768**2)
+    assert shape.depth == pytest.approx(23.0, abs=0.1)
+    assert shape.width == pytest.approx(555, abs=2)
+
+
+def test_wrong_constants_miss_the_anchor():
+    # power: a 2% change of either constant moves the 175B anchor out of tolerance
+    for fit in (DepthWidthFit(5.039 * 1.02, 0.0555), DepthWidthFit(5.039, 0.0555 * 1.02)):
+        assert abs(optimal_shape(1.739e11, fit=fit).depth - 80.5) > 0.5
+
+
+@pytest.mark.parametrize("params", [1e5, 3.3e7, 1.2e9, 1.739e11, 1e12, 1e15])
+def test_round_trip(params):
+    shape = optimal_shape(params)
+    assert optimal_width(shape.depth) == pytest.approx(shape.width, rel=1e-10)
+    # and the other way: the budget of (L, d*(L)) gives back L
+    L = 37.25
+    assert optimal_shape(12 * L * optimal_width(L) ** 2).depth == pytest.approx(L, rel=1e-10)
+
+
+def test_rounded_shape_spends_the_budget():
+    shape = optimal_shape(1e12, multiple=128)
+    assert shape.depth_rounded == 95 and shape.width_rounded % 128 == 0
+    assert shape.params_rounded == pytest.approx(1e12, rel=0.01)
+    assert optimal_shape(10.0).depth_rounded == 1  # tiny budgets still give depth >= 1
+
+
+def test_threshold_and_regime():
+    assert depth_threshold(3**7) == pytest.approx(7.0)
+    assert regime(6, 3**7) == "depth-efficient"
+    assert regime(7, 3**7) == "depth-inefficient"
+    assert regime(96, 12288) == "depth-inefficient"
+
+
+def test_allocation_matches_fixed_size_comparison():
+    L = 40.0
+    d = optimal_width(L)
+    assert allocation(L, d) == "near optimal"
+    assert allocation(L, 0.5 * d) == "too deep"  # at fixed size: width below d*(L)
+    assert allocation(L, 2.0 * d) == "too shallow"
+
+
+# Parameter counts -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(width=16, depth=3, attention="shaped", mlp="shaped_relu", heads=4),
+        ModelConfig(width=16, depth=2, attention="softmax", mlp="relu", heads=2, out_proj=True),
+        ModelConfig(width=12, depth=2, heads=3, head_dim=8, key_dim=5, out_proj=True),
+        ModelConfig(width=10, depth=4, attention="none", mlp="relu"),
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_param_count_matches_module(config, bias):
+    model = Transformer(config, bias=bias)
+    counted = param_count(config, bias=bias)
+    assert counted.total == sum(p.numel() for p in model.parameters())
+    assert counted.convention == 12 * config.depth * config.width**2
+
+
+def test_convention_equals_actual_for_gpt_like_blocks():
+    # 4 n^2 attention (heads of size n/h with W^O) + 2 n^2 shapedtx MLP: actual is half of 12 L n^2
+    config = ModelConfig(width=32, depth=5, mlp="relu", heads=4, out_proj=True)
+    counted = param_count(config)
+    assert counted.attention == 5 * 4 * 32**2 and counted.mlp == 5 * 2 * 32**2
+    assert counted.convention == 2 * counted.total
+
+
+# Head size ------------------------------------------------------------------------------------
+def test_head_size_report():
+    config = ModelConfig(width=512, depth=2, heads=8, out_proj=True)  # head size 64
+    report = head_size_report(config, seq_len=128)
+    assert report.bottleneck and report.max_logit_rank == 64
+    assert report.max_unbottlenecked_heads == 4
+    assert report.params_standard == 4 * 512**2 == report.params_actual
+    assert report.params_fixed == 4 * 8 * 128 * 512
+    fixed = config.replace(head_dim=128, key_dim=128)
+    fixed_report = head_size_report(fixed, seq_len=128)
+    assert not fixed_report.bottleneck
+    assert fixed_report.params_actual == report.params_fixed
+    assert fixed_report.params_actual == param_count(fixed).attention // fixed.depth
+
+
+# GPT-3 table ----------------------------------------------------------------------------------
+def test_gpt3_table():
+    rows = gpt3_table()
+    assert [(r.depth, r.width) for r in rows] == [(m[1], m[2]) for m in GPT3_MODELS]
+    assert len(rows) == 8
+    big = rows[-1]
+    assert big.params == 12 * 96 * 12288**2
+    assert big.recommended.depth == pytest.approx(80.5, abs=0.05)
+    assert big.allocation == "too deep"
+    # [LW]: GPT-3 up to ~10B is too shallow for its size
+    assert all(r.allocation == "too shallow" for r in rows[:-1])
+    assert all(r.regime == "depth-inefficient" and r.bottleneck for r in rows)
+    assert rows[0].threshold == pytest.approx(math.log(768, 3))
+
+
+# Bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: optimal_shape(0), "params"),
+        (lambda: optimal_shape(-5.0), "params"),
+        (lambda: optimal_shape(float("nan")), "params"),
+        (lambda: optimal_shape(float("inf")), "params"),
+        (lambda: optimal_shape("1e9"), "params"),
+        (lambda: optimal_shape(10**400), "params"),
+        (lambda: optimal_shape(1e9, multiple=0), "multiple"),
+        (lambda: optimal_width(0), "depth"),
+        (lambda: optimal_width(float("nan")), "depth"),
+        (lambda: depth_threshold(0.5), "width"),
+        (lambda: regime(-1, 100), "depth"),
+        (lambda: regime(3, 0), "width"),
+        (lambda: allocation(3, 100, tolerance=-0.1), "tolerance"),
+        (lambda: DepthWidthFit(5.0, 0.0), "b"),
+        (lambda: param_count("config"), "config"),
+        (lambda: head_size_report(ModelConfig(), 0), "seq_len"),
+        (lambda: head_size_report(ModelConfig(attention="none", mlp="relu"), 8), "attention"),
+        (lambda: design_row("x", 0, 10, 1, 10, 8), "depth"),
+    ],
+)
+def test_invalid_inputs_raise_naming_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_lw_fit_constants():
+    assert (LW_FIT.a, LW_FIT.b) == (5.039, 0.0555)

@@ -1,0 +1,206 @@
+"""The width-independent sampler ``method="gram"`` (simulations/gram.py, THEORY section 5).
+
+Law: two-sample KS tests against "exact" and "weights" at small widths (several
+configurations, including the k < m corner cases), with a deliberately wrong variant rejected
+by the same statistics; one-step diffusion at n = 10^7 against the SDE with no finite-width
+allowance; medians at fixed T against ``sde.solve``. Plus seeds, chunking, rejected configs.
+"""
+
+import time
+
+import pytest
+import torch
+
+import sde
+from sde.coefficients import sigma_lin
+from sde.noise import psd_factor
+from shapedtx import ModelConfig
+from shapedtx.metrics import correlation, mean_correlation
+from simulations import GramSampler, equicorrelated, simulate
+from simulations import gram as gram_module
+from simulations.compare import compare
+
+from mc_stats import assert_mean_within_se, two_sample_pvalue
+
+# Independent samples: KS p-values are uniform under the null; 6 statistics x 2 references x
+# 6 configurations: family-wise false-alarm rate <= 7.2e-2 at P_MIN (Bonferroni), fixed seeds.
+P_MIN = 1e-3
+
+_V0 = torch.tensor([[1.5, 0.3, -0.2], [0.3, 1.0, 0.4], [-0.2, 0.4, 2.0]], dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small batched ops: one intra-op thread avoids OpenMP contention on the shared 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _V(ds) -> torch.Tensor:
+    return torch.from_numpy(ds["V"].values)
+
+
+def _statistics(V: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
+    return {
+        "rho01": correlation(V[:, layer])[:, 0, 1],
+        "V00": V[:, layer, 0, 0],
+        "mean_rho": mean_correlation(V[:, layer]),
+    }
+
+
+def _pvalues(a: torch.Tensor, b: torch.Tensor, layers) -> dict[str, float]:
+    out = {}
+    for layer in layers:
+        sa, sb = _statistics(a, layer), _statistics(b, layer)
+        out.update({f"{k}@{layer}": two_sample_pvalue(sa[k], sb[k]) for k in sa})
+    return out
+
+
+LAW_CONFIGS = {
+    "shaped attention": ModelConfig(width=32, depth=8, gamma=0.6, tau0=0.5),
+    "softmax attention": ModelConfig(width=32, depth=8, attention="softmax", gamma=0.6),
+    "shaped block with shaped MLP": ModelConfig(
+        width=32, depth=8, mlp="shaped_relu", gamma=0.6, tau0=0.5, c_minus=-2.0
+    ),
+    "ReLU MLP only": ModelConfig(width=32, depth=8, attention="none", mlp="relu", gamma=0.6),
+    # n - m = 2 < m and n_k = 2 < m: the non-Bartlett (direct Gaussian) branches
+    "causal softmax, n_k < m, n - m < m, ReLU": ModelConfig(
+        width=6, depth=8, attention="softmax", key_dim=2, causal=True, mlp="relu", gamma=0.6
+    ),
+    "shaped, n = m": ModelConfig(width=4, depth=6, gamma=0.7, tau0=0.5),
+}
+
+
+@pytest.mark.parametrize("name", LAW_CONFIGS)
+def test_gram_agrees_with_exact_and_weights(name):
+    """KS on rho^{01}, V^{00}, mean rho at the middle and final layer, m = 4."""
+    cfg = LAW_CONFIGS[name]
+    V0 = equicorrelated(4, 0.3)
+    layers = (cfg.depth // 2, cfg.depth)
+    g = _V(simulate(cfg, V0, 2000, method="gram", seed=1))
+    for method, seed in (("exact", 2), ("weights", 3)):
+        ref = _V(simulate(cfg, V0, 500, method=method, seed=seed))
+        for key, p in _pvalues(g, ref, layers).items():
+            assert p > P_MIN, f"{name}: gram vs {method}: {key} differs (KS p = {p:.2g})"
+
+
+def test_hidden_column_batches_keep_the_law(monkeypatch):
+    """The MLP's hidden Gram matrix drawn in several column batches (with a remainder)."""
+    monkeypatch.setattr(gram_module, "HIDDEN_ELEMENTS", GramSampler.group_size * 4 * 5)
+    cfg = LAW_CONFIGS["shaped block with shaped MLP"]
+    V0 = equicorrelated(4, 0.3)
+    g = _V(simulate(cfg, V0, 2000, method="gram", seed=1))
+    ref = _V(simulate(cfg, V0, 500, method="exact", seed=2))
+    for key, p in _pvalues(g, ref, (cfg.depth,)).items():
+        assert p > P_MIN, f"column-batched hidden Gram: {key} differs (KS p = {p:.2g})"
+
+
+def _update_without_GGt(L, B, G, F, lam, s):
+    """A plausible bug: the branch Gram uses only the Wishart(n - m) complement (drops
+    ``B G G^T B^T``, i.e. forgets the part of W^V inside the token span)."""
+    V = lam**2 * L @ L.mT + lam * s * (B @ G @ L.mT + L @ G.mT @ B.mT) + s**2 * B @ F @ F.mT @ B.mT
+    return psd_factor(V)[0]
+
+
+def test_distribution_test_has_power(monkeypatch):
+    """The same statistics reject the variant without ``G G^T`` (a relative m/n error)."""
+    monkeypatch.setattr(gram_module, "residual_update", _update_without_GGt)
+    cfg = LAW_CONFIGS["shaped attention"]
+    V0 = equicorrelated(4, 0.3)
+    g = _V(simulate(cfg, V0, 2000, method="gram", seed=1))
+    ref = _V(simulate(cfg, V0, 500, method="weights", seed=3))
+    assert min(_pvalues(g, ref, (cfg.depth,)).values()) < P_MIN
+
+
+def _assert_diffusion(dV, n, Sigma, rel):
+    d = dV - dV.mean(0)
+    products = n * torch.einsum("sab,scd->sabcd", d, d)
+    assert_mean_within_se(products, Sigma, z=5.0, floor=rel * Sigma.abs().max().item())
+
+
+def test_huge_width_one_step_and_width_independent_cost():
+    """n = 10^7 (n_k = 10^7): n Cov(V_1 - V_0) = Sigma(V_0) within 5 SE with a finite-width
+    allowance of 0.2% (the one-step test of the token samplers needs 2% at n = 256); the
+    Sigma_lin coefficient of the W^O variant is rejected. The cost of a block does not grow
+    with the width: a loose guard (ratio < 3, expected about 1) against any O(n) work."""
+    n = 10**7
+    cfg = ModelConfig(width=n, depth=1, gamma=0.7, tau0=0.5)
+    V = _V(simulate(cfg, _V0, 40_000, method="gram", seed=5))
+    assert V.dtype == torch.float64 and bool(torch.isfinite(V).all())
+    dV = V[:, 1] - V[:, 0]
+    Sigma = sde.diffusion(cfg, _V0)
+    _assert_diffusion(dV, n, Sigma, rel=0.002)
+    with pytest.raises(AssertionError):
+        _assert_diffusion(dV, n, Sigma + cfg.gamma**4 * sigma_lin(_V0), rel=0.002)
+
+    def seconds(width):
+        c = ModelConfig(width=width, depth=4, gamma=0.7, tau0=0.5)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            simulate(c, _V0, 1024, method="gram", seed=0, progress=False)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    assert seconds(n) < 3 * seconds(64) + 0.05
+
+
+def test_gram_matches_sde_medians_at_fixed_T():
+    """n = 256, T = 0.75 (THEORY section 6 configuration, m = 3): the medians of rho and
+    V^{aa} agree with ``sde.solve`` within 4 (cluster-robust) standard errors; the SDE with
+    half the temperature (tau0 = 0.5) is rejected by the same check."""
+    cfg = ModelConfig(width=256, depth=192)
+    N = 3000
+    net = simulate(cfg, _V0, N, method="gram", seed=1).isel(t=[-1])
+
+    def median_gaps(tau0: float) -> list[float]:
+        lim = sde.solve(cfg.replace(tau0=tau0), _V0, N, dt=0.005, seed=2, progress=False)
+        c = compare(net, lim.isel(t=[-1]).assign_coords(t=net["t"].values))
+        gaps = []
+        for v in ("rho", "Vaa"):
+            q = c[f"{v}_quantile"].sel(quantile=0.5).values[:, 0]
+            se = c[f"{v}_quantile_se"].sel(quantile=0.5).values[:, 0]
+            gaps.append(abs(q[0] - q[1]) / float((se**2).sum() ** 0.5))
+        return gaps
+
+    gaps = median_gaps(cfg.tau0)
+    assert max(gaps) < 4.0, f"median gaps (rho, V^aa) in SE: {gaps}"
+    assert max(median_gaps(0.5)) > 4.0
+
+
+def test_seed_reproducibility_and_chunking():
+    cfg = LAW_CONFIGS["shaped block with shaped MLP"]
+    V0 = equicorrelated(4, 0.3)
+    a = _V(simulate(cfg, V0, 600, method="gram", seed=7))
+    b = _V(simulate(cfg, V0, 600, method="gram", seed=7, chunk_size=256))
+    c = _V(simulate(cfg, V0, 600, method="gram", seed=8))
+    assert torch.equal(a, b)
+    assert not torch.equal(a[:, -1], c[:, -1])
+    assert torch.allclose(a[:, 0], V0.expand(600, 4, 4), atol=1e-14)
+    ds = simulate(cfg.replace(attention="softmax"), V0, 50, method="gram", dtype=torch.float32)
+    assert ds["V"].dtype == "float32" and ds.attrs["method"] == "gram"
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"norm": "pre"}, "norm='pre'"),
+        ({"heads": 2}, "heads=2"),
+        ({"heads": 2, "head_dim": 4, "out_proj": True}, "heads=2.*out_proj=True"),
+        ({"head_dim": 4, "out_proj": True}, "out_proj=True"),
+    ],
+)
+def test_unsupported_configurations_are_rejected(changes, match):
+    cfg = ModelConfig(width=16, depth=2, **changes)
+    with pytest.raises(ValueError, match=match):
+        simulate(cfg, equicorrelated(3, 0.2), 4, method="gram")
+
+
+def test_overflow_is_reported():
+    """Non-finite covariances are counted and warned about, never returned silently."""
+    cfg = ModelConfig(width=16, depth=20, gamma=0.9)
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        ds = simulate(cfg, 1e307 * equicorrelated(3, 0.2), 8, method="gram")
+    assert ds.attrs["nonfinite"] > 0

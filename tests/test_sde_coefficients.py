@@ -1,0 +1,159 @@
+"""Coefficients of the covariance SDE: closed forms, constants, refusals, noise law."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sde
+from sde.coefficients import attention_drift_factor, attention_sigma, sigma_lin
+from shapedtx import ModelConfig, equicorrelated
+
+ATT = ModelConfig(width=2048, gamma=0.8, tau0=0.7)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_V(m: int, batch: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(*batch, m, m + 2, generator=g, dtype=torch.float64)
+    return X @ X.transpose(-1, -2) / (m + 2)
+
+
+def test_m2_closed_form():
+    """THEORY section 3: m = 2 gives b_att = (gamma^2 e^2 / (16 tau0^2)) V."""
+    V = random_V(2, (5,))
+    e = V[:, 0, 0] + V[:, 1, 1] - 2 * V[:, 0, 1]
+    expected = (ATT.gamma**2 * e**2 / (16 * ATT.tau0**2))[:, None, None] * V
+    torch.testing.assert_close(sde.drift(ATT, V), expected, rtol=1e-12, atol=1e-14)
+
+
+def test_attention_drift_is_factored():
+    """b_att = H V + V H^T with H = (gamma^2/tau0^2)[Q/(2m^2) I + v u^T/(2m)] (the PSD scheme)."""
+    V = random_V(5, (3,), seed=1)
+    H = attention_drift_factor(V, ATT.gamma**2 / ATT.tau0**2)
+    torch.testing.assert_close(H @ V + V @ H.mT, sde.drift(ATT, V), rtol=1e-12, atol=1e-13)
+    # the direct formula of THEORY section 3
+    m = 5
+    P = torch.eye(m, dtype=V.dtype) - 1 / m
+    Vbar = P @ V @ P
+    Q = torch.einsum("bij,bji->b", Vbar, V)
+    d = torch.diagonal(Vbar, dim1=-2, dim2=-1)
+    u = d - d.mean(-1, keepdim=True)
+    v = torch.diagonal(V, dim1=-2, dim2=-1)
+    Vu = (V @ u[..., None])[..., 0]
+    direct = (ATT.gamma**2 / ATT.tau0**2) * (
+        Q[:, None, None] / m**2 * V
+        + (v[:, :, None] * Vu[:, None, :] + Vu[:, :, None] * v[:, None, :]) / (2 * m)
+    )
+    torch.testing.assert_close(sde.drift(ATT, V), direct, rtol=1e-12, atol=1e-13)
+
+
+def test_tau0_to_infinity_recovers_linear_network():
+    V = random_V(4, (3,))
+    small = sde.drift(ATT.replace(tau0=1e6), V)
+    assert small.abs().max() < 1e-10 * V.abs().max() ** 3
+    diff = sde.diffusion(ATT.replace(tau0=1e6), V)
+    k_lin = ATT.gamma**2 * (2 - ATT.gamma**2)
+    torch.testing.assert_close(diff, k_lin * sigma_lin(V), rtol=1e-10, atol=1e-12)
+
+
+def test_mlp_drift_nu_and_arccos_kernel():
+    """gamma^2 nu(rho) sqrt(V^aa V^bb) = k_mlp (J(V) - V); nu(1) = 0 (diagonal drift 0)."""
+    cfg = ModelConfig(attention="none", mlp="shaped_relu", c_plus=0.3, c_minus=-1.2)
+    V = random_V(4, (3,), seed=2)
+    b = sde.drift(cfg, V)
+    const = sde.sde_constants(cfg, 4)
+    torch.testing.assert_close(b, const.k_mlp * (sde.arccos_kernel(V) - V), rtol=1e-10, atol=1e-12)
+    assert torch.diagonal(b, dim1=-2, dim2=-1).abs().max() < 1e-12
+    rho = torch.tensor([-0.5, 0.0, 0.3, 1.0], dtype=torch.float64)
+    expected = (1.5**2 / (2 * math.pi)) * (torch.sqrt(1 - rho**2) - rho * torch.acos(rho))
+    torch.testing.assert_close(sde.nu(rho, 0.3, -1.2), expected)
+    assert sde.nu(torch.tensor(0.0), 0.0, -1.0) > 0  # the sign THEORY warns about
+
+
+def test_block_adds_sub_blocks():
+    block = ModelConfig(mlp="shaped_relu", gamma=0.6, tau0=0.8)
+    att, mlp = block.replace(mlp="none"), block.replace(attention="none")
+    V = random_V(3, (2,), seed=3)
+    torch.testing.assert_close(sde.drift(block, V), sde.drift(att, V) + sde.drift(mlp, V))
+    torch.testing.assert_close(
+        sde.diffusion(block, V), sde.diffusion(att, V) + sde.diffusion(mlp, V)
+    )
+    g2 = block.gamma**2
+    const = sde.sde_constants(block, 3)
+    assert const.k_lin == pytest.approx(g2 * (4 - g2))  # THEORY's block coefficient
+
+
+@pytest.mark.parametrize(
+    ("changes", "k_lin", "k_att"),
+    [
+        ({}, lambda g2: g2 * (2 - g2), lambda g2, h: g2**2 / h),
+        ({"heads": 4, "out_proj": True}, lambda g2: 2 * g2, lambda g2, h: g2**2 / h),
+        ({"heads": 4}, lambda g2: g2 * (2 - g2), lambda g2, h: g2**2 / h),
+        ({"attention": "none", "mlp": "shaped_relu"}, lambda g2: 2 * g2, lambda g2, h: 0.0),
+    ],
+)
+def test_constants_table(changes, k_lin, k_att):
+    cfg = ModelConfig(width=256, gamma=0.7, tau0=1.3, **changes)
+    const = sde.sde_constants(cfg, 3)
+    g2 = cfg.gamma**2
+    assert const.k_lin == pytest.approx(k_lin(g2))
+    assert const.k_att == pytest.approx(k_att(g2, cfg.heads) / (cfg.tau0**2 * 9))
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"attention": "softmax"}, "attention='softmax' has no covariance SDE"),
+        ({"mlp": "relu"}, "mlp='relu' has no covariance SDE"),
+        ({"norm": "pre"}, "norm='pre'"),
+        ({"causal": True}, "causal=True"),
+    ],
+)
+def test_degenerate_configs_refused(changes, match):
+    cfg = ModelConfig(**changes)
+    V = equicorrelated(3, 0.2)
+    for fn in (sde.drift, sde.diffusion):
+        with pytest.raises(ValueError, match=match):
+            fn(cfg, V)
+    with pytest.raises(ValueError, match=match):
+        sde.solve(cfg, V, 4)
+
+
+def test_bad_shapes_refused():
+    with pytest.raises(ValueError, match="V must have shape"):
+        sde.drift(ATT, torch.ones(3, 2, dtype=torch.float64))
+
+
+def _flat_cov(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empirical covariance of zero-mean (N, m, m) increments and its standard error."""
+    x = samples.flatten(1)
+    prod = x[:, :, None] * x[:, None, :]
+    return prod.mean(0), prod.std(0) / math.sqrt(x.shape[0])
+
+
+def test_noise_covariance_equals_diffusion():
+    """The structured sampler has covariance diffusion(config, V); a wrong k_att is rejected."""
+    cfg = ModelConfig(width=2048, gamma=1.0, tau0=0.5, heads=2, out_proj=True)
+    m, N = 3, 200_000
+    V = random_V(m, seed=4)
+    g = torch.Generator().manual_seed(0)
+    xi = sde.sample_noise(cfg, V.expand(N, m, m), g)
+    torch.testing.assert_close(xi, xi.mT)
+    cov, se = _flat_cov(xi)
+    Sigma = sde.diffusion(cfg, V).reshape(m * m, m * m)
+    assert ((cov - Sigma).abs() <= 5 * se).all(), ((cov - Sigma).abs() / se).max()
+    assert xi.mean(0).abs().max() < 5 * xi.std(0).max() / math.sqrt(N)
+    # power: the same statistic rejects the attention term with a factor 1.5
+    const = sde.sde_constants(cfg, m)
+    wrong = Sigma + 0.5 * const.k_att * attention_sigma(V).reshape(m * m, m * m)
+    assert ((cov - wrong).abs() > 5 * se).any()

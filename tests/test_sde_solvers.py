@@ -1,0 +1,251 @@
+"""SDE solvers: Dataset contract, PSD safety, weak order, log-normal diagonal, blow-up flags,
+agreement with torchsde under the same Brownian increments."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchsde
+from scipy import stats
+
+import sde
+from sde.solvers import EulerMaruyama, FactoredEuler, integrate
+from shapedtx import ModelConfig, config_of, equicorrelated, load_dataset, save_dataset
+
+from mc_stats import assert_mean_within_se
+
+ATT = ModelConfig(width=200, depth=150)  # gamma = 1/sqrt(8), tau0 = 1: T = 0.75
+BLOCK = ATT.replace(mlp="shaped_relu")
+MLP = ModelConfig(attention="none", mlp="shaped_relu", gamma=math.sqrt(0.5))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_dataset_contract_and_reproducibility(tmp_path):
+    V0 = equicorrelated(3, 0.2)
+    ds = sde.solve(BLOCK, V0, 16, dt=0.05, seed=3, progress=False)
+    assert ds["V"].dims == ("sample", "t", "token_a", "token_b")
+    assert ds.sizes["sample"] == 16 and ds.sizes["token_a"] == 3
+    assert ds["t"].values[0] == 0 and ds["t"].values[-1] == pytest.approx(BLOCK.T)
+    np.testing.assert_allclose(ds["V"].values[:, 0], np.broadcast_to(V0.numpy(), (16, 3, 3)))
+    assert ds.attrs["source"] == "sde" and ds.attrs["solver"] == "euler"
+    assert ds.attrs["dt"] == pytest.approx(0.75 / 15) and ds.attrs["steps"] == 15
+    assert ds["exploded"].dtype == bool and ds["exploded"].dims == ("sample",)
+    assert ds["t_explode"].dims == ("sample",) and np.isnan(ds["t_explode"].values).all()
+    assert ds.attrs["exploded_fraction"] == 0.0
+    assert config_of(ds) == BLOCK
+    again = sde.solve(BLOCK, V0, 16, dt=0.05, seed=3, progress=False)
+    np.testing.assert_array_equal(ds["V"].values, again["V"].values)
+    other = sde.solve(BLOCK, V0, 16, dt=0.05, seed=4, progress=False)
+    assert not np.allclose(ds["V"].values[:, -1], other["V"].values[:, -1])
+    back = load_dataset(save_dataset(ds, tmp_path / "sde.nc"))
+    np.testing.assert_array_equal(back["V"].values, ds["V"].values)
+    assert back["exploded"].dtype == bool
+    ds2 = sde.solve(BLOCK, V0, 4, T=0.1, dt=0.01, save_every=3, progress=False)
+    np.testing.assert_allclose(ds2["t"].values, [0, 0.03, 0.06, 0.09, 0.1], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"method": "rk4"}, "method must be one of"),
+        ({"dt": 0.0}, "dt must be"),
+        ({"T": -1.0}, "T must be"),
+        ({"samples": 0}, "samples must be"),
+        ({"save_every": 0}, "save_every must be"),
+        ({"bound": float("nan")}, "bound must be"),
+        ({"V0": torch.tensor([[1.0, 2.0], [2.0, 1.0]])}, "positive definite"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = {"V0": equicorrelated(2, 0.1), "samples": 2}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        sde.solve(ATT, args.pop("V0"), args.pop("samples"), **args)
+
+
+def test_factored_euler_stays_psd_where_em_fails():
+    """Near collapse (rho0 = 0.95) with a coarse step, plain EM leaves the PSD cone on almost
+    every path (flagged, never returned as NaN); the factored scheme never does, and EM's
+    failures vanish as dt shrinks (numerical, not a blow-up of the SDE)."""
+    V0 = equicorrelated(4, 0.95)
+    cfg = MLP.replace(gamma=0.7)
+    em = sde.solve(cfg, V0, 400, T=1.0, dt=0.1, method="em", seed=1, progress=False)
+    assert em.attrs["exploded_fraction"] > 0.5
+    assert np.isfinite(em["V"].values).all()
+    assert (em["t_explode"].values[em["exploded"].values] <= 1.0 + 1e-12).all()
+    fine = sde.solve(cfg, V0, 400, T=1.0, dt=0.01, method="em", seed=1, progress=False)
+    assert fine.attrs["exploded_fraction"] < 0.01
+    for c in (cfg, BLOCK.replace(gamma=0.7)):
+        ds = sde.solve(c, V0, 400, T=1.0, dt=0.1, seed=1, progress=False)
+        V = torch.from_numpy(ds["V"].values)
+        evals = torch.linalg.eigvalsh(V)
+        assert (evals[..., 0] >= -1e-12 * evals[..., -1]).all()
+        if c is cfg:  # no attention: nothing can blow up
+            assert ds.attrs["exploded_fraction"] == 0.0
+
+
+def test_mlp_diagonal_is_lognormal():
+    """MLP-only: d V^aa = sqrt(2k) V^aa dB (nu(1) = 0), so log V^aa_T ~ N(log V0 - kT, 2kT)
+    with k = 2 gamma^2 the Sigma_lin coefficient; the wrong k = gamma^2 (2 - gamma^2) fails."""
+    V0 = equicorrelated(3, 0.3, 1.5)
+    T, N = 1.0, 4000
+    ds = sde.solve(MLP, V0, N, T=T, dt=0.01, seed=5, progress=False)
+    logv = torch.from_numpy(np.log(ds["V"].values[:, -1, 0, 0]))
+    k = 2 * MLP.gamma**2
+    assert sde.sde_constants(MLP, 3).k_lin == pytest.approx(k)
+    z = (logv - (math.log(1.5) - k * T)) / math.sqrt(2 * k * T)
+    assert stats.kstest(z.numpy(), "norm").pvalue > 1e-3
+    assert_mean_within_se(logv, torch.tensor(math.log(1.5) - k * T), z=4.0)
+    g2 = MLP.gamma**2
+    wrong = g2 * (2 - g2)
+    zw = (logv - (math.log(1.5) - wrong * T)) / math.sqrt(2 * wrong * T)
+    assert stats.kstest(zw.numpy(), "norm").pvalue < 1e-6
+
+
+def test_weak_order_one_on_known_mean():
+    """MLP diagonal: E[V^aa_T] = V0^aa exactly. The factored scheme's mean error is O(dt)
+    (per step factor (1 - x/2)^2 (1 + x), x = k_lin m dt / 2): it halves with dt and equals
+    that prediction within Monte Carlo error."""
+    cfg = MLP.replace(gamma=1.0)  # k_lin = 2
+    m, T, N = 4, 0.2, 20000
+    V0 = equicorrelated(m, 0.2)
+    errors = []
+    for dt in (0.04, 0.02, 0.01):
+        ds = sde.solve(cfg, V0, N, T=T, dt=dt, seed=0, progress=False)
+        diag = torch.from_numpy(np.trace(ds["V"].values[:, -1], axis1=-2, axis2=-1)) / m
+        x = 2.0 * m * dt / 2
+        predicted = ((1 - x / 2) ** 2 * (1 + x)) ** round(T / dt)
+        assert_mean_within_se(diag, torch.tensor(predicted), z=4.0)
+        errors.append(1.0 - diag.mean().item())
+    assert errors[0] > 0.05  # the bias is resolved, not hidden in MC noise
+    for coarse, fine in itertools.pairwise(errors):
+        assert 0.35 < fine / coarse < 0.65
+
+
+def test_blowup_flagged_and_scale_invariance():
+    """Small tau0 and large norms: the cubic attention drift explodes in finite time; such paths
+    are frozen (finite values) and flagged, and the flagged fraction is stable in dt. Norms act
+    as an inverse temperature: (s tau0, s V0) gives exactly s times the paths of (tau0, V0)."""
+    cfg = ATT.replace(tau0=0.5)
+    V0 = equicorrelated(4, 0.2, 4.0)
+    fractions = []
+    for dt in (0.02, 0.01):
+        ds = sde.solve(cfg, V0, 500, dt=dt, seed=1, progress=False)
+        fractions.append(ds.attrs["exploded_fraction"])
+        assert np.isfinite(ds["V"].values).all()
+        flagged = ds["exploded"].values
+        assert ds.attrs["exploded_fraction"] == pytest.approx(flagged.mean())
+        te = ds["t_explode"].values
+        assert np.isfinite(te[flagged]).all() and np.isnan(te[~flagged]).all()
+        assert (te[flagged] <= cfg.T + 1e-12).all()
+    assert min(fractions) > 0.6 and abs(fractions[0] - fractions[1]) < 0.1
+    # scale invariance of the SDE: V -> s V with tau0 -> s tau0 (same noise: exact)
+    small = sde.solve(ATT, equicorrelated(3, 0.2), 50, dt=0.05, seed=2, progress=False)
+    big = sde.solve(
+        ATT.replace(tau0=2.0), equicorrelated(3, 0.2, 2.0), 50, dt=0.05, seed=2, progress=False
+    )
+    np.testing.assert_allclose(big["V"].values, 2.0 * small["V"].values, rtol=1e-9, atol=1e-12)
+
+
+def test_flags_vanish_as_dt_shrinks_without_blowup():
+    """Blow-up-free regime (no attention, so the SDE cannot explode): what plain EM flags is
+    numerical failure (leaving the PSD cone), and the flagged fraction decreases to 0 with dt."""
+    V0 = equicorrelated(4, 0.95)
+    cfg = MLP.replace(gamma=0.7)
+    fractions = [
+        sde.solve(cfg, V0, 300, T=1.0, dt=dt, method="em", seed=2, progress=False).attrs[
+            "exploded_fraction"
+        ]
+        for dt in (0.1, 0.03, 0.005)
+    ]
+    assert fractions[0] > fractions[1] > fractions[2] and fractions[2] == 0.0
+
+
+def _brownian_noise(bm, dt: float, B: int, m: int):
+    def noise(k: int) -> torch.Tensor:
+        return (bm(k * dt, (k + 1) * dt) / math.sqrt(dt)).view(B, 2, m, m)
+
+    return noise
+
+
+def test_euler_and_torchsde_converge_under_same_brownian_motion():
+    """Own EM equals torchsde's Euler (same scheme, same increments) to rounding on every path
+    EM keeps PSD; the factored scheme converges to torchsde strongly as dt -> 0 (strong order
+    1/2: the gap halves per 4x smaller dt). Pathwise comparisons need the same square root of V
+    in both schemes (``canonical=True``; the default factored state differs by a rotation of the
+    noise, which changes the coupling, not the law)."""
+    cfg = BLOCK.replace(gamma=0.5, tau0=2.0)
+    m, B, T = 3, 200, 0.3
+    V0 = equicorrelated(m, 0.2).expand(B, m, m).contiguous()
+    bm = torchsde.BrownianInterval(
+        t0=0.0, t1=T, size=(B, 2 * m * m), dtype=torch.float64, entropy=7, cache_size=None
+    )
+    gaps, em_flagged = [], []
+    for steps in (16, 64, 256):
+        dt = T / steps
+        ts = torch.tensor([0.0, T], dtype=torch.float64)
+        ref, exploded, _ = sde.solve_torchsde(cfg, V0, ts, dt=dt, bound=1e8, bm=bm)
+        assert not exploded.any()
+        own = {}
+        for stepper in (FactoredEuler(cfg, m, canonical=True), EulerMaruyama(cfg, m)):
+            sol = integrate(
+                stepper,
+                V0,
+                steps=steps,
+                dt=dt,
+                save_every=steps,
+                noise=_brownian_noise(bm, dt, B, m),
+                bound=1e8,
+                progress=False,
+            )
+            own[stepper.name] = sol
+        assert not own["euler"].exploded.any()
+        ok = ~own["em"].exploded
+        em_flagged.append(1 - ok.double().mean().item())
+        # (rtol: torchsde accumulates its time grid, so its Brownian queries differ by rounding)
+        torch.testing.assert_close(own["em"].V[ok, -1], ref[ok, -1], rtol=1e-5, atol=1e-6)
+        diff = (own["euler"].V[ok, -1] - ref[ok, -1]).abs().mean()
+        gaps.append((diff / ref[ok, -1].abs().mean()).item())
+    assert em_flagged[-1] == 0.0 and em_flagged[0] < 0.2
+    assert gaps[1] < 0.7 * gaps[0] and gaps[2] < 0.7 * gaps[1], gaps
+    assert gaps[2] < 0.03
+
+
+def test_factored_step_moments_match_drift_and_diffusion():
+    """One step of the PSD-safe scheme from V: with antithetic normals, (E[V'] - V) / dt equals
+    b(V) (so the Ito corrections eps^2 m V and k_att dt Q V are right) and Cov(V') / dt equals
+    Sigma(V), up to O(dt); dropping the attention Ito correction is rejected."""
+    cfg = ModelConfig(width=512, gamma=0.8, tau0=0.7, mlp="shaped_relu", heads=2, out_proj=True)
+    m, N, dt = 3, 100_000, 1e-3
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(m, m + 1, generator=g, dtype=torch.float64)
+    V = X @ X.T / (m + 1) + 0.3 * torch.eye(m, dtype=torch.float64)
+    stepper = FactoredEuler(cfg, m, canonical=True)
+    L = stepper.init(V.expand(N, m, m))
+    normals = torch.randn(N, 2, m, m, generator=g, dtype=torch.float64)
+    _, plus, _ = stepper.step(L, normals, dt)
+    _, minus, _ = stepper.step(L, -normals, dt)
+    b = sde.drift(cfg, V)
+    mean_est = ((plus + minus) / 2 - V) / dt
+    assert_mean_within_se(mean_est, b, z=4.5, floor=0.01 * b.abs().max().item())
+    Q = ((V - V.mean(0) - V.mean(1, keepdim=True) + V.mean()) * V).sum()
+    ito = sde.sde_constants(cfg, m).k_att * Q * V  # the attention Ito correction
+    with pytest.raises(AssertionError):
+        assert_mean_within_se(mean_est, b + ito, z=4.5, floor=0.01 * b.abs().max().item())
+    inc = (plus - V).flatten(1) / math.sqrt(dt)
+    inc = inc - inc.mean(0)
+    prod = inc[:, :, None] * inc[:, None, :]
+    Sigma = sde.diffusion(cfg, V).reshape(m * m, m * m)
+    se = prod.std(0) / math.sqrt(N)
+    assert ((prod.mean(0) - Sigma).abs() <= 4.5 * se + 0.01 * Sigma.abs().max()).all()

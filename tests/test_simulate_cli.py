@@ -1,0 +1,49 @@
+"""``shapedtx simulate``: output file, summary, one-line errors with exit code 2."""
+
+import numpy as np
+import pytest
+
+from shapedtx import load_dataset
+from shapedtx.cli import main
+
+
+def test_simulate_writes_dataset_and_summary(tmp_path, capsys):
+    out = tmp_path / "sim.nc"
+    argv = ["simulate", "--width", "16", "--depth", "4", "--tokens", "3", "--rho0", "0.3"]
+    argv += ["--samples", "5", "--method", "weights", "--mlp", "shaped_relu", "--seed", "2"]
+    assert main([*argv, "--dtype", "float32", "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "mean rho by layer {0: 0.3000" in text.out and "wrote" in text.out
+    assert text.err == ""
+    ds = load_dataset(out)
+    assert ds["V"].shape == (5, 5, 3, 3) and ds["V"].dtype == np.float32
+    assert (ds.attrs["method"], ds.attrs["seed"], ds.attrs["config.mlp"]) == (
+        "weights",
+        2,
+        "shaped_relu",
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--samples", "0"], "samples must be an integer >= 1"),
+        (["--rho0", "1.5"], "rho0 must be in"),
+        (["--tokens", "1"], "m (number of tokens) must be an integer >= 2"),
+        (["--scale", "-1"], "scale must be a finite number > 0"),
+        (["--method", "gram0"], "invalid choice"),
+        (["--dtype", "float16"], "invalid choice"),
+        (["--out", "sim.csv"], "--out must be a .nc file"),
+        (["--width", "3"], "width must be >= the number of tokens"),
+        (["--gamma", "2"], "gamma must be in (0, 1]"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--device", "nowhere"], "--device"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(options, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        code = main(["simulate", "--depth", "2", "--samples", "2", "--no-progress", *options])
+        raise SystemExit(code)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

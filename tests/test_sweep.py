@@ -1,0 +1,330 @@
+"""Parameter sweeps on Dask (simulations.sweep): same numbers as direct calls, resumable after a
+kill without recomputing finished points, failing points recorded while the others complete."""
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from distributed import Client, LocalCluster
+
+import sde
+from shapedtx import ModelConfig
+from simulations import equicorrelated, open_point, open_sweep, simulate, sweep
+from simulations.grid import make_grid, point_seed
+from simulations.sweep import read_records
+
+sweep_module = importlib.import_module("simulations.sweep")  # the module, not the function
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def _direct(config, params, source, seed):
+    V0 = equicorrelated(params["tokens"], params.get("rho0", 0.2), params.get("scale", 1.0))
+    if source == "network":
+        return simulate(config, V0, params["samples"], method="exact", seed=seed, progress=False)
+    return sde.solve(
+        config,
+        V0,
+        params["samples"],
+        T=params.get("T"),
+        dt=params["dt"],
+        save_every=params.get("save_every"),
+        seed=seed,
+        progress=False,
+    )
+
+
+def _without_sweep_attrs(ds):
+    ds = ds.copy()
+    ds.attrs.pop("sweep.params")
+    return ds
+
+
+# --------------------------------------------------------------------------------------------
+# Grid validation and seeds
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("grid", "kind", "message"),
+    [
+        ({"width": [8], "colour": 1}, "network", "unknown parameter 'colour'"),
+        ({"width": []}, "network", "grid['width'] must be a non-empty list"),
+        ({"tau0": [1, 1.0]}, "network", "grid['tau0'] has repeated values"),
+        ({"width": [8.5]}, "network", "grid['width'] values must be integers"),
+        ({"width": True}, "network", "grid['width'] values must be integers"),
+        ({"tau0": float("nan")}, "network", "grid['tau0'] values must be finite numbers"),
+        ({"attention": [1]}, "network", "grid['attention'] values must be strings"),
+        ({"causal": 1}, "network", "grid['causal'] values must be true/false"),
+        ({"depth": 4, "T": 0.5}, "network", "depth or T, not both"),
+        ({"dt": 0.1}, "network", "grid['dt'] is only used with kind='sde'"),
+        ({"method": "weights"}, "sde", "grid['method'] is only used with kind='network'"),
+        ({"width": 8}, "neither", "kind must be one of"),
+        ({}, "network", "grid must be a non-empty mapping"),
+    ],
+)
+def test_bad_grids_raise_naming_the_parameter(grid, kind, message):
+    with pytest.raises(ValueError, match=None) as info:
+        make_grid(grid, kind)
+    assert message in str(info.value)
+
+
+def test_point_seeds_are_deterministic_distinct_and_type_normalised():
+    points = list(make_grid({"tau0": [1, 2], "width": [8, 16], "seed": 3}).points())
+    seeds = [p.seed for p in points]
+    assert len(set(seeds)) == 4 and all(0 <= s < 2**63 for s in seeds)
+    # the seed is a function of the point's parameters only (ints given for floats agree)
+    again = next(make_grid({"width": 8, "tau0": 1.0, "seed": 3}).points())
+    assert again.seed == seeds[0] == point_seed(points[0].params)
+    # samples do not enter the seed (more samples extend, not redraw, a network run)
+    more = next(make_grid({"width": 8, "tau0": 1.0, "seed": 3, "samples": 999}).points())
+    assert more.seed == seeds[0]
+    other = next(make_grid({"width": 8, "tau0": 1.0, "seed": 4}).points())
+    assert other.seed != seeds[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Same numbers as direct calls, one readable store
+# --------------------------------------------------------------------------------------------
+GRID = {
+    "width": [8, 12],
+    "T": [0.25, 0.5],
+    "tokens": [2, 3],
+    "samples": 3,
+    "mlp": "shaped_relu",
+    "dt": 0.05,
+    "save_every": 2,
+    "seed": 5,
+}
+
+
+def test_sweep_matches_direct_calls_and_reads_as_one_store(client, tmp_path):
+    store = tmp_path / "grid.zarr"
+    summary = sweep(GRID, store=store, kind="both", client=client, progress=False)
+    assert summary.ok and (summary.total, summary.computed, summary.skipped) == (16, 16, 0)
+
+    raw = xr.open_zarr(store)  # the documented plain-xarray access
+    assert list(raw["V"].dims) == [
+        *("width", "T", "tokens", "source", "sample", "step", "token_a", "token_b")
+    ]
+    checked = 0
+    for width in GRID["width"]:
+        for T in GRID["T"]:
+            for m in GRID["tokens"]:
+                params = {**GRID, "width": width, "T": T, "tokens": m}
+                seed = point_seed({**params, "rho0": 0.2, "scale": 1.0})
+                config = ModelConfig(width=width, depth=round(T * width), mlp="shaped_relu")
+                for source in ("network", "sde"):
+                    cell = raw.sel(width=width, T=T, tokens=m, source=source)
+                    assert int(cell["seed"]) == seed and int(cell["status"]) == 1
+                    direct = _direct(config, params, source, seed)
+                    nt = direct.sizes["t"]
+                    V = cell["V"].values
+                    np.testing.assert_array_equal(V[:, :nt, :m, :m], direct["V"].values)
+                    assert np.isnan(V[:, nt:]).all() and np.isnan(V[:, :, m:]).all()
+                    np.testing.assert_array_equal(cell["t"].values[:nt], direct["t"].values)
+                    point = open_point(store, width=width, T=T, tokens=m, source=source)
+                    xr.testing.assert_identical(_without_sweep_attrs(point), direct)
+                    assert json.loads(point.attrs["sweep.params"])["tokens"] == m
+                    checked += 1
+    assert checked == 16
+    # the SDE ran to exactly T (depth time), the network to depth = T * width blocks
+    sde_t = raw["t"].sel(source="sde", width=8, tokens=2).max("step")
+    np.testing.assert_allclose(sde_t.values, GRID["T"], rtol=1e-12)
+
+
+def test_embedded_cluster_and_scheduler_address_give_the_same_store(client, tmp_path):
+    grid = {"width": [8, 16], "depth": 3, "tokens": 2, "samples": 2}
+    embedded = sweep(grid, store=tmp_path / "a.zarr", workers=1, processes=False, progress=False)
+    address = sweep(
+        grid, store=tmp_path / "b.zarr", client=client.scheduler.address, progress=False
+    )
+    assert embedded.computed == address.computed == 2
+    a, b = open_sweep(tmp_path / "a.zarr"), open_sweep(tmp_path / "b.zarr")
+    xr.testing.assert_identical(a.load(), b.load())
+
+
+# --------------------------------------------------------------------------------------------
+# Resumable and safe
+# --------------------------------------------------------------------------------------------
+def _finished(store):
+    return {k: (r["run_id"], r["finished"]) for k, r in read_records(store).items()}
+
+
+def test_restart_recomputes_only_a_half_written_point(client, tmp_path):
+    store = tmp_path / "resume.zarr"
+    grid = {"width": [8, 16], "tau0": [0.5, 1.0], "depth": 4, "tokens": 3, "samples": 4}
+    assert sweep(grid, store=store, client=client, progress=False).computed == 4
+    before = _finished(store)
+
+    # What a worker killed while writing point (width=16, tau0=0.5) leaves behind: status back
+    # to pending (set before writing), part of its region overwritten, a stray temporary record.
+    group = zarr.open_group(store, mode="r+")
+    group["status"][1, 0, 0] = 0
+    group["V"][1, 0, 0, :2] = 1e30
+    (store / "_sweep" / ".p1_0_0.json.dead.tmp").write_text("{trunc")
+    view = open_sweep(store)
+    assert view["status"].sel(width=16, tau0=0.5).item() == "pending"
+    assert view["V"].sel(width=16, tau0=0.5).isnull().all()  # never reads as valid
+    with pytest.raises(ValueError, match="is pending"):
+        open_point(store, width=16, tau0=0.5)
+
+    again = sweep(grid, store=store, client=client, progress=False)
+    assert (again.computed, again.skipped, again.failed) == (1, 3, {})
+    after = _finished(store)
+    assert {k: v for k, v in after.items() if k != "p1_0_0"} == {
+        k: v for k, v in before.items() if k != "p1_0_0"
+    }
+    assert after["p1_0_0"][0] != before["p1_0_0"][0]  # recomputed by the second run
+    config = ModelConfig(width=16, depth=4, tau0=0.5)
+    direct = _direct(config, {"tokens": 3, "samples": 4}, "network", int(view["seed"][1, 0, 0]))
+    xr.testing.assert_identical(_without_sweep_attrs(open_point(store, width=16, tau0=0.5)), direct)
+
+    third = sweep(grid, store=store, client=client, progress=False)
+    assert (third.computed, third.skipped) == (0, 4) and _finished(store) == after
+
+
+KILL_GRID = {"width": [16, 32, 48], "depth": 20, "tokens": 4, "samples": [100, 200]}
+KILL_SCRIPT = f"""
+import sys
+from distributed import Client, LocalCluster
+from simulations import sweep
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        sweep({KILL_GRID!r}, store=sys.argv[1], client=client, progress=False)
+"""
+
+
+def test_killed_sweep_loses_nothing_and_recomputes_nothing_finished(client, tmp_path):
+    store = tmp_path / "killed.zarr"
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(store)], start_new_session=True)
+    try:  # SIGKILL the whole sweep (client and workers) as soon as one point is finished
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (store / "status").exists() and (zarr.open_group(store)["status"][...] == 1).any():
+                break
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    status = zarr.open_group(store)["status"][..., 0]
+    done_before = _finished(store)
+    done_keys = {f"p{i}_{j}_0" for i, j in zip(*np.nonzero(status == 1), strict=True)}
+    assert 1 <= len(done_keys) < 6, "the kill should land mid-sweep"
+
+    summary = sweep(KILL_GRID, store=store, client=client, progress=False)
+    assert summary.ok and summary.skipped == len(done_keys)
+    assert summary.computed == 6 - len(done_keys)
+    after = _finished(store)
+    for key in done_keys:
+        assert after[key] == done_before[key]  # finished points were not recomputed
+    ds = open_sweep(store)
+    assert (ds["status"] == "done").all()
+    for width in KILL_GRID["width"]:  # nothing lost: every point equals the direct call
+        for samples in KILL_GRID["samples"]:
+            point = open_point(store, width=width, samples=samples)
+            config = ModelConfig(width=width, depth=20)
+            seed = int(ds["seed"].sel(width=width, samples=samples, source="network"))
+            direct = simulate(config, equicorrelated(4, 0.2), samples, seed=seed, progress=False)
+            xr.testing.assert_identical(_without_sweep_attrs(point), direct)
+
+
+def test_failing_points_are_recorded_and_the_others_complete(client, tmp_path):
+    store = tmp_path / "fail.zarr"
+    # width 2 < 3 tokens raises inside simulate (on the worker); heads 3 does not divide 8
+    # (an invalid config, recorded without running); the other points must complete.
+    grid = {"width": [2, 8], "heads": [1, 3], "depth": 2, "tokens": 3, "samples": 2}
+    summary = sweep(grid, store=store, client=client, progress=False)
+    assert summary.computed == 1 and not summary.ok
+    assert set(summary.failed) == {
+        "width=2, heads=1, source=network",
+        "width=2, heads=3, source=network",
+        "width=8, heads=3, source=network",
+    }
+    assert (
+        "width must be >= the number of tokens"
+        in summary.failed["width=2, heads=1, source=network"]
+    )
+    assert "heads must divide width" in summary.failed["width=8, heads=3, source=network"]
+    ds = open_sweep(store)
+    assert ds["status"].values.ravel().tolist() == ["failed", "failed", "done", "failed"]
+    assert "ValueError: config.width must be >= the number" in ds["error"].values[0, 0, 0]
+    assert ds["error"].values[1, 0, 0] == ""
+    assert np.isfinite(ds["V"].sel(width=8, heads=1).values[:, :, :, :3, :3]).all()
+    record = read_records(store)["p0_0_0"]
+    assert record["status"] == "failed" and "Traceback" in record["traceback"]
+    with pytest.raises(ValueError, match=r"is failed: ValueError: config\.width"):
+        open_point(store, width=2, heads=1)
+
+    kept = sweep(grid, store=store, client=client, retry_failed=False, progress=False)
+    assert (kept.computed, kept.skipped, len(kept.failed)) == (0, 1, 3)
+    assert read_records(store)["p0_0_0"]["run_id"] == record["run_id"]  # not rerun
+    retried = sweep(grid, store=store, client=client, progress=False)
+    assert (retried.computed, retried.skipped, len(retried.failed)) == (0, 1, 3)
+    assert read_records(store)["p0_0_0"]["run_id"] != record["run_id"]  # rerun, fails again
+
+
+def test_a_store_of_another_sweep_is_refused(client, tmp_path):
+    store = tmp_path / "s.zarr"
+    grid = {"width": [8], "depth": 2, "tokens": 2, "samples": 2}
+    sweep(grid, store=store, client=client, progress=False)
+    with pytest.raises(ValueError, match="holds a different sweep"):
+        sweep({**grid, "width": [8, 16]}, store=store, client=client, progress=False)
+    with pytest.raises(ValueError, match="kind"):
+        sweep(grid, store=store, kind="both", client=client, progress=False)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not a store")
+    with pytest.raises(ValueError, match="is not a sweep store"):
+        sweep(grid, store=tmp_path / "plain", client=client, progress=False)
+    with pytest.raises(ValueError, match="every grid point is invalid"):
+        sweep({**grid, "gamma": 2.0}, store=tmp_path / "x.zarr", client=client, progress=False)
+    with pytest.raises(ValueError, match="do not pass it with client"):
+        sweep(grid, store=store, client=client, workers=2)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        sweep(grid, store=store, workers=0)
+    with pytest.raises(ValueError, match="give exactly the grid dimensions"):
+        open_point(store, width=8, tau0=1.0)
+    with pytest.raises(ValueError, match="no point"):
+        open_point(store, width=9)
+
+
+def test_a_task_lost_on_the_cluster_is_recorded_by_the_client(client, tmp_path, monkeypatch):
+    # e.g. distributed.KilledWorker after a worker died repeatedly: the task raises on the
+    # client side, which records the point as failed and finishes the others
+    real = sweep_module._task
+
+    def flaky(point, *args):
+        if point.coords["width"] == 16:
+            raise RuntimeError("worker lost")
+        return real(point, *args)
+
+    monkeypatch.setattr(sweep_module, "_task", flaky)
+    store = tmp_path / "lost.zarr"
+    store.mkdir()  # an empty directory is a fine place for a new store
+    grid = {"width": [8, 16], "depth": 2, "tokens": 2, "samples": 2}
+    summary = sweep(grid, store=store, client=client, progress=False)
+    assert summary.computed == 1
+    assert summary.failed == {"width=16, source=network": "RuntimeError: worker lost"}
+    assert open_sweep(store)["status"].values.tolist() == [["done"], ["failed"]]
+    monkeypatch.setattr(sweep_module, "_task", real)
+    again = sweep(grid, store=store, client=client, progress=False)
+    assert (again.computed, again.skipped, again.failed) == (1, 1, {})

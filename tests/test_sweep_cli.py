@@ -1,0 +1,98 @@
+"""``shapedtx sweep``: TOML grid file, summary, exit codes (0 done, 1 failed points, 2 usage)."""
+
+import numpy as np
+import pytest
+import xarray as xr
+from distributed import LocalCluster
+
+from shapedtx.cli import main
+
+GRID = """
+kind = "both"
+[grid]
+width = [8, 16]
+depth = 3
+tokens = 2
+samples = 2
+dt = 0.1
+"""
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+def _toml(tmp_path, text, name="grid.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_sweep_command_runs_and_resumes(tmp_path, scheduler, capsys):
+    store = tmp_path / "out.zarr"
+    argv = ["sweep", _toml(tmp_path, GRID), "--store", str(store), "--scheduler", scheduler]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep[both] 4 points: 4 computed, 0 already done, 0 failed" in out
+    ds = xr.open_zarr(store)
+    assert (ds["status"].values == 1).all()
+    # width 16: T = 3/16 in 2 SDE steps (3 saved times), padded to width 8's 5 with NaN
+    V = ds["V"].sel(width=16, source="sde").values
+    assert np.isfinite(V[:, :3]).all() and np.isnan(V[:, 3:]).all()
+    assert main([*argv, "--no-progress"]) == 0
+    assert "0 computed, 4 already done" in capsys.readouterr().out
+
+
+def test_embedded_cluster_worker_processes(tmp_path, capsys):
+    store = tmp_path / "out.zarr"
+    toml = _toml(tmp_path, "[grid]\nwidth = [8, 12]\ndepth = 2\ntokens = 2\nsamples = 2\n")
+    argv = ["sweep", toml, "--store", str(store), "--workers", "1", "--dtype", "float32"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "2 computed" in captured.out and "Dask dashboard at http" in captured.err
+    assert xr.open_zarr(store)["V"].dtype == np.float32
+
+
+def test_failed_points_exit_1_and_are_listed(tmp_path, scheduler, capsys):
+    toml = _toml(tmp_path, "[grid]\nwidth = [2, 8]\ndepth = 2\ntokens = 3\nsamples = 2\n")
+    argv = ["sweep", toml, "--store", str(tmp_path / "s.zarr"), "--scheduler", scheduler]
+    assert main([*argv, "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "1 computed, 0 already done, 1 failed" in out
+    assert "failed: width=2, source=network: ValueError: config.width must be >=" in out
+
+
+@pytest.mark.parametrize(
+    ("toml", "options", "message"),
+    [
+        (None, [], "cannot read"),
+        ("[grid\nwidth = 1", [], "is not valid TOML"),
+        ("colour = 1\n[grid]\nwidth = 8", [], "unknown keys ['colour']"),
+        ("kind = 'sde'", [], "needs a non-empty [grid] table"),
+        ("kind = 'all'\n[grid]\nwidth = 8", [], "kind must be one of"),
+        ("[grid]\nwidth = [8, 8]", [], "grid['width'] has repeated values"),
+        ("[grid]\nwisth = 8", [], "unknown parameter 'wisth'"),
+        ("[grid]\ngamma = 2.0", [], "gamma must be in (0, 1]"),
+        ("[grid]\nwidth = 8", ["--kind", "sde", "--workers", "0"], "--workers must be >= 1"),
+        ("[grid]\nwidth = 8", ["--threads-per-worker", "0"], "--threads-per-worker must be"),
+        ("[grid]\nwidth = 8", ["--kind", "other"], "invalid choice"),
+        ("[grid]\nwidth = 8", ["--scheduler", "nosuch://x:1"], "unknown address scheme"),
+        ("[grid]\nwidth = 8", ["--scheduler", "tcp://x:1", "--workers", "2"], "omit it with"),
+        ("[grid]\nwidth = 8", ["--store", "FILE"], "--store must be a directory"),
+        ("[grid]\nwidth = 8", ["--device", "nowhere"], "--device"),
+    ],
+)
+def test_bad_input_exit_2_with_one_line(tmp_path, toml, options, message, capsys):
+    path = str(tmp_path / "missing.toml") if toml is None else _toml(tmp_path, toml)
+    (tmp_path / "FILE").write_text("x")
+    options = [str(tmp_path / "FILE") if o == "FILE" else o for o in options]
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(["sweep", path, "--store", str(tmp_path / "s.zarr"), *options]))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "s.zarr").exists()

@@ -1,0 +1,221 @@
+"""Trainer: loss decreases, exact resume, NaN detection, schedule, causality, log."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, train
+from shapedtx.results import load_dataset
+from shapedtx.training import (
+    LanguageModel,
+    configs_of,
+    final_val_loss,
+    lr_factor,
+    plot_collapse,
+    plot_losses,
+)
+
+TEXT = (
+    "the quick brown fox jumps over the lazy dog. a shaped transformer keeps its tokens apart.\n"
+    * 40
+)
+MODEL = ModelConfig(
+    width=16, depth=2, attention="shaped", mlp="shaped_relu", heads=2, out_proj=True, causal=True
+)
+TRAIN = TrainConfig(
+    steps=12,
+    batch_size=4,
+    seq_len=16,
+    lr=1e-2,
+    warmup_steps=2,
+    log_interval=2,
+    eval_interval=4,
+    eval_batches=2,
+    metrics_batch=2,
+    checkpoint_interval=4,
+    seed=3,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "tiny.txt"
+    path.write_text(TEXT)
+    return load_corpus(path, val_fraction=0.2)
+
+
+@pytest.mark.parametrize(
+    ("attention", "norm", "mlp"),
+    [("shaped", "none", "shaped_relu"), ("softmax", "pre", "relu"), ("softmax", "none", "relu")],
+)
+def test_few_steps_decrease_loss(corpus, attention, norm, mlp):
+    config = MODEL.replace(attention=attention, norm=norm, mlp=mlp)
+    result = train(config, corpus, TRAIN.replace(steps=40, eval_interval=20), progress=False)
+    val = result.log["val_loss"].dropna("step")
+    assert list(val.step.values) == [0, 20, 40]
+    # initial loss ~ log(256) = 5.5; 40 steps on a repetitive text must cut it substantially
+    assert float(val[0]) > 5.0
+    assert float(val[-1]) < float(val[0]) - 1.5
+    train_loss = result.log["train_loss"].values[1:]
+    assert train_loss[-1] < train_loss[0] - 1.0
+    assert final_val_loss(result.log) == float(val[-1])
+
+
+def test_resume_reproduces_uninterrupted_run_bitwise(corpus, tmp_path):
+    full = train(MODEL, corpus, TRAIN, out_dir=tmp_path / "full", progress=False)
+
+    def interrupt(step, loss):
+        if step == 7:
+            raise KeyboardInterrupt
+        return loss
+
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False, loss_hook=interrupt)
+    kept = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert kept["step"] == 4
+    resumed = train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False)
+    for name, value in full.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    xr.testing.assert_identical(full.log, resumed.log)
+    assert resumed.log.attrs["status"] == "finished"
+    # a finished run is returned as is; a different config refuses to resume
+    again = train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False)
+    xr.testing.assert_identical(again.log, full.log)
+    with pytest.raises(ValueError, match=r"train\.lr"):
+        train(MODEL, corpus, TRAIN.replace(lr=0.02), out_dir=tmp_path / "cut", progress=False)
+
+
+def test_resume_sees_a_different_seed_as_a_different_run(corpus, tmp_path):
+    a = train(MODEL, corpus, TRAIN.replace(steps=4, warmup_steps=1), progress=False)
+    b = train(MODEL, corpus, TRAIN.replace(steps=4, warmup_steps=1), progress=False)
+    c = train(MODEL, corpus, TRAIN.replace(steps=4, warmup_steps=1, seed=4), progress=False)
+    xr.testing.assert_identical(a.log, b.log)
+    assert not np.allclose(a.log["train_loss"][1:], c.log["train_loss"][1:])
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):
+    def poison(step, loss):
+        return loss * math.nan if step == 7 else loss
+
+    with pytest.raises(TrainingDiverged, match=r"non-finite .* at step 7") as info:
+        train(MODEL, corpus, TRAIN, out_dir=tmp_path, progress=False, loss_hook=poison)
+    err = info.value
+    assert err.step == 7
+    assert err.checkpoint == tmp_path / "checkpoint.pt"
+    assert "last good checkpoint kept" in str(err) and "(step 4)" in str(err)
+    state = torch.load(err.checkpoint, weights_only=True)
+    assert state["step"] == 4
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    log = load_dataset(tmp_path / "log.nc")
+    assert log.attrs["status"] == "diverged" and int(log.attrs["diverged_step"]) == 7
+    assert np.isfinite(log["train_loss"].values[1:]).all()
+    # resuming after the fix continues from the good checkpoint
+    fixed = train(MODEL, corpus, TRAIN, out_dir=tmp_path, progress=False)
+    assert int(fixed.log.step[-1]) == TRAIN.steps
+
+
+def test_huge_learning_rate_without_clipping_is_caught(corpus):
+    config = TRAIN.replace(lr=10.0, grad_clip=0.0, steps=40, warmup_steps=1, eps=1e-30)
+    with pytest.raises(TrainingDiverged, match="non-finite"):
+        train(MODEL.replace(attention="softmax", mlp="relu"), corpus, config, progress=False)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    config = TrainConfig(steps=100, warmup_steps=10, lr=1.0, min_lr_ratio=0.1)
+    f = np.array([lr_factor(s, config) for s in range(101)])
+    np.testing.assert_allclose(f[:10], np.arange(1, 11) / 10)
+    assert f[10] == 1.0
+    np.testing.assert_allclose(f[55], 0.1 + 0.9 * 0.5)  # half-way through the cosine
+    np.testing.assert_allclose(f[100], 0.1)
+    assert np.all(np.diff(f[10:]) < 0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"steps": 0}, "steps"),
+        ({"lr": -1.0}, "lr"),
+        ({"lr": math.nan}, "lr"),
+        ({"warmup_steps": 5, "steps": 5}, "warmup_steps"),
+        ({"eval_interval": 15, "log_interval": 10}, "eval_interval"),
+        ({"checkpoint_interval": 5, "log_interval": 10}, "checkpoint_interval"),
+        ({"grad_clip": -1.0}, "grad_clip"),
+        ({"seq_len": 1}, "seq_len"),
+        ({"final_norm": 1}, "final_norm"),
+    ],
+)
+def test_train_config_rejects_bad_values(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+
+
+def test_train_config_round_trips_through_attrs():
+    config = TrainConfig(steps=7, lr=0.5, final_norm=True, warmup_steps=1)
+    assert TrainConfig.from_attrs(config.to_attrs()) == config
+
+
+def test_seq_len_longer_than_data_is_rejected(corpus):
+    with pytest.raises(ValueError, match="seq_len"):
+        train(MODEL, corpus, TRAIN.replace(seq_len=10_000), progress=False)
+
+
+@pytest.mark.parametrize("attention", ["shaped", "softmax"])
+def test_language_model_is_causal(attention):
+    torch.manual_seed(0)
+    model = LanguageModel(MODEL.replace(attention=attention), 12, final_norm=True)
+    tokens = torch.randint(0, 256, (3, 12))
+    changed = tokens.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 256
+    a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :8], b[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_language_model_requires_causal():
+    with pytest.raises(ValueError, match="causal"):
+        LanguageModel(MODEL.replace(causal=False), 8)
+
+
+def test_log_contents_save_and_plots(corpus, tmp_path):
+    result = train(MODEL.replace(depth=3), corpus, TRAIN, out_dir=tmp_path, progress=False)
+    log = load_dataset(tmp_path / "log.nc")
+    xr.testing.assert_allclose(log, result.log)
+    assert log.sizes == {"step": 7, "block": 3, "layer": 4}
+    assert log["grad_norm_block"].dims == ("step", "block")
+    assert np.isfinite(log["grad_norm_block"].values[1:]).all()
+    assert (log["grad_norm_block"].values[1:] > 0).all()
+    np.testing.assert_allclose(log["lr"].values[1], TRAIN.lr)  # step 2: end of warm-up
+    for name in ("mean_rho", "stable_rank", "eigenvalue_ratio", "residual"):
+        assert log[name].dims == ("step", "layer")
+        assert np.isfinite(log[name].values).all()
+    assert (log["stable_rank"].values >= 1 - 1e-9).all()
+    assert (log["stable_rank"].values <= TRAIN.seq_len + 1e-9).all()
+    assert configs_of(log) == (MODEL.replace(depth=3), TRAIN)
+    plot_losses({"a": log}).savefig(tmp_path / "loss.png")
+    plot_collapse(log).savefig(tmp_path / "collapse.png")
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert (tmp_path / "collapse.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_dtype_argument(corpus, dtype):
+    result = train(
+        MODEL, corpus, TRAIN.replace(steps=4, warmup_steps=1), dtype=dtype, progress=False
+    )
+    assert all(p.dtype == dtype for p in result.model.parameters())
+    assert result.log.attrs["dtype"] == str(dtype).removeprefix("torch.")
+    assert np.isfinite(result.log["train_loss"].values[1:]).all()
+    assert np.isfinite(result.log["mean_rho"].values).all()

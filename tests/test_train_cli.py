@@ -1,0 +1,77 @@
+"""``shapedtx train``: a tiny run end to end, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shapedtx.cli import main
+from shapedtx.results import load_dataset
+
+TINY = [
+    "train", "--width", "16", "--depth", "2", "--heads", "2", "--steps", "6",
+    "--batch-size", "4", "--seq-len", "16", "--warmup-steps", "1", "--log-interval", "2",
+    "--eval-interval", "2", "--checkpoint-interval", "2", "--eval-batches", "1",
+    "--metrics-batch", "2", "--no-progress", "--threads", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("hello shaped world, hello collapse. " * 30)
+    return path
+
+
+def test_cli_trains_and_writes_outputs(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--data", str(text), "--out", str(out)]) == 0
+    assert "final validation loss" in capsys.readouterr().out
+    for name in ("checkpoint.pt", "log.nc", "loss.png", "collapse.png"):
+        assert (out / name).exists(), name
+    log = load_dataset(out / "log.nc")
+    assert log.attrs["status"] == "finished" and int(log.step[-1]) == 6
+    assert log.attrs["config.attention"] == "shaped" and log.attrs["config.causal"] == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--steps", "0"], "steps"),
+        (["--lr", "-1"], "lr"),
+        (["--width", "abc"], "--width"),
+        (["--attention", "linear"], "--attention"),
+        (["--no-causal"], "causal"),
+        (["--data", "/no/such/file"], "data path"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--device", "nonsense"], "device"),
+        (["--val-fraction", "2"], "val_fraction"),
+        (["--threads", "0"], "threads"),
+        (["--seq-len", "5000"], "seq_len"),
+    ],
+)
+def test_bad_options_give_one_line_error_and_exit_2(tmp_path, text, capsys, extra, needle):
+    argv = [*TINY, "--data", str(text), "--out", str(tmp_path / "bad"), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error" in err and needle in err, err
+    assert "Traceback" not in err
+
+
+def test_divergence_is_one_line_exit_1(tmp_path, text, capsys):
+    argv = [*TINY, "--data", str(text), "--out", str(tmp_path / "nan"), "--attention", "softmax"]
+    argv += ["--mlp", "relu", "--lr", "10", "--grad-clip", "0", "--eps", "1e-30", "--steps", "40"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "diverged: non-finite" in err and "Traceback" not in err

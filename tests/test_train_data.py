@@ -1,0 +1,101 @@
+"""Byte corpora: deterministic document split, single-file split, default stdlib corpus."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from shapedtx.training.data import (
+    default_corpus_root,
+    fixed_windows,
+    load_corpus,
+    sample_batch,
+)
+
+
+def _write(folder, names):
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_text(f"# document {name}\n" + "x = 1\n" * 20)
+
+
+def _val_share(name: str) -> float:
+    return int(hashlib.sha1(name.encode()).hexdigest()[:12], 16) / 16**12
+
+
+def test_split_is_by_name_hash_and_independent_of_creation_order(tmp_path):
+    names = [f"doc{i:02d}.txt" for i in range(40)]
+    _write(tmp_path / "a", names)
+    _write(tmp_path / "b", names[::-1])
+    (tmp_path / "a" / "blob.bin").write_bytes(b"\0\1\2" * 50)  # binary: skipped
+    first = load_corpus(tmp_path / "a", val_fraction=0.25, max_bytes=None)
+    second = load_corpus(tmp_path / "b", val_fraction=0.25, max_bytes=None)
+    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+    assert first.documents == 40
+    val_text = bytes(first.val.numpy()).decode()
+    expected = {n for n in names if _val_share(n) < 0.25}
+    assert 0 < len(expected) < 40
+    assert {n for n in names if f"# document {n}\n" in val_text} == expected
+    train_text = bytes(first.train.numpy()).decode()
+    assert not any(f"# document {n}\n" in train_text for n in expected)
+    size = len("# document doc00.txt\n" + "x = 1\n" * 20)
+    assert first.train.numel() + first.val.numel() == 40 * size
+
+
+def test_single_file_keeps_its_tail_for_validation(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_bytes(bytes(range(32, 127)) * 10)
+    corpus = load_corpus(path, val_fraction=0.1)
+    assert corpus.val.numel() == 95
+    assert bytes(corpus.train.numpy()) + bytes(corpus.val.numpy()) == path.read_bytes()
+
+
+def test_default_corpus_is_the_python_stdlib_and_respects_max_bytes():
+    corpus = load_corpus(max_bytes=100_000)
+    assert corpus.source == f"python-stdlib:{default_corpus_root()}"
+    assert corpus.train.numel() + corpus.val.numel() == 100_000
+    assert corpus.val.numel() > 0 and corpus.train.numel() > corpus.val.numel()
+    again = load_corpus(max_bytes=100_000)
+    assert corpus.fingerprint() == again.fingerprint()
+    assert b"def " in bytes(corpus.train.numpy())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"path": "/nonexistent/folder"}, "data path"),
+        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"max_bytes": 3}, "max_bytes"),
+    ],
+)
+def test_bad_corpus_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_corpus(**kwargs)
+
+
+def test_batches_are_windows_of_the_data_and_reproducible():
+    data = torch.arange(200, dtype=torch.int64).to(torch.uint8)
+    gen = torch.Generator().manual_seed(5)
+    batch = sample_batch(data, 6, 10, gen)
+    assert batch.shape == (6, 11) and batch.dtype == torch.int64
+    assert torch.equal(batch[:, 1:] - batch[:, :-1], torch.ones(6, 10, dtype=torch.int64))
+    again = sample_batch(data, 6, 10, torch.Generator().manual_seed(5))
+    assert torch.equal(batch, again)
+    fixed = fixed_windows(data, 3, 10)
+    assert fixed[0, 0] == 0 and fixed[-1, -1] == 199
+    with pytest.raises(ValueError, match="seq_len"):
+        fixed_windows(data, 3, 500)
+
+
+def test_max_bytes_keeps_the_split_proportion(tmp_path):
+    # the read order must not favour one side of the split (it uses an independent hash)
+    names = [f"doc{i:03d}.txt" for i in range(200)]
+    _write(tmp_path / "many", names)
+    size = len("# document doc000.txt\n" + "x = 1\n" * 20)
+    corpus = load_corpus(tmp_path / "many", val_fraction=0.1, max_bytes=50 * size)
+    assert corpus.documents == 50
+    share = corpus.val.numel() / (50 * size)
+    assert 0.02 <= share <= 0.25, share  # binomial(50, 0.1) / 50: 0.1 +- 0.04
