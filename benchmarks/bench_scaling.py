@@ -14,13 +14,13 @@ Part 2 (finite-width correction): distance between the network and the SDE at T 
 (shaped attention, one head, m = 4, rho0 = 0.2; default gamma = 0.7, tau0 = 2, T = 0.5: large
 finite-width effects, SDE blow-up below 1e-3; the section 6 configuration gamma = 2^-1.5,
 tau0 = 1 has gaps at the Monte Carlo floor for every n >= 16) for widths 8 to ``--max-width``
-with the gram sampler (depth = T n blocks, only the final layer
-kept), cross-checked with ``exact`` at the small widths; the SDE is ``sde.solve`` with step ``--dt``
-(default 2^-10, far below 1/n where the gap is resolved). Distances from
-:func:`simulations.convergence` (W1 and KS of pooled rho_T, median gap with its standard error,
-and the Monte Carlo noise floor).
+with the gram sampler (depth = T n blocks, only the final layer kept), cross-checked with
+``exact`` at the small widths; the SDE is ``sde.solve`` with step ``--dt`` (default 2^-10, far
+below 1/n where the gap is resolved). Distances from :func:`simulations.convergence` (W1 and
+KS of pooled rho_T, median gap with its standard error, Monte Carlo noise floor), plus the
+slope over the resolved widths (distance above twice its floor).
 
-    python benchmarks/bench_scaling.py                    # about 8 minutes on 2 cores
+    python benchmarks/bench_scaling.py                    # about 4 minutes on 2 cores
     python benchmarks/bench_scaling.py --quick            # smoke run (seconds)
 """
 

@@ -32,8 +32,10 @@ causal or not: the update above holds for any A that is a function of the logits
 **MLP** (``X' = lambda X + gamma sqrt(c / n) phi(X W^pre / sqrt(n)) W^post``): the hidden
 pre-activations ``X W^pre / sqrt(n) = L (Q^T W^pre)`` have the law of ``L G_pre`` with
 G_pre: (m, n) iid, so the hidden Gram matrix ``K = phi(L G_pre) phi(L G_pre)^T / n`` is drawn
-exactly with O(m^2 n) work (columns in fixed-size batches, so memory stays bounded), B is
-its eigen square root; W^post is independent of (X, phi), giving the update above with
+exactly with O(m^2 n) work (columns in fixed-size batches, so memory stays bounded) and
+B = R_phi^T / sqrt(n) from an incremental QR over the batches (exact also when K is singular,
+e.g. a ReLU token that is zero on every hidden unit; no eigendecomposition, whose error check
+would synchronise a GPU); W^post is independent of (X, phi), giving the update above with
 s = gamma sqrt(c / n).
 
 **Cost per block and sample.** Attention-only networks: O(m^3), independent of the width and
@@ -57,7 +59,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from sde.noise import psd_factor
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx.blocks import attention_matrix
 
@@ -102,7 +103,7 @@ class GramSampler(Sampler):
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        hidden = 3 * HIDDEN_ELEMENTS * itemsize if config.mlp != "none" else 0
+        hidden = 4 * HIDDEN_ELEMENTS * itemsize if config.mlp != "none" else 0
         return 24 * m * m * itemsize, hidden
 
     def init(self, V0: Tensor, samples: int) -> Tensor:
@@ -144,12 +145,12 @@ class GramSampler(Sampler):
 
         def draw(L_g: Tensor, gen: torch.Generator) -> Tensor:
             g, opts = L_g.shape[0], {"dtype": L_g.dtype, "device": L_g.device}
-            K = torch.zeros((g, m, m), **opts)
+            R = torch.zeros((g, m, m), **opts)  # R^T R = phi phi^T of the columns so far
             for start in range(0, n, cols):
                 Z = torch.randn((g, m, min(cols, n - start)), generator=gen, **opts)
                 phi = shaped_relu(L_g @ Z, s_plus, s_minus)
-                K = torch.baddbmm(K, phi, phi.mT)
-            B = psd_factor(K / n)[0]
+                R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
+            B = R.mT / math.sqrt(n)  # B B^T = K
             G = torch.randn((g, m, m), generator=gen, **opts)
             F = wishart_factor(n - m, m, g, gen, **opts)
             return torch.cat([B, G, F], dim=-1)

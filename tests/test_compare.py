@@ -186,3 +186,45 @@ def test_collapse_report_known_layers():
     assert rep["fraction_collapsed"].sel(model="stable") == 0
     assert np.isinf(rep["median_collapse_layer"].sel(model="stable"))
     assert rep["final_mean_rho"].sel(model="stable") == pytest.approx(0.2)
+
+
+def test_convergence_fit_recovers_a_known_rate():
+    """Networks whose rho_T is the limit's shifted by 0.3 / sqrt(n): W1 = 0.3 n^(-1/2)
+    exactly, so the fitted slope is -1/2 and the intercept log 0.3 (no simulation runs)."""
+    from simulations.convergence import at_width, convergence
+
+    config = ModelConfig(width=8, depth=6)
+    rng = np.random.default_rng(8)
+    r = rng.uniform(-0.5, 0.5, size=(400, 1))
+    limit = _dataset(_two_token(np.repeat(r, 2, axis=1)), t=[0.0, config.T])
+    networks = {}
+    for n in (8, 32, 128):
+        cfg = at_width(config, n)
+        V = _two_token(np.repeat(r + 0.3 / np.sqrt(n), 2, axis=1))
+        networks[n] = covariance_dataset(V, [0.0, cfg.T], cfg, source="network", method="x",
+                                         seed=0)  # fmt: skip
+    out = convergence(config, [8, 32, 128], torch.eye(2), 400, limit=limit, networks=networks)
+    np.testing.assert_allclose(out["w1_rho"].values, 0.3 / np.sqrt([8, 32, 128]), rtol=1e-9)
+    assert out.attrs["w1_rho_slope"] == pytest.approx(-0.5, abs=1e-9)
+    assert out.attrs["w1_rho_intercept"] == pytest.approx(np.log(0.3), abs=1e-9)
+    np.testing.assert_allclose(out["median_rho_gap"].values, 0.3 / np.sqrt([8, 32, 128]),
+                               rtol=1e-6)  # fmt: skip
+    assert out["depth"].values.tolist() == [6, 24, 96]
+    with pytest.raises(ValueError, match="widths"):
+        convergence(config, [8], torch.eye(2), 400, limit=limit, networks=networks)
+
+
+def test_plot_functions_write_png_and_pdf(tmp_path):
+    from simulations import plots
+
+    net = _dataset(_random_V(60, 3, 3, 9), layer=np.arange(3))
+    lim = _dataset(_random_V(50, 3, 3, 10))
+    cmp = compare(net, lim)
+    plots.plot_quantile_bands(cmp, path=tmp_path / "bands")
+    plots.plot_rho_density(net, lim, path=tmp_path / "density")
+    plots.plot_mean_correlation({"a": net, "b": lim}, path=tmp_path / "mean")
+    for name in ("bands", "density", "mean"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+        assert (tmp_path / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
+    with pytest.raises(ValueError, match="quantiles"):
+        plots.plot_quantile_bands(compare(net, lim, quantiles=(0.5,)))

@@ -62,6 +62,7 @@ def test_compare_end_to_end(tmp_path, capsys):
         (["--gamma", "2"], "gamma"),
         (["--preset", "nope"], "preset"),
         (["--width", "x"], "width"),
+        (["--attention", "softmax"], "softmax"),
     ],
 )
 def test_compare_rejects_bad_options(tmp_path, capsys, extra, message):

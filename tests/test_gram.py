@@ -16,7 +16,7 @@ from sde.coefficients import sigma_lin
 from sde.noise import psd_factor
 from shapedtx import ModelConfig
 from shapedtx.metrics import correlation, mean_correlation
-from simulations import GramSampler, equicorrelated, simulate
+from simulations import GramSampler, GroupedNormal, equicorrelated, simulate
 from simulations import gram as gram_module
 from simulations.compare import compare
 
@@ -204,3 +204,27 @@ def test_overflow_is_reported():
     with pytest.warns(RuntimeWarning, match="non-finite"):
         ds = simulate(cfg, 1e307 * equicorrelated(3, 0.2), 8, method="gram")
     assert ds.attrs["nonfinite"] > 0
+
+
+def test_residual_update_algebra():
+    """L' L'^T = lambda^2 V + lambda s (B G L^T + L G^T B^T) + s^2 B (G G^T + F F^T) B^T."""
+    gen = torch.Generator().manual_seed(0)
+    L, B, G = torch.randn((3, 5, 4, 4), generator=gen, dtype=torch.float64)
+    F = torch.randn((5, 4, 2), generator=gen, dtype=torch.float64)
+    lam, s = 0.8, 0.3
+    out = gram_module.residual_update(L, B, G, F, lam, s)
+    V = lam**2 * L @ L.mT + lam * s * (B @ G @ L.mT + L @ G.mT @ B.mT)
+    V = V + s**2 * B @ (G @ G.mT + F @ F.mT) @ B.mT
+    torch.testing.assert_close(out @ out.mT, V, rtol=1e-12, atol=1e-12)
+
+
+def test_mlp_with_singular_hidden_gram():
+    """A zero token makes the hidden Gram matrix singular: the update stays finite and exact
+    (the zero token stays zero under the MLP sub-block)."""
+    cfg = ModelConfig(width=16, depth=1, attention="none", mlp="relu")
+    rng = GroupedNormal(0, [0], [5], torch.device("cpu"))
+    L = torch.linalg.cholesky(_V0).expand(5, 3, 3).clone()
+    L[:, 0] = 0.0
+    V = GramSampler(cfg, rng).covariance(GramSampler(cfg, rng).step(L))
+    assert bool(torch.isfinite(V).all())
+    assert float(V[:, 0].abs().max()) == 0.0 and float(V[:, 1, 1].min()) > 0

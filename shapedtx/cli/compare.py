@@ -203,6 +203,9 @@ def _run(args: argparse.Namespace) -> int:
     config = s["config"]
     for w in s["widths"]:
         at_width(config, w)  # fail before any work: T * width must be an integer
+    from sde import sde_constants
+
+    sde_constants(config, s["tokens"])  # fail before any work: the model needs an SDE limit
     try:
         device = torch.device(args.device) if args.device is not None else torch.device("cpu")
     except RuntimeError as err:
