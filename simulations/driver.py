@@ -105,7 +105,8 @@ def simulate(
         V0: (m, m) symmetric positive-definite input covariance, m >= 2; every sample starts
             from X_0 with ``X_0 X_0^T / n = V0`` exactly.
         samples: number of independent networks (weights and inputs drawn afresh).
-        method: ``"exact"`` (THEORY section 5, default) or ``"weights"`` (explicit matrices);
+        method: ``"exact"`` (THEORY section 5, default), ``"weights"`` (explicit matrices) or
+            ``"gram"`` (width-independent chain on V, supported configs only);
             see :data:`simulations.samplers.SAMPLERS`.
         seed: integer >= 0; the same seed gives the same numbers on the same device.
         device: where to compute (default: V0's device).

@@ -17,6 +17,7 @@ A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -28,7 +29,7 @@ from shapedtx.metrics import covariance
 from .rng import GroupedNormal
 
 
-class Sampler:
+class Sampler(ABC):
     """One chunk's sampler: draws blocks for ``rng.samples`` samples with ``rng``'s groups.
 
     Subclasses set ``group_size`` (samples per generator; part of the random stream) and
@@ -44,23 +45,24 @@ class Sampler:
     @classmethod
     def check(cls, config: ModelConfig) -> None:
         """Raise ValueError if this method cannot simulate ``config`` (default: all can)."""
+        del config
 
     @classmethod
+    @abstractmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         """Rough working memory in bytes: (per sample, fixed per chunk)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def init(self, V0: Tensor, samples: int) -> Any:
         """Initial state of ``samples`` networks with input covariance V0: (m, m)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step(self, state: Any) -> Any:
         """The state after one more residual block (no host synchronisation)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def covariance(self, state: Any) -> Tensor:
         """V: (samples, m, m) of the state."""
-        raise NotImplementedError
 
 
 class TokenSampler(Sampler):
@@ -83,9 +85,9 @@ class TokenSampler(Sampler):
     def covariance(self, X: Tensor) -> Tensor:
         return covariance(X)
 
+    @abstractmethod
     def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
         """``x W / sqrt(fan_in)`` in law; x: (samples, ..., m, fan_in)."""
-        raise NotImplementedError
 
     @staticmethod
     def _widest(config: ModelConfig) -> int:

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._common import UsageError, add_config_arguments
-from .simulate import DTYPES
+from ._common import DTYPES, UsageError, add_config_arguments, parse_device, set_threads
 
 CONFIG_FIELDS = (
     "width", "depth", "attention", "mlp", "norm", "heads", "key_dim", "head_dim", "out_proj",
@@ -206,12 +205,9 @@ def _run(args: argparse.Namespace) -> int:
     from sde import sde_constants
 
     sde_constants(config, s["tokens"])  # fail before any work: the model needs an SDE limit
-    try:
-        device = torch.device(args.device) if args.device is not None else torch.device("cpu")
-    except RuntimeError as err:
-        raise UsageError(f"--device: {err}") from None
+    device = parse_device(args.device)
     dtype = DTYPES[args.dtype]
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     V0 = equicorrelated(s["tokens"], s["rho0"], device=device, dtype=dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

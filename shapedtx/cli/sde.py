@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
-import torch
-
-from ._common import UsageError, add_config_arguments, config_from_args
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+from ._common import add_config_arguments, add_input_arguments, add_run_arguments, run_setup
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,41 +20,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(parser)
     g = parser.add_argument_group("SDE")
-    g.add_argument("--tokens", type=int, default=4, help="m, number of tokens (default 4)")
-    g.add_argument("--rho0", type=float, default=0.2, help="initial correlation (default 0.2)")
-    g.add_argument("--scale", type=float, default=1.0, help="initial V^{aa} (default 1)")
-    g.add_argument("--samples", type=int, default=256, help="number of paths (default 256)")
+    add_input_arguments(g, what="paths")
     g.add_argument("--T", type=float, default=None, help="time horizon (default depth/width)")
     g.add_argument("--dt", type=float, default=0.01, help="step size (default 0.01)")
     g.add_argument("--method", choices=METHODS, default="euler")
     g.add_argument("--bound", type=float, default=1e8, help="explosion bound x max V0^aa")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    g.add_argument("--out", default=None, help="write the Dataset to this .nc file")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_arguments(g)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sde import solve
 
-    from ..covariance import equicorrelated
     from ..results import save_dataset, with_metrics
 
-    config = config_from_args(args)
-    if args.out is not None and Path(args.out).suffix != ".nc":
-        raise UsageError(f"--out must be a .nc file, got {args.out!r}")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    try:
-        device = torch.device(args.device) if args.device is not None else torch.device("cpu")
-    except RuntimeError as err:
-        raise UsageError(f"--device: {err}") from None
-    V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)
+    config, V0, dtype = run_setup(args)
     ds = solve(
         config,
         V0,
@@ -68,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
         dt=args.dt,
         method=args.method,
         seed=args.seed,
-        device=device,
-        dtype=DTYPES[args.dtype],
+        dtype=dtype,
         bound=args.bound,
         progress=False if args.no_progress else None,
     )

@@ -12,16 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ._common import UsageError
+from ._common import DTYPES, UsageError, parse_device
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 KINDS = ("network", "sde", "both")
 _FILE_KEYS = ("grid", "kind")
 _MAX_LISTED = 20
@@ -89,10 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.store).exists() and not Path(args.store).is_dir():
         raise UsageError(f"--store must be a directory, got the file {args.store!r}")
     if args.device is not None:
-        try:
-            torch.device(args.device)
-        except RuntimeError as err:
-            raise UsageError(f"--device: {err}") from None
+        parse_device(args.device)
     client = None
     if args.scheduler is not None:
         from distributed import Client

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ._common import UsageError, add_config_arguments, config_from_args
+from ._common import add_config_arguments, config_from_args, parse_device, set_threads
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 MODEL_DEFAULTS = ModelConfig(
@@ -60,16 +60,8 @@ def run(args: argparse.Namespace) -> int:
     train_config = TrainConfig(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
     )
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        raise UsageError(f"--device: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda requested but CUDA is not available")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    device = parse_device(args.device)
+    set_threads(args.threads)
     data = load_corpus(
         args.data, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
     )
