@@ -377,7 +377,7 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
 
     if client is not None:
         if isinstance(client, str):
-            with Client(client, timeout="20s") as own:
+            with Client(client, timeout="20s", set_as_default=False) as own:
                 yield own, None
         else:
             yield client, None
@@ -390,7 +390,7 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
             dashboard_address=":0",
             silence_logs=logging.ERROR,
         ) as cluster,
-        Client(cluster) as own,
+        Client(cluster, set_as_default=False) as own,
     ):
         yield own, threads_per_worker if processes else None
 
@@ -494,22 +494,23 @@ def sweep(
             ): p
             for p in todo
         }
-        for future in as_completed(futures):
-            p = futures[future]
-            try:
-                record = future.result()
-            except Exception as err:  # e.g. KilledWorker: record and go on
-                error = f"{type(err).__name__}: {err}"
-                record = _finish(
-                    path, group, p, _record(p, "failed", run_id, time.time(), error=error)
-                )
-            future.release()
-            if record["status"] == "done":
-                summary.computed += 1
-            else:
-                summary.failed[p.label] = record["error"]
-                bar.set_postfix(failed=len(summary.failed))
-            bar.update()
+        with dask_client.as_current():  # as_completed looks the client up; never global
+            for future in as_completed(futures):
+                p = futures[future]
+                try:
+                    record = future.result()
+                except Exception as err:  # e.g. KilledWorker: record and go on
+                    error = f"{type(err).__name__}: {err}"
+                    record = _finish(
+                        path, group, p, _record(p, "failed", run_id, time.time(), error=error)
+                    )
+                future.release()
+                if record["status"] == "done":
+                    summary.computed += 1
+                else:
+                    summary.failed[p.label] = record["error"]
+                    bar.set_postfix(failed=len(summary.failed))
+                bar.update()
     return summary
 
 

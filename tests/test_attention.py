@@ -9,7 +9,7 @@ import torch
 from shapedtx import Attention, ModelConfig, shaped_attention_matrix
 from shapedtx.attention import causal_uniform
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 
 
 def _logits(n: int, n_k: int, m: int, gen: torch.Generator) -> torch.Tensor:

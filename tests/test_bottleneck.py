@@ -22,15 +22,6 @@ from shapedtx.nn import SoftmaxAttention
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: OpenMP threads only contend on a loaded 2-core machine (~50x slower)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _random_problem(m, n, seed, batch=()):
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(*batch, m, n, generator=gen, dtype=F64)

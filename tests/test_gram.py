@@ -29,15 +29,6 @@ P_MIN = 1e-3
 _V0 = torch.tensor([[1.5, 0.3, -0.2], [0.3, 1.0, 0.4], [-0.2, 0.4, 2.0]], dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small batched ops: one intra-op thread avoids OpenMP contention on the shared 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _V(ds) -> torch.Tensor:
     return torch.from_numpy(ds["V"].values)
 

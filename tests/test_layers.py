@@ -23,7 +23,7 @@ from shapedtx.metrics import covariance
 
 from mc_stats import assert_mean_within_se
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 
 
 def _relu_moment(V: torch.Tensor, s_plus: float, s_minus: float) -> torch.Tensor:

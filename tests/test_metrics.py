@@ -12,7 +12,7 @@ from shapedtx.metrics import (
     token_residual,
 )
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 
 
 def equicorrelated(m: int, rho: float) -> torch.Tensor:

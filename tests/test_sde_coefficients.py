@@ -14,14 +14,6 @@ from shapedtx import ModelConfig, equicorrelated
 ATT = ModelConfig(width=2048, gamma=0.8, tau0=0.7)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_V(m: int, batch: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(*batch, m, m + 2, generator=g, dtype=torch.float64)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
 import sde
@@ -21,14 +20,6 @@ simulations = pytest.importorskip("simulations")
 QUARTILES = (0.25, 0.5, 0.75)
 ALLOWANCE = 0.02  # finite-width allowance on rho quartiles at n = 200
 Z_SCORE = 4.0
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def final_rho(ds) -> np.ndarray:

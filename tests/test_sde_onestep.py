@@ -24,14 +24,6 @@ N_WIDTH = 2048
 Z_SCORE = 4.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class ExactLinear:
     """``linear(x, out, name)`` returning ``chol(x x^T / fan_in) Z[name] * sign[name]``.
 

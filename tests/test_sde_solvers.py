@@ -23,14 +23,6 @@ BLOCK = ATT.replace(mlp="shaped_relu")
 MLP = ModelConfig(attention="none", mlp="shaped_relu", gamma=math.sqrt(0.5))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_dataset_contract_and_reproducibility(tmp_path):
     V0 = equicorrelated(3, 0.2)
     ds = sde.solve(BLOCK, V0, 16, dt=0.05, seed=3, progress=False)

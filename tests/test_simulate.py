@@ -21,16 +21,6 @@ from simulations import (
     with_rho,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small batched ops: one intra-op thread avoids OpenMP contention on the shared 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SMALL = ModelConfig(width=24, depth=3, mlp="shaped_relu", norm="pre", heads=2, out_proj=True)
 
 

@@ -21,15 +21,6 @@ from mc_stats import assert_mean_within_se, two_sample_pvalue
 P_MIN = 1e-3
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small batched ops: one intra-op thread avoids OpenMP contention on the shared 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 _V0 = torch.tensor([[1.5, 0.3, -0.2], [0.3, 1.0, 0.4], [-0.2, 0.4, 2.0]], dtype=torch.float64)
 
 

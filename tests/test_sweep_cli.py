@@ -96,3 +96,14 @@ def test_bad_input_exit_2_with_one_line(tmp_path, toml, options, message, capsys
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_failed_scheduler_connection_leaves_no_default_client(tmp_path, capsys):
+    """A client that failed to connect must not become dask's global default (xarray would
+    then take distributed locks from it when writing netCDF, and fail)."""
+    from distributed.client import _get_global_client
+
+    path = _toml(tmp_path, "[grid]\nwidth = 8")
+    code = main(["sweep", path, "--store", str(tmp_path / "s.zarr"), "--scheduler", "nosuch://x:1"])
+    assert code == 2 and "unknown address scheme" in capsys.readouterr().err
+    assert _get_global_client() is None

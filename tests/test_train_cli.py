@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shapedtx.cli import main
 from shapedtx.results import load_dataset
@@ -14,13 +13,6 @@ TINY = [
     "--eval-interval", "2", "--checkpoint-interval", "2", "--eval-batches", "1",
     "--metrics-batch", "2", "--no-progress", "--threads", "1",
 ]  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

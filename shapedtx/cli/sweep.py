@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         from distributed import Client
 
         try:
-            client = Client(args.scheduler, timeout="20s")
+            client = Client(args.scheduler, timeout="20s", set_as_default=False)
         except (OSError, ValueError, TimeoutError) as err:
             raise UsageError(f"--scheduler {args.scheduler}: {err}") from None
     try:

@@ -1,0 +1,27 @@
+"""Test-suite settings shared by every test file."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread per test, restored afterwards (also after CLI ``--threads``).
+
+    The statistical tests are many small batched operations: on a shared 2-core machine
+    OpenMP threads only contend (measured up to 10x slower with 2 threads); the numbers do not
+    depend on the thread count.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def float64_default():
+    """torch's default dtype is float64 inside the test, restored afterwards."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(dtype)
