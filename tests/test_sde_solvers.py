@@ -241,3 +241,17 @@ def test_factored_step_moments_match_drift_and_diffusion():
     Sigma = sde.diffusion(cfg, V).reshape(m * m, m * m)
     se = prod.std(0) / math.sqrt(N)
     assert ((prod.mean(0) - Sigma).abs() <= 4.5 * se + 0.01 * Sigma.abs().max()).all()
+
+
+def test_jittered_cholesky_factor_of_collapsed_and_invalid_matrices():
+    """The sync-free MLP re-factorisation: exact up to the jitter on a rank-1 (collapsed) V,
+    NaN (so flagged by integrate) on a matrix that is not PSD."""
+    from sde.solvers import _jittered_cholesky
+
+    x = torch.tensor([1.0, 2.0, -0.5], dtype=torch.float64)
+    collapsed = torch.outer(x, x)[None]
+    L = _jittered_cholesky(collapsed)
+    torch.testing.assert_close(L @ L.mT, collapsed, rtol=0, atol=1e-13)
+    indefinite = torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))[None]
+    assert torch.isnan(_jittered_cholesky(torch.cat([collapsed, indefinite]))[1]).all()
+    assert torch.isfinite(_jittered_cholesky(torch.cat([collapsed, indefinite]))[0]).all()
