@@ -69,7 +69,7 @@ def convergence(
     distance, the least-squares fit ``log d = intercept + slope log n`` (``<stat>_slope``,
     ``<stat>_slope_se``, ``<stat>_intercept``) and ``<stat>_noise_floor``: the distance
     expected from Monte Carlo noise alone (between two halves of the SDE sample, rescaled to
-    the compared sample sizes; a rough single-split estimate). Distances near the floor
+    the compared sample sizes; averaged over 16 fixed-seed splits). Distances near the floor
     flatten the fitted slope.
     """
     widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
@@ -145,9 +145,10 @@ def _fit(logn: np.ndarray, d: np.ndarray, name: str) -> dict[str, float]:
             f"{name}_intercept": float(coef[0])}  # fmt: skip
 
 
-def _noise_floor(limit_T: xr.Dataset, n_network: int) -> dict[str, float]:
-    """Distances between two halves of the SDE sample, rescaled by
-    ``sqrt(1/n_network + 1/n_limit) / sqrt(2/h + ...)`` to the compared sizes."""
+def _noise_floor(limit_T: xr.Dataset, n_network: int, splits: int = 16) -> dict[str, float]:
+    """Mean distance between two random halves of the SDE sample over ``splits`` fixed-seed
+    splits, rescaled by ``sqrt(1/n_network + 1/n_limit) / sqrt(1/h + 1/(N - h))`` to the
+    compared sample sizes."""
     ok = limit_T.isel(sample=valid_samples(limit_T))
     N = ok.sizes["sample"]
     h = N // 2
@@ -155,9 +156,12 @@ def _noise_floor(limit_T: xr.Dataset, n_network: int) -> dict[str, float]:
         return {s: math.nan for s in STATISTICS}
     vals = token_values(ok)
     scale = math.sqrt(1 / n_network + 1 / N) / math.sqrt(1 / h + 1 / (N - h))
-    out = {}
-    for var in ("rho", "logVaa"):
-        d = distances(vals[var][:h], vals[var][h:])
-        out[f"w1_{var}"] = float(d["w1"][0] * scale)
-        out[f"ks_{var}"] = float(d["ks"][0] * scale)
+    rng = np.random.default_rng(0)
+    out = {f"{stat}_{var}": 0.0 for stat in ("w1", "ks") for var in ("rho", "logVaa")}
+    for _ in range(splits):
+        perm = rng.permutation(N)
+        for var in ("rho", "logVaa"):
+            d = distances(vals[var][perm[:h]], vals[var][perm[h:]])
+            out[f"w1_{var}"] += float(d["w1"][0]) * scale / splits
+            out[f"ks_{var}"] += float(d["ks"][0]) * scale / splits
     return out
