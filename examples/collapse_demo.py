@@ -8,25 +8,16 @@ mean token correlation after each group of blocks (THEORY section 4).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from shapedtx import ModelConfig, Transformer
+from shapedtx import ModelConfig, Transformer, equicorrelated, initial_tokens
 from shapedtx.metrics import mean_correlation
-
-
-def equicorrelated_input(m: int, n: int, rho0: float, gen: torch.Generator) -> torch.Tensor:
-    """X (m, n) with X X^T / n = (1 - rho0) I + rho0 11^T exactly."""
-    V0 = (1 - rho0) * torch.eye(m) + rho0 * torch.ones(m, m)
-    basis, _ = torch.linalg.qr(torch.randn(n, m, generator=gen))
-    return math.sqrt(n) * torch.linalg.cholesky(V0) @ basis.T
 
 
 def main(width: int = 200, depth: int = 50, tokens: int = 4, samples: int = 16) -> None:
     torch.set_default_dtype(torch.float64)
     gen = torch.Generator().manual_seed(0)
-    X = torch.stack([equicorrelated_input(tokens, width, 0.2, gen) for _ in range(samples)])
+    X = initial_tokens(equicorrelated(tokens, 0.2), width, samples, gen)  # X X^T / n = V0
     print(f"mean token correlation, width {width}, {samples} networks, rho0 = 0.2")
     print(f"{'layer':>6} {'standard':>10} {'shaped':>10}")
     rhos = {}
