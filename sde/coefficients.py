@@ -116,10 +116,15 @@ def attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return Vbar, Q, u, v
 
 
-def attention_drift_factor(V: Tensor, a_att: float) -> Tensor:
-    """H with ``H V + V H^T = b_att(V)``: ``a_att [Q / (2 m^2) I + v u^T / (2m)]``; (..., m, m)."""
+def attention_drift_factor(
+    V: Tensor, a_att: float, aux: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+) -> Tensor:
+    """H with ``H V + V H^T = b_att(V)``: ``a_att [Q / (2 m^2) I + v u^T / (2m)]``; (..., m, m).
+
+    ``aux``: :func:`attention_auxiliaries` of V, if the caller already has them.
+    """
     m = V.shape[-1]
-    _, Q, u, v = attention_auxiliaries(V)
+    _, Q, u, v = attention_auxiliaries(V) if aux is None else aux
     eye = torch.eye(m, dtype=V.dtype, device=V.device)
     return a_att * (
         Q[..., None, None] / (2 * m**2) * eye + v[..., :, None] * u[..., None, :] / (2 * m)

@@ -103,11 +103,12 @@ class FactoredEuler:
         eps2 = const.k_lin * dt / 2
         left = eye.expand_as(V) * (1 - eps2 * m / 2)
         if const.a_att:
-            _, Q, _, _ = attention_auxiliaries(V)
+            aux = attention_auxiliaries(V)
+            Q = aux[1]
             P = centering(m, dtype=V.dtype, device=V.device)
             G = math.sqrt(const.k_att * dt) * (L @ normals[:, 1] @ L.transpose(-1, -2) @ P)
             ito = (const.k_att * dt / 2) * Q[:, None, None] * eye
-            left = left + dt * attention_drift_factor(V, const.a_att) + G - ito
+            left = left + dt * attention_drift_factor(V, const.a_att, aux) + G - ito
         F = left @ L @ (eye + math.sqrt(eps2) * normals[:, 0])
         return F, _symmetrise(F @ F.transpose(-1, -2)), None
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._validation import check_int
 from .attention import softmax_attention_matrix
 
 
@@ -218,11 +219,9 @@ def fit_attention(
     check_stochastic(P)
     if X.ndim != 2 or P.shape != (X.shape[0], X.shape[0]):
         raise ValueError(f"X must be (m, n) and P (m, m); got {tuple(X.shape)}, {tuple(P.shape)}")
-    for name, value, minimum in (("head_size", head_size, 1), ("restarts", restarts, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    check_int("head_size", head_size)
+    check_int("restarts", restarts)
+    check_int("steps", steps, 0)
     for name, value in (("lr", lr), ("init_scale", init_scale)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._validation import check_int
+
 Attention = Literal["shaped", "softmax", "none"]
 MLPKind = Literal["shaped_relu", "relu", "none"]
 Norm = Literal["none", "pre"]
@@ -17,11 +19,6 @@ Norm = Literal["none", "pre"]
 ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "none")
 MLPS: tuple[str, ...] = ("shaped_relu", "relu", "none")
 NORMS: tuple[str, ...] = ("none", "pre")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -73,14 +70,14 @@ class ModelConfig:
     causal: bool = False
 
     def __post_init__(self) -> None:
-        _check_int("width", self.width, 1)
-        _check_int("depth", self.depth, 1)
+        check_int("width", self.width, 1)
+        check_int("depth", self.depth, 1)
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("norm", self.norm, NORMS)
         if self.attention == "none" and self.mlp == "none":
             raise ValueError("attention and mlp cannot both be 'none' (the block would be empty)")
-        _check_int("heads", self.heads, 1)
+        check_int("heads", self.heads, 1)
         if self.head_dim is None:
             if self.width % self.heads:
                 raise ValueError(
@@ -88,10 +85,10 @@ class ModelConfig:
                     f"got width={self.width}, heads={self.heads}"
                 )
             object.__setattr__(self, "head_dim", self.width // self.heads)
-        _check_int("head_dim", self.head_dim, 1)
+        check_int("head_dim", self.head_dim, 1)
         if self.key_dim is None:
             object.__setattr__(self, "key_dim", self.head_dim)
-        _check_int("key_dim", self.key_dim, 1)
+        check_int("key_dim", self.key_dim, 1)
         if not isinstance(self.out_proj, bool):
             raise ValueError(f"out_proj must be True or False, got {self.out_proj!r}")
         if not isinstance(self.causal, bool):

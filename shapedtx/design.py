@@ -18,6 +18,7 @@ from typing import Any
 
 from scipy.special import lambertw
 
+from ._validation import check_int
 from .config import ModelConfig
 
 
@@ -32,12 +33,6 @@ def _check_positive(name: str, value: Any, minimum: float = 0.0, strict: bool = 
     if bad:
         rel = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
-    return value
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -126,7 +121,7 @@ def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_F
     principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``).
     """
     params = _check_positive("params", params)
-    multiple = _check_int("multiple", multiple, 1)
+    multiple = check_int("multiple", multiple, 1)
     w = lambertw(params * fit.b / (6.0 * math.exp(2.0 * fit.a)), 0)
     depth = float(w.real) / (2.0 * fit.b)
     if not (math.isfinite(depth) and depth > 0 and abs(w.imag) < 1e-12):
@@ -241,7 +236,7 @@ def head_size_report(config: ModelConfig, seq_len: int) -> HeadSizeReport:
     """
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
-    seq_len = _check_int("seq_len", seq_len, 1)
+    seq_len = check_int("seq_len", seq_len, 1)
     if config.attention == "none":
         raise ValueError("config.attention must be 'shaped' or 'softmax' for a head-size report")
     n, h = config.width, config.heads
@@ -299,9 +294,9 @@ def design_row(
 ) -> DesignRow:
     """Depth threshold, regime, allocation verdict and recommended shape of one model."""
     for key, value in (("depth", depth), ("width", width), ("heads", heads)):
-        _check_int(key, value, 1)
-    _check_int("head_dim", head_dim, 1)
-    _check_int("seq_len", seq_len, 1)
+        check_int(key, value, 1)
+    check_int("head_dim", head_dim, 1)
+    check_int("seq_len", seq_len, 1)
     return DesignRow(
         name=name,
         depth=depth,

@@ -16,6 +16,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
+from shapedtx._validation import check_int
 
 from .rng import GroupedNormal
 from .samplers import SAMPLERS
@@ -26,15 +27,10 @@ DEFAULT_MEMORY_BUDGET = 2**30
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget) -> None:
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
-    _check_positive_int("samples", samples)
+    check_int("samples", samples)
     if method not in SAMPLERS:
         raise ValueError(f"method must be one of {', '.join(map(repr, SAMPLERS))}, got {method!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -42,7 +38,7 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if chunk_size is not None:
-        _check_positive_int("chunk_size", chunk_size)
+        check_int("chunk_size", chunk_size)
     if (
         isinstance(memory_budget, bool)
         or not isinstance(memory_budget, (int, float))

@@ -65,6 +65,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from shapedtx._validation import check_int
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import equicorrelated
 from shapedtx.results import covariance_dataset
@@ -395,11 +396,6 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
         yield own, threads_per_worker if processes else None
 
 
-def _check_count(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 def sweep(
     grid: Mapping[str, Any],
     *,
@@ -447,8 +443,8 @@ def sweep(
     if client is not None and workers is not None:
         raise ValueError("workers sets the embedded cluster; do not pass it with client")
     workers = min(2, os.cpu_count() or 1) if workers is None else workers
-    _check_count("workers", workers)
-    _check_count("threads_per_worker", threads_per_worker)
+    check_int("workers", workers)
+    check_int("threads_per_worker", threads_per_worker)
     g = make_grid(grid, kind)
     points = list(g.points())
     if all(p.error for p in points):

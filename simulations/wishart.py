@@ -20,14 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def _check(k: int, m: int, batch: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k (degrees of freedom) must be an integer >= 0, got {k!r}")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m must be an integer >= 1, got {m!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-        raise ValueError(f"batch must be an integer >= 0, got {batch!r}")
+from shapedtx._validation import check_int
 
 
 def chi2(dof: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -51,7 +44,9 @@ def wishart_factor(
     Wishart matrix), iid N(0, 1) when ``k < m`` (``k = 0`` gives an empty last dimension).
     Exact for every k; cost O(m^2) numbers, independent of k.
     """
-    _check(k, m, batch)
+    check_int("k (degrees of freedom)", k, 0)
+    check_int("m", m)
+    check_int("batch", batch, 0)
     if k < m:
         return torch.randn((batch, m, k), generator=generator, dtype=dtype, device=device)
     normals = torch.randn((batch, m, m), generator=generator, dtype=dtype, device=device)

@@ -7,10 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+from .._validation import check_int
 
 
 def _check_float(name: str, value: Any, low: float, high: float, *, open_low: bool) -> None:
@@ -79,7 +76,7 @@ class TrainConfig:
             ("checkpoint_interval", 0),
             ("seed", 0),
         ):
-            _check_int(name, getattr(self, name), minimum)
+            check_int(name, getattr(self, name), minimum)
         _check_float("lr", self.lr, 0.0, 10.0, open_low=True)
         _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, open_low=False)
         _check_float("weight_decay", self.weight_decay, 0.0, 1.0, open_low=False)
