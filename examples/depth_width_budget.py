@@ -44,7 +44,6 @@ def main() -> None:
         eval_interval=args.steps,
         eval_batches=8,
         checkpoint_interval=0,
-        final_norm=True,
     )
     best = optimal_shape(args.params)
     print(
@@ -67,6 +66,7 @@ def main() -> None:
             heads=args.heads,
             out_proj=True,
             causal=True,
+            final_norm=True,
         )
         losses = []
         start = time.perf_counter()

@@ -44,7 +44,6 @@ def main() -> None:
         eval_batches=8,
         checkpoint_interval=0,
         seed=args.seed,
-        final_norm=True,
     )
     base = ModelConfig(
         width=args.width,
@@ -54,6 +53,7 @@ def main() -> None:
         norm="pre",
         out_proj=True,
         causal=True,
+        final_norm=True,
     )
     print(
         f"width n = {args.width}, depth {args.depth}, sequence length m = {args.seq_len}; "

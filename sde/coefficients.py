@@ -46,11 +46,33 @@ class SDEConstants:
     heads: int
 
 
+_THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
+
+
+def _check_vanilla_fields(config: ModelConfig) -> None:
+    """ValueError naming the first practitioner's field (unit residual, GELU, post-LN, GPT-2
+    init, wide MLP) that the derived SDEs do not cover."""
+    if config.mlp == "gelu":
+        raise ValueError(
+            "mlp='gelu' has no derived covariance SDE (a GELU is not a shaped activation: it "
+            "changes the correlation by O(1) per block); use mlp='shaped_relu'"
+        )
+    for name, value in _THEORY_FIELDS.items():
+        if name == "mlp_ratio" and config.mlp == "none":
+            continue
+        if getattr(config, name) != value:
+            raise ValueError(
+                f"{name}={getattr(config, name)!r} has no derived covariance SDE (THEORY "
+                f"section 3 covers {name}={value!r} only); use {name}={value!r}"
+            )
+
+
 def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
     """The :class:`SDEConstants` of ``config`` for ``m`` tokens (``k_att`` needs m).
 
     Raises ValueError for configurations without a (non-degenerate) covariance SDE limit.
     """
+    _check_vanilla_fields(config)
     if config.attention == "softmax":
         raise ValueError(
             "attention='softmax' has no covariance SDE limit: standard attention has O(1) "

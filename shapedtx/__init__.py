@@ -40,6 +40,7 @@ from .nn import (
     Transformer,
 )
 from .norm import layer_norm
+from .presets import PRESETS, preset
 from .results import (
     config_of,
     covariance_dataset,
@@ -57,6 +58,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "MLP",
+    "PRESETS",
     "Attention",
     "Block",
     "ModelConfig",
@@ -91,6 +93,7 @@ __all__ = [
     "optimal_shape",
     "optimal_width",
     "param_count",
+    "preset",
     "realise_attention",
     "regime",
     "relu_slopes",

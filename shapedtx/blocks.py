@@ -1,18 +1,22 @@
 """Residual sub-blocks as pure functions of the input and a *linear map* (THEORY section 2).
 
 Every weight matrix enters through ``linear(x, out_features, name)``, which must return
-``x W / sqrt(fan_in)`` for a matrix ``W`` with iid N(0, 1) entries (one fresh matrix per
-``name``). The ``torch.nn`` modules pass their ``nn.Linear`` layers; the simulators pass
-samplers that draw ``x W`` directly (THEORY section 5). So the simulated network *is* the
-trained network at initialisation.
+``x W`` for a matrix ``W`` with iid N(0, s^2) entries, ``s = weight_std(config, name,
+fan_in)`` (``1/sqrt(fan_in)`` for the theory's ``init="fan_in"``; one fresh matrix per
+``name``), and every LayerNorm through ``norm(x, name)``. The ``torch.nn`` modules pass their
+``nn.Linear`` and ``nn.LayerNorm`` layers; the simulators pass samplers that draw ``x W``
+directly (THEORY section 5) and the weightless :func:`shapedtx.layer_norm` (the affine
+LayerNorm is the identity at initialisation). So the simulated network *is* the trained
+network at initialisation.
 
-Names used: ``"query"``, ``"key"``, ``"value"``, ``"out"`` (attention) and ``"mlp_in"``,
-``"mlp_out"`` (MLP).
+Names used: ``"query"``, ``"key"``, ``"value"``, ``"out"`` (attention), ``"mlp_in"``,
+``"mlp_out"`` (MLP), and the norms ``"attn_norm"``, ``"mlp_norm"``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -25,7 +29,7 @@ from .attention import (
     softmax_attention,
     softmax_attention_matrix,
 )
-from .config import ModelConfig
+from .config import ModelConfig, weight_std
 from .norm import layer_norm
 
 
@@ -33,6 +37,16 @@ class Linear(Protocol):
     """``linear(x, out_features, name)``: x: (..., m, fan_in) -> (..., m, out_features)."""
 
     def __call__(self, x: Tensor, out_features: int, name: str) -> Tensor: ...
+
+
+Norm = Callable[[Tensor, str], Tensor]
+"""``norm(x, name)``: a LayerNorm over the last dimension, x: (..., m, n) -> (..., m, n)."""
+
+
+def weightless_norm(x: Tensor, name: str) -> Tensor:
+    """The ``Norm`` of the simulators: :func:`shapedtx.layer_norm` (no affine parameters)."""
+    del name
+    return layer_norm(x)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -80,40 +94,83 @@ def attention_branch(
 
 
 def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear) -> Tensor:
-    """MLP branch ``sqrt(c/n) phi(X W^pre / sqrt(n)) W^post``; X: (..., m, n) -> (..., m, n)."""
+    """MLP branch ``g phi(X W_1) W_2`` with hidden width ``mlp_ratio * n``.
+
+    X: (..., m, n) -> (..., m, n). ``phi`` is the shaped or standard ReLU (gain
+    ``g = sqrt(c)``, THEORY section 2, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``) or
+    the exact erf GELU (``g = 1``).
+    """
+    hidden = linear(X, config.mlp_width, "mlp_in")
+    if config.mlp == "gelu":
+        return linear(torch.nn.functional.gelu(hidden), config.width, "mlp_out")
     s_plus, s_minus, c = relu_slopes(config)
-    hidden = shaped_relu(linear(X, config.width, "mlp_in"), s_plus, s_minus)
-    return math.sqrt(c) * linear(hidden, config.width, "mlp_out")
+    out = linear(shaped_relu(hidden, s_plus, s_minus), config.width, "mlp_out")
+    return math.sqrt(c) * out if config.init == "fan_in" else out
 
 
 def residual(X: Tensor, branch: Tensor, config: ModelConfig) -> Tensor:
-    """``lambda X + gamma branch``."""
+    """``lambda X + gamma branch`` (``residual="scaled"``) or ``X + branch`` (``"unit"``)."""
+    if config.residual == "unit":
+        return X + branch
     return config.lam * X + config.gamma * branch
 
 
-def block(X: Tensor, config: ModelConfig, linear: Linear, *, fused: bool = True) -> Tensor:
+def sub_block(
+    X: Tensor, branch: Callable[[Tensor], Tensor], config: ModelConfig, norm: Norm, name: str
+) -> Tensor:
+    """One residual sub-block with the configured normalisation; X: (..., m, n).
+
+    ``norm="none"``: ``res(X, f(X))``; ``"pre"``: ``res(X, f(LN X))``; ``"post"``:
+    ``LN(res(X, f(X)))``, where ``res`` is :func:`residual`.
+    """
+    if config.norm == "pre":
+        return residual(X, branch(norm(X, name)), config)
+    out = residual(X, branch(X), config)
+    return norm(out, name) if config.norm == "post" else out
+
+
+def block(
+    X: Tensor,
+    config: ModelConfig,
+    linear: Linear,
+    *,
+    fused: bool = True,
+    norm: Norm = weightless_norm,
+) -> Tensor:
     """One residual block: attention sub-block then MLP sub-block (either may be ``"none"``).
 
-    X: (..., m, n) -> (..., m, n). With ``norm="pre"`` each branch sees ``layer_norm(X)``.
+    X: (..., m, n) -> (..., m, n); see :func:`sub_block` for the normalisation.
     """
-    pre = layer_norm if config.norm == "pre" else (lambda x: x)
     if config.attention != "none":
-        X = residual(X, attention_branch(pre(X), config, linear, fused=fused), config)
+        X = sub_block(
+            X, lambda x: attention_branch(x, config, linear, fused=fused), config, norm, "attn_norm"
+        )
     if config.mlp != "none":
-        X = residual(X, mlp_branch(pre(X), config, linear), config)
+        X = sub_block(X, lambda x: mlp_branch(x, config, linear), config, norm, "mlp_norm")
     return X
 
 
-def gaussian_linear(generator: torch.Generator | None = None) -> Linear:
-    """A ``Linear`` that draws a fresh N(0, 1) weight matrix at every call (reference sampler).
+def gaussian_linear(
+    generator: torch.Generator | None = None, config: ModelConfig | None = None
+) -> Linear:
+    """A ``Linear`` that draws a fresh Gaussian weight matrix at every call (reference sampler).
 
-    x: (..., m, fan_in): one independent matrix per leading index (per sample).
+    Entries N(0, s^2) with ``s = weight_std(config, name, fan_in)`` (``1/sqrt(fan_in)`` when
+    ``config`` is None). x: (..., m, fan_in): one independent matrix per leading index.
     """
 
     def linear(x: Tensor, out_features: int, name: str) -> Tensor:
         fan_in = x.shape[-1]
         shape = (*x.shape[:-2], fan_in, out_features)
         W = torch.randn(shape, generator=generator, dtype=x.dtype, device=x.device)
-        return x @ W / math.sqrt(fan_in)
+        return scale_standard(x @ W, config, name, fan_in)
 
     return linear
+
+
+def scale_standard(y: Tensor, config: ModelConfig | None, name: str, fan_in: int) -> Tensor:
+    """``y`` drawn with N(0, 1) weights, rescaled to the init of ``config`` (:func:`weight_std`;
+    ``1/sqrt(fan_in)`` when ``config`` is None or ``init="fan_in"``)."""
+    if config is None or config.init == "fan_in":
+        return y / math.sqrt(fan_in)
+    return y * weight_std(config, name, fan_in)

@@ -13,12 +13,27 @@ from typing import Any, Literal
 from ._validation import check_int
 
 Attention = Literal["shaped", "softmax", "none"]
-MLPKind = Literal["shaped_relu", "relu", "none"]
-Norm = Literal["none", "pre"]
+MLPKind = Literal["shaped_relu", "relu", "gelu", "none"]
+Norm = Literal["none", "pre", "post"]
+Residual = Literal["scaled", "unit"]
+Init = Literal["fan_in", "gpt2"]
 
 ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "none")
-MLPS: tuple[str, ...] = ("shaped_relu", "relu", "none")
-NORMS: tuple[str, ...] = ("none", "pre")
+MLPS: tuple[str, ...] = ("shaped_relu", "relu", "gelu", "none")
+NORMS: tuple[str, ...] = ("none", "pre", "post")
+RESIDUALS: tuple[str, ...] = ("scaled", "unit")
+INITS: tuple[str, ...] = ("fan_in", "gpt2")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "attention": ATTENTIONS,
+    "mlp": MLPS,
+    "norm": NORMS,
+    "residual": RESIDUALS,
+    "init": INITS,
+}
+"""The accepted values of every string field."""
+
+GPT2_STD = 0.02
+"""Weight and embedding standard deviation of ``init="gpt2"`` (GPT-2, nanoGPT)."""
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -40,8 +55,20 @@ class ModelConfig:
         depth: d, the number of residual blocks (attention + MLP count as one block).
         attention: ``"shaped"`` (I + softmax(Y/tau) - 11^T/m), ``"softmax"`` (standard) or
             ``"none"``.
-        mlp: ``"shaped_relu"``, ``"relu"`` or ``"none"``.
-        norm: ``"none"`` or ``"pre"`` (pre-LN: each branch sees LayerNorm(X)).
+        mlp: ``"shaped_relu"``, ``"relu"``, ``"gelu"`` (exact erf GELU) or ``"none"``.
+        mlp_ratio: MLP hidden width = ``mlp_ratio * width`` (1 in the theory models, 4 in
+            GPT-2).
+        norm: ``"none"``, ``"pre"`` (each branch sees LayerNorm(X): ``X + f(LN X)``) or
+            ``"post"`` (LayerNorm after the residual sum: ``LN(X + f(X))``, the original
+            Transformer).
+        residual: ``"scaled"`` (``lambda X + gamma f(X)``, the shaped models) or ``"unit"``
+            (``X + f(X)``, as practitioners build them; ``gamma`` is then unused).
+        init: ``"fan_in"`` (every weight N(0, 1/fan_in), the theory's) or ``"gpt2"``
+            (weights and embeddings N(0, 0.02^2), the residual output projections W^O and
+            W_2 scaled by ``1/sqrt(2 depth)``; see :func:`weight_std`).
+        bias: the ``nn`` modules carry (zero-initialised) biases; at initialisation they do
+            not change the law of the network, so the simulators ignore them.
+        final_norm: the language model applies LayerNorm before the unembedding.
         heads: n_h, the number of attention heads.
         key_dim: n_k, query/key size per head (default: ``head_dim``).
         head_dim: d_p, value size per head (default ``width // heads``; may be set independently
@@ -58,7 +85,12 @@ class ModelConfig:
     depth: int = 150
     attention: Attention = "shaped"
     mlp: MLPKind = "none"
+    mlp_ratio: int = 1
     norm: Norm = "none"
+    residual: Residual = "scaled"
+    init: Init = "fan_in"
+    bias: bool = False
+    final_norm: bool = False
     heads: int = 1
     key_dim: int | None = None
     head_dim: int | None = None
@@ -72,9 +104,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_int("width", self.width, 1)
         check_int("depth", self.depth, 1)
-        _check_choice("attention", self.attention, ATTENTIONS)
-        _check_choice("mlp", self.mlp, MLPS)
-        _check_choice("norm", self.norm, NORMS)
+        for name, choices in CHOICES.items():
+            _check_choice(name, getattr(self, name), choices)
+        check_int("mlp_ratio", self.mlp_ratio, 1)
         if self.attention == "none" and self.mlp == "none":
             raise ValueError("attention and mlp cannot both be 'none' (the block would be empty)")
         check_int("heads", self.heads, 1)
@@ -89,10 +121,9 @@ class ModelConfig:
         if self.key_dim is None:
             object.__setattr__(self, "key_dim", self.head_dim)
         check_int("key_dim", self.key_dim, 1)
-        if not isinstance(self.out_proj, bool):
-            raise ValueError(f"out_proj must be True or False, got {self.out_proj!r}")
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"causal must be True or False, got {self.causal!r}")
+        for name in ("out_proj", "causal", "bias", "final_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if (
             self.attention != "none"
             and not self.out_proj
@@ -122,8 +153,20 @@ class ModelConfig:
     # Derived quantities -----------------------------------------------------------------
     @property
     def lam(self) -> float:
-        """Skip weight lambda = sqrt(1 - gamma^2)."""
+        """Skip weight: lambda = sqrt(1 - gamma^2) (``residual="scaled"``), 1 (``"unit"``)."""
+        if self.residual == "unit":
+            return 1.0
         return math.sqrt(max(1.0 - self.gamma**2, 0.0))
+
+    @property
+    def branch_weight(self) -> float:
+        """Branch weight: gamma (``residual="scaled"``), 1 (``"unit"``)."""
+        return 1.0 if self.residual == "unit" else self.gamma
+
+    @property
+    def mlp_width(self) -> int:
+        """MLP hidden width ``mlp_ratio * width``."""
+        return self.mlp_ratio * self.width
 
     @property
     def tau(self) -> float:
@@ -164,13 +207,39 @@ class ModelConfig:
             value = attrs[key]
             if hasattr(value, "item"):
                 value = value.item()
-            if f.name in ("out_proj", "causal"):
-                value = bool(value)
-            elif f.name in ("width", "depth", "heads", "key_dim", "head_dim"):
-                value = int(value)
-            elif f.name in ("tau0", "gamma", "c_plus", "c_minus"):
-                value = float(value)
-            else:
-                value = str(value)
-            kwargs[f.name] = value
+            kwargs[f.name] = FIELD_TYPES[f.name](value)
         return cls(**kwargs)
+
+
+def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
+    """Initial standard deviation of the weight matrix ``name`` with ``fan_in`` inputs.
+
+    ``init="fan_in"``: ``1/sqrt(fan_in)``. ``init="gpt2"``: 0.02, and ``0.02 / sqrt(2 depth)``
+    for the residual output projections ``"out"`` (W^O) and ``"mlp_out"`` (W_2), as GPT-2
+    and nanoGPT do.
+    """
+    if config.init == "fan_in":
+        return 1.0 / math.sqrt(fan_in)
+    if name in ("out", "mlp_out"):
+        return GPT2_STD / math.sqrt(2 * config.depth)
+    return GPT2_STD
+
+
+def _field_types() -> dict[str, type]:
+    """Field name -> the type that reads it back from attrs (bool, int, float or str)."""
+    types: dict[str, type] = {}
+    for f in dataclasses.fields(ModelConfig):
+        default = f.default
+        if isinstance(default, bool):
+            types[f.name] = bool
+        elif isinstance(default, int) or f.name in ("key_dim", "head_dim"):
+            types[f.name] = int
+        elif isinstance(default, float):
+            types[f.name] = float
+        else:
+            types[f.name] = str
+    return types
+
+
+FIELD_TYPES: dict[str, type] = _field_types()
+"""Every ModelConfig field and its type (bool, int, float or str): the one field list."""

@@ -1,7 +1,9 @@
 """Thin ``torch.nn`` wrappers over the functional core (for training).
 
-Inputs are batch-first ``(B, m, n)``. Weights are initialised N(0, 1/fan_in) and used as
-``x W^T`` by ``nn.Linear``, which equals the ``x W / sqrt(fan_in)`` of THEORY section 1 in law.
+Inputs are batch-first ``(B, m, n)``. Weights are initialised N(0, s^2) with
+``s = weight_std(config, name, fan_in)`` (N(0, 1/fan_in) for the theory's ``init="fan_in"``)
+and used as ``x W^T`` by ``nn.Linear``, which equals the ``x W / sqrt(fan_in)`` of THEORY
+section 1 in law. LayerNorms are ``nn.LayerNorm`` (affine, identity at initialisation).
 """
 
 from __future__ import annotations
@@ -13,17 +15,25 @@ from torch import Tensor, nn
 
 from .activation import relu_slopes, shaped_relu
 from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
-from .config import ModelConfig
+from .config import ModelConfig, weight_std
 from .metrics import covariance
+from .norm import LN_EPS
 
 
-def init_linear(fan_in: int, fan_out: int, *, bias: bool = False) -> nn.Linear:
-    """``nn.Linear`` with N(0, 1/fan_in) weights and zero bias (THEORY section 1)."""
+def init_linear(
+    fan_in: int, fan_out: int, *, bias: bool = False, std: float | None = None
+) -> nn.Linear:
+    """``nn.Linear`` with N(0, std^2) weights (default ``1/sqrt(fan_in)``, THEORY section 1)
+    and zero bias."""
     layer = nn.Linear(fan_in, fan_out, bias=bias)
-    nn.init.normal_(layer.weight, std=1.0 / math.sqrt(fan_in))
+    nn.init.normal_(layer.weight, std=1.0 / math.sqrt(fan_in) if std is None else std)
     if bias:
         nn.init.zeros_(layer.bias)
     return layer
+
+
+def _linear(config: ModelConfig, name: str, fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
+    return init_linear(fan_in, fan_out, bias=bias, std=weight_std(config, name, fan_in))
 
 
 class _Projected(nn.Module):
@@ -42,21 +52,24 @@ class Attention(_Projected):
     ``heads``). ``fused=True`` never forms the m x m attention matrix.
     """
 
-    def __init__(self, config: ModelConfig, *, bias: bool = False, fused: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
+    ) -> None:
         super().__init__()
         if config.attention == "none":
             raise ValueError("attention must be 'shaped' or 'softmax' for an Attention module")
         self.config, self.fused = config, fused
+        bias = config.bias if bias is None else bias
         n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
         self.layers = nn.ModuleDict(
             {
-                "query": init_linear(n, keys, bias=bias),
-                "key": init_linear(n, keys, bias=bias),
-                "value": init_linear(n, values, bias=bias),
+                "query": _linear(config, "query", n, keys, bias),
+                "key": _linear(config, "key", n, keys, bias),
+                "value": _linear(config, "value", n, values, bias),
             }
         )
         if config.out_proj:
-            self.layers["out"] = init_linear(values, n, bias=bias)
+            self.layers["out"] = _linear(config, "out", values, n, bias)
 
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
@@ -104,16 +117,21 @@ class ShapedReLU(nn.Module):
 
 
 class MLP(_Projected):
-    """MLP branch ``sqrt(c/n) phi(X W^pre / sqrt(n)) W^post`` (shaped or standard ReLU)."""
+    """MLP branch ``g phi(X W_1) W_2`` (shaped or standard ReLU, or GELU), hidden width
+    ``mlp_ratio * n`` (see :func:`shapedtx.mlp_branch`)."""
 
-    def __init__(self, config: ModelConfig, *, bias: bool = False) -> None:
+    def __init__(self, config: ModelConfig, *, bias: bool | None = None) -> None:
         super().__init__()
         if config.mlp == "none":
-            raise ValueError("mlp must be 'shaped_relu' or 'relu' for an MLP module")
+            raise ValueError("mlp must be 'shaped_relu', 'relu' or 'gelu' for an MLP module")
         self.config = config
-        n = config.width
+        bias = config.bias if bias is None else bias
+        n, k = config.width, config.mlp_width
         self.layers = nn.ModuleDict(
-            {"mlp_in": init_linear(n, n, bias=bias), "mlp_out": init_linear(n, n, bias=bias)}
+            {
+                "mlp_in": _linear(config, "mlp_in", n, k, bias),
+                "mlp_out": _linear(config, "mlp_out", k, n, bias),
+            }
         )
 
     def forward(self, X: Tensor) -> Tensor:
@@ -121,16 +139,31 @@ class MLP(_Projected):
         return mlp_branch(X, self.config, self.linear)
 
 
-class Block(nn.Module):
-    """Residual block: attention sub-block then MLP sub-block, same (lambda, gamma)."""
+def layer_norm_module(width: int) -> nn.LayerNorm:
+    """Affine ``nn.LayerNorm`` with the library's epsilon (equals :func:`shapedtx.layer_norm`
+    at initialisation)."""
+    return nn.LayerNorm(width, eps=LN_EPS)
 
-    def __init__(self, config: ModelConfig, *, bias: bool = False, fused: bool = True) -> None:
+
+class Block(nn.Module):
+    """Residual block: attention sub-block then MLP sub-block, each with the configured
+    residual (scaled or unit) and normalisation (none, pre- or post-LN)."""
+
+    def __init__(
+        self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
+    ) -> None:
         super().__init__()
         self.config, self.fused = config, fused
         self.attention = (
             Attention(config, bias=bias, fused=fused) if config.attention != "none" else None
         )
         self.mlp = MLP(config, bias=bias) if config.mlp != "none" else None
+        self.norms = nn.ModuleDict()
+        if config.norm != "none":
+            if self.attention is not None:
+                self.norms["attn_norm"] = layer_norm_module(config.width)
+            if self.mlp is not None:
+                self.norms["mlp_norm"] = layer_norm_module(config.width)
         self._layers: dict[str, nn.Module] = {}
         for part in (self.attention, self.mlp):
             if part is not None:
@@ -139,15 +172,20 @@ class Block(nn.Module):
     def _linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
         return self._layers[name](x)
 
+    def _norm(self, x: Tensor, name: str) -> Tensor:
+        return self.norms[name](x)
+
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
-        return block(X, self.config, self._linear, fused=self.fused)
+        return block(X, self.config, self._linear, fused=self.fused, norm=self._norm)
 
 
 class Transformer(nn.Module):
     """``config.depth`` residual blocks acting on token representations (no embeddings)."""
 
-    def __init__(self, config: ModelConfig, *, bias: bool = False, fused: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
+    ) -> None:
         super().__init__()
         self.config = config
         self.blocks = nn.ModuleList(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+LN_EPS = 1e-6
+"""LayerNorm epsilon of every LayerNorm in the library (functional and ``nn``)."""
 
-def layer_norm(X: Tensor, eps: float = 1e-6) -> Tensor:
+
+def layer_norm(X: Tensor, eps: float = LN_EPS) -> Tensor:
     """Normalise each token over its features: X: (..., m, n) -> (..., m, n).
 
     Subtracts the token's feature mean and divides by its (population) feature std, so that

@@ -88,6 +88,12 @@ class GramSampler(Sampler):
         problems = []
         if config.norm != "none":
             problems.append(f"norm={config.norm!r} (LayerNorm is not a function of X X^T)")
+        if config.init != "fan_in":
+            problems.append(f"init={config.init!r} (only the fan_in initialisation)")
+        if config.mlp == "gelu":
+            problems.append("mlp='gelu' (only ReLU-type MLPs)")
+        if config.mlp != "none" and config.mlp_ratio != 1:
+            problems.append(f"mlp_ratio={config.mlp_ratio} (only a hidden width equal to n)")
         if config.attention != "none":
             if config.heads != 1:
                 problems.append(f"heads={config.heads} (only one head)")
@@ -97,7 +103,8 @@ class GramSampler(Sampler):
             raise ValueError(
                 "method 'gram' does not support " + "; ".join(problems) + ". Supported: one "
                 "attention head without W^O (shaped or softmax, any key_dim, causal or not), "
-                "shaped_relu/relu/no MLP, norm='none'; use method='exact' otherwise"
+                "shaped_relu/relu/no MLP with mlp_ratio=1, norm='none', init='fan_in', scaled "
+                "or unit residual; use method='exact' otherwise"
             )
 
     @classmethod
@@ -134,7 +141,7 @@ class GramSampler(Sampler):
 
         C, N, G, F = self.rng.per_group(draw, L).split([kq, kq, m, kv], dim=-1)
         A = attention_matrix(L @ N, L @ C, cfg)
-        return residual_update(L, A @ L, G, F, cfg.lam, cfg.gamma / math.sqrt(n))
+        return residual_update(L, A @ L, G, F, cfg.lam, cfg.branch_weight / math.sqrt(n))
 
     def _mlp(self, L: Tensor) -> Tensor:
         cfg = self.config
@@ -156,7 +163,7 @@ class GramSampler(Sampler):
             return torch.cat([B, G, F], dim=-1)
 
         B, G, F = self.rng.per_group(draw, L).split([m, m, kv], dim=-1)
-        return residual_update(L, B, G, F, cfg.lam, cfg.gamma * math.sqrt(c / n))
+        return residual_update(L, B, G, F, cfg.lam, cfg.branch_weight * math.sqrt(c / n))
 
 
 SAMPLERS["gram"] = GramSampler

@@ -21,26 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from shapedtx.config import ModelConfig
+from shapedtx.config import FIELD_TYPES, ModelConfig
 from shapedtx.covariance import equicorrelated
-
-_CONFIG_TYPES: dict[str, type] = {
-    "width": int,
-    "depth": int,
-    "attention": str,
-    "mlp": str,
-    "norm": str,
-    "heads": int,
-    "key_dim": int,
-    "head_dim": int,
-    "out_proj": bool,
-    "tau0": float,
-    "gamma": float,
-    "c_plus": float,
-    "c_minus": float,
-    "causal": bool,
-}
-assert set(_CONFIG_TYPES) == {f.name for f in dataclasses.fields(ModelConfig)}
 
 RUN_PARAMS: dict[str, type] = {
     "T": float,  # SDE horizon / network depth time (replaces depth)
@@ -76,7 +58,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 """``kind`` -> the sources computed at every grid point."""
 
 _ONLY = {"network": ("method",), "sde": ("sde_method", "dt", "save_every")}
-_TYPES = {**_CONFIG_TYPES, **RUN_PARAMS}
+_TYPES = {**FIELD_TYPES, **RUN_PARAMS}
 _SEED_EXCLUDED = ("seed", "samples", *_ONLY["network"], *_ONLY["sde"])
 
 
@@ -238,7 +220,7 @@ def _plan(point: Point) -> Point:
     """Fill in the config and the number of saved times, or the error making it invalid."""
     p = point.params
     try:
-        kwargs = {k: v for k, v in p.items() if k in _CONFIG_TYPES}
+        kwargs = {k: v for k, v in p.items() if k in FIELD_TYPES}
         if "T" in p:
             kwargs["depth"] = round(p["T"] * p.get("width", ModelConfig.width))
             if kwargs["depth"] < 1:

@@ -16,7 +16,6 @@ A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -24,6 +23,7 @@ import torch
 from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
+from shapedtx.blocks import scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import GroupedNormal
@@ -91,7 +91,7 @@ class TokenSampler(Sampler):
 
     @staticmethod
     def _widest(config: ModelConfig) -> int:
-        return max(config.width, config.value_dim, config.heads * config.key_dim)
+        return max(config.mlp_width, config.value_dim, config.heads * config.key_dim)
 
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -107,7 +107,10 @@ class WeightsSampler(TokenSampler):
     group_size = 4
 
     def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
-        return self.rng.per_group(lambda x_g, gen: gaussian_linear(gen)(x_g, out_features, name), x)
+        config = self.config
+        return self.rng.per_group(
+            lambda x_g, gen: gaussian_linear(gen, config)(x_g, out_features, name), x
+        )
 
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -140,9 +143,10 @@ class ExactSampler(TokenSampler):
         if x is not self._x:
             self._x, self._R = x, torch.linalg.qr(x.mT, mode="r").R
         R = self._R
-        return self.rng.map(
+        drawn = self.rng.map(
             lambda R_g, Z_g: R_g.mT @ Z_g, R, (*R.shape[1:-2], R.shape[-2], out_features)
-        ) / math.sqrt(x.shape[-1])
+        )
+        return scale_standard(drawn, self.config, name, x.shape[-1])
 
 
 SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}

@@ -116,7 +116,8 @@ def test_modules_init_and_hidden_states():
     torch.manual_seed(0)
     cfg = ModelConfig(width=256, depth=3, mlp="shaped_relu", norm="pre", heads=2, out_proj=True)
     model = Transformer(cfg)
-    assert not any("bias" in name for name, _ in model.named_parameters())
+    linear_params = [name for name, _ in model.named_parameters() if ".norms." not in name]
+    assert not any("bias" in name for name in linear_params)
     w = model.blocks[0].attention.layers["query"].weight
     assert w.std().item() == pytest.approx(1 / math.sqrt(256), rel=0.02)
     X = torch.randn(2, 5, 256)

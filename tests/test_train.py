@@ -146,7 +146,6 @@ def test_lr_schedule_warmup_then_cosine():
         ({"checkpoint_interval": 5, "log_interval": 10}, "checkpoint_interval"),
         ({"grad_clip": -1.0}, "grad_clip"),
         ({"seq_len": 1}, "seq_len"),
-        ({"final_norm": 1}, "final_norm"),
     ],
 )
 def test_train_config_rejects_bad_values(changes, message):
@@ -155,7 +154,7 @@ def test_train_config_rejects_bad_values(changes, message):
 
 
 def test_train_config_round_trips_through_attrs():
-    config = TrainConfig(steps=7, lr=0.5, final_norm=True, warmup_steps=1)
+    config = TrainConfig(steps=7, lr=0.5, warmup_steps=1)
     assert TrainConfig.from_attrs(config.to_attrs()) == config
 
 
@@ -167,7 +166,7 @@ def test_seq_len_longer_than_data_is_rejected(corpus):
 @pytest.mark.parametrize("attention", ["shaped", "softmax"])
 def test_language_model_is_causal(attention):
     torch.manual_seed(0)
-    model = LanguageModel(MODEL.replace(attention=attention), 12, final_norm=True)
+    model = LanguageModel(MODEL.replace(attention=attention, final_norm=True), 12)
     tokens = torch.randint(0, 256, (3, 12))
     changed = tokens.clone()
     changed[:, 8:] = (changed[:, 8:] + 1) % 256

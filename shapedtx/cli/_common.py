@@ -9,7 +9,8 @@ from typing import NoReturn
 
 import torch
 
-from ..config import ATTENTIONS, MLPS, NORMS, ModelConfig
+from ..config import CHOICES, FIELD_TYPES, ModelConfig
+from ..presets import PRESET_DESCRIPTIONS, PRESETS
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -26,50 +27,70 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+_HELP = {
+    "width": "n, residual width",
+    "depth": "d, number of blocks",
+    "mlp_ratio": "MLP hidden width / n",
+    "heads": "number of attention heads",
+    "key_dim": "n_k per head (default head_dim)",
+    "head_dim": "d_p per head (default width/heads)",
+    "tau0": "shaped-attention temperature constant",
+    "gamma": "branch weight of the scaled residual (default 1/sqrt(8))",
+    "c_plus": "shaped-ReLU constant c_+",
+    "c_minus": "shaped-ReLU constant c_-",
+}
+
+
 def add_config_arguments(
     parser: argparse.ArgumentParser, defaults: ModelConfig | None = None
 ) -> None:
-    """Add one option per ``ModelConfig`` field (``--width``, ``--tau0``, ...)."""
+    """``--model NAME`` and one option per ``ModelConfig`` field (``--width``, ``--tau0``, ...),
+    generated from the dataclass fields (:data:`shapedtx.config.FIELD_TYPES`).
+
+    The config is ``defaults`` (default ``ModelConfig()``), then the preset ``--model``, then
+    every option given explicitly (:func:`config_from_args`).
+    """
     d = defaults or ModelConfig()
-    g = parser.add_argument_group("model (ModelConfig)")
+    g = parser.add_argument_group("model (ModelConfig; options override --model)")
     g.add_argument(
-        "--width", type=int, default=d.width, help="n, residual width (default %(default)s)"
+        "--model",
+        choices=tuple(PRESETS),
+        default=None,
+        help="start from a named model: "
+        + "; ".join(f"{k}: {v}" for k, v in PRESET_DESCRIPTIONS.items()),
     )
-    g.add_argument(
-        "--depth", type=int, default=d.depth, help="d, number of blocks (default %(default)s)"
-    )
-    g.add_argument("--attention", choices=ATTENTIONS, default=d.attention)
-    g.add_argument("--mlp", choices=MLPS, default=d.mlp)
-    g.add_argument("--norm", choices=NORMS, default=d.norm)
-    g.add_argument("--heads", type=int, default=d.heads)
-    g.add_argument("--key-dim", type=int, default=None, help="n_k per head (default head_dim)")
-    g.add_argument("--head-dim", type=int, default=None, help="d_p per head (default width/heads)")
-    g.add_argument("--out-proj", action=argparse.BooleanOptionalAction, default=d.out_proj)
-    g.add_argument("--tau0", type=float, default=d.tau0)
-    g.add_argument("--gamma", type=float, default=d.gamma, help="branch weight (default 1/sqrt(8))")
-    g.add_argument("--c-plus", type=float, default=d.c_plus)
-    g.add_argument("--c-minus", type=float, default=d.c_minus)
-    g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=d.causal)
+    for name, kind in FIELD_TYPES.items():
+        flag = "--" + name.replace("_", "-")
+        default = getattr(d, name)
+        shown = "" if name in ("key_dim", "head_dim", "gamma") else f" (default {default})"
+        if kind is bool:
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif name in CHOICES:
+            g.add_argument(flag, choices=CHOICES[name], default=None, help=f"(default {default})")
+        else:
+            g.add_argument(flag, type=kind, default=None, help=_HELP.get(name, name) + shown)
+    parser.set_defaults(_config_defaults=d)
 
 
-def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    """Build the ModelConfig from the options of :func:`add_config_arguments`."""
-    return ModelConfig(
-        width=args.width,
-        depth=args.depth,
-        attention=args.attention,
-        mlp=args.mlp,
-        norm=args.norm,
-        heads=args.heads,
-        key_dim=args.key_dim,
-        head_dim=args.head_dim,
-        out_proj=args.out_proj,
-        tau0=args.tau0,
-        gamma=args.gamma,
-        c_plus=args.c_plus,
-        c_minus=args.c_minus,
-        causal=args.causal,
-    )
+def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = None) -> ModelConfig:
+    """The ModelConfig of the options of :func:`add_config_arguments`: ``defaults`` (or the
+    parser's), then ``--model``, then the explicit options. Sizes derived from the width
+    (``head_dim``, ``key_dim``) follow a changed width or head count."""
+    base = defaults or getattr(args, "_config_defaults", None) or ModelConfig()
+    fields = {name: getattr(base, name) for name in FIELD_TYPES}
+    if fields["head_dim"] == base.width // base.heads and fields["key_dim"] == fields["head_dim"]:
+        fields["head_dim"] = fields["key_dim"] = None
+    if args.model is not None:
+        fields.update(PRESETS[args.model])
+    fields.update({k: getattr(args, k) for k in FIELD_TYPES if getattr(args, k) is not None})
+    try:
+        return ModelConfig(**fields)
+    except ValueError as err:
+        message = str(err)
+        name = message.split(" ", 1)[0]
+        if name in FIELD_TYPES:  # name the command-line option
+            message = "--" + name.replace("_", "-") + message[len(name) :]
+        raise UsageError(message) from None
 
 
 def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks") -> None:

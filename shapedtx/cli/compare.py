@@ -21,12 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._common import DTYPES, UsageError, add_config_arguments, parse_device, set_threads
+from ._common import (
+    DTYPES,
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    parse_device,
+    set_threads,
+)
 
-CONFIG_FIELDS = (
-    "width", "depth", "attention", "mlp", "norm", "heads", "key_dim", "head_dim", "out_proj",
-    "tau0", "gamma", "c_plus", "c_minus", "causal",
-)  # fmt: skip
 FIGURES = ("mean_correlation", "rho_density", "quantile_bands", "convergence")
 
 
@@ -50,13 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (width 32, 256 samples): a smoke test"
     )
-    add_config_arguments(parser)
-    names = set(CONFIG_FIELDS) - {"attention", "mlp", "norm"}
-    for action in parser._actions:  # model options default to the preset's values
-        if action.dest in CONFIG_FIELDS:
-            action.default = None
-            if action.dest in names and action.help:
-                action.help = action.help.replace("(default %(default)s)", "").strip()
+    add_config_arguments(parser, PRESETS["block"].config)
     g = parser.add_argument_group("experiment (defaults from the preset)")
     g.add_argument("--tokens", type=int, default=None, help="m, number of tokens (4)")
     g.add_argument("--rho0", type=float, default=None, help="initial correlation (0.2)")
@@ -100,7 +97,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from simulations.presets import PRESETS, QUICK
 
     preset = PRESETS[args.preset]
-    fields = {f: getattr(preset.config, f) for f in CONFIG_FIELDS}
     s: dict[str, Any] = {
         "tokens": preset.tokens,
         "rho0": preset.rho0,
@@ -109,16 +105,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "widths": preset.convergence_widths,
     }
     if args.quick:
-        fields.update(width=QUICK["width"], depth=QUICK["depth"])
+        for key in ("width", "depth"):  # explicit options still win
+            if getattr(args, key) is None:
+                setattr(args, key, QUICK[key])
         s.update({k: QUICK[k] for k in ("samples", "baseline_samples", "widths")})
-    if fields["head_dim"] == preset.config.width // preset.config.heads:
-        fields["head_dim"] = fields["key_dim"] = None  # derived from the width: follow it
-    for f in CONFIG_FIELDS:
-        if getattr(args, f) is not None:
-            fields[f] = getattr(args, f)
-    from ..config import ModelConfig
-
-    s["config"] = ModelConfig(**fields)
+    s["config"] = config_from_args(args, preset.config)
     for key in ("tokens", "rho0", "samples", "baseline_samples"):
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)

@@ -41,7 +41,9 @@ class TrainConfig:
         checkpoint_interval: steps between checkpoints (a multiple of ``log_interval``;
             ``0``: only at the end).
         seed: seeds the initialisation and the data order.
-        final_norm: LayerNorm (no affine) before the unembedding (default: norm-free readout).
+
+    The architecture, the readout LayerNorm included (``ModelConfig.final_norm``), is the
+    ``ModelConfig``.
     """
 
     steps: int = 1000
@@ -61,7 +63,6 @@ class TrainConfig:
     metrics_batch: int = 4
     checkpoint_interval: int = 100
     seed: int = 0
-    final_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -95,8 +96,6 @@ class TrainConfig:
                 raise ValueError(
                     f"{name} must be a multiple of log_interval={self.log_interval}, got {value}"
                 )
-        if not isinstance(self.final_norm, bool):
-            raise ValueError(f"final_norm must be True or False, got {self.final_norm!r}")
 
     @property
     def tokens_per_step(self) -> int:

@@ -7,35 +7,40 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from ..nn import Transformer, init_linear
-from ..norm import layer_norm
+from ..config import GPT2_STD, ModelConfig
+from ..nn import Transformer, init_linear, layer_norm_module
 from .data import VOCAB
 
 
 class LanguageModel(nn.Module):
     """Bytes -> embedding -> ``Transformer(config)`` -> [LayerNorm] -> unembedding -> logits.
 
-    Token and learned position embeddings are N(0, 1/2) each, so the input token covariance has
-    unit diagonal (V^{aa} = 1, THEORY section 1). The unembedding is ``init_linear`` (N(0, 1/n),
-    with bias). ``config.causal`` must be True (the causal shaped attention of THEORY section 2
-    goes through the fused SDPA path).
+    ``init="fan_in"``: token and learned position embeddings are N(0, 1/2) each, so the input
+    token covariance has unit diagonal (V^{aa} = 1, THEORY section 1), and the unembedding is
+    N(0, 1/n). ``init="gpt2"``: embeddings and unembedding N(0, 0.02^2) (untied). The
+    unembedding has a zero bias; ``config.final_norm`` adds an affine LayerNorm before it.
+    ``config.causal`` must be True (the causal shaped attention of THEORY section 2 goes
+    through the fused SDPA path).
 
     tokens: (B, m) int64 -> logits (B, m, 256).
     """
 
-    def __init__(self, config: ModelConfig, max_len: int, *, final_norm: bool = False) -> None:
+    def __init__(self, config: ModelConfig, max_len: int) -> None:
         super().__init__()
         if not config.causal:
             raise ValueError("config.causal must be True for a causal language model")
-        self.config, self.final_norm = config, final_norm
+        self.config = config
         n = config.width
+        std = GPT2_STD if config.init == "gpt2" else math.sqrt(0.5)
         self.embed = nn.Embedding(VOCAB, n)
         self.position = nn.Parameter(torch.empty(max_len, n))
-        nn.init.normal_(self.embed.weight, std=math.sqrt(0.5))
-        nn.init.normal_(self.position, std=math.sqrt(0.5))
+        nn.init.normal_(self.embed.weight, std=std)
+        nn.init.normal_(self.position, std=std)
         self.body = Transformer(config, fused=True)
-        self.unembed = init_linear(n, VOCAB, bias=True)
+        self.final_norm = layer_norm_module(n) if config.final_norm else None
+        self.unembed = init_linear(
+            n, VOCAB, bias=True, std=GPT2_STD if config.init == "gpt2" else None
+        )
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens (B, m) -> X0 (B, m, n)."""
@@ -43,7 +48,7 @@ class LanguageModel(nn.Module):
 
     def readout(self, X: Tensor) -> Tensor:
         """Last hidden state (B, m, n) -> logits (B, m, 256)."""
-        return self.unembed(layer_norm(X) if self.final_norm else X)
+        return self.unembed(self.final_norm(X) if self.final_norm is not None else X)
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.readout(self.body(self.embed_tokens(tokens)))

@@ -166,7 +166,7 @@ def train(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = LanguageModel(model_config, config.seq_len, final_norm=config.final_norm)
+        model = LanguageModel(model_config, config.seq_len)
     model.to(device=device, dtype=dtype)
     optimizer = _make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
