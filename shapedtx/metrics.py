@@ -37,6 +37,16 @@ def stable_rank(V: Tensor) -> Tensor:
     return eig.pow(2).sum(-1) / eig[..., -1].pow(2)
 
 
+def centred_stable_rank(V: Tensor) -> Tensor:
+    """Stable rank of the centred covariance ``P V P`` (``P = I - 11^T/m``), in [1, m - 1];
+    V: (..., m, m) -> (...). Removes the mean-token direction, which after training carries
+    most of the variance of every model (plain stable rank is then about 1 even without
+    collapse); NaN where ``P V P = 0`` (complete collapse)."""
+    m = V.shape[-1]
+    P = torch.eye(m, dtype=V.dtype, device=V.device) - 1.0 / m
+    return stable_rank(P @ V @ P)
+
+
 def eigenvalue_ratio(V: Tensor) -> Tensor:
     """``lambda_min(V) / lambda_max(V)`` in [0, 1]; V: (..., m, m) -> (...). 0 at collapse."""
     eig = torch.linalg.eigvalsh(V)

@@ -4,7 +4,8 @@ Variables: ``train_loss`` (mean over the steps since the previous row), ``val_lo
 rows without evaluation), ``lr``, ``grad_norm`` (global, before clipping) and
 ``grad_norm_block(step, block)``, and the token-covariance metrics of ``shapedtx.metrics``
 measured on a fixed validation batch after every block (THEORY section 4):
-``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``eigenvalue_ratio(step, layer)``,
+``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``centred_stable_rank(step,
+layer)``, ``eigenvalue_ratio(step, layer)``,
 ``residual(step, layer)`` (layer 0 = embedding output). Step 0 is the initialisation.
 ``attrs`` hold the model config (``config.*``), the training config (``train.*``), the corpus,
 seed, device, dtype, version and ``status`` (``"running"``, ``"finished"``, ``"diverged"``).
@@ -27,6 +28,7 @@ from .config import TrainConfig
 METRICS = {
     "mean_rho": metrics.mean_correlation,
     "stable_rank": metrics.stable_rank,
+    "centred_stable_rank": metrics.centred_stable_rank,
     "eigenvalue_ratio": metrics.eigenvalue_ratio,
     "residual": metrics.covariance_residual,
 }

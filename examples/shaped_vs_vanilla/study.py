@@ -1,0 +1,522 @@
+"""Shaped vs vanilla Transformers in training: a seeded, learning-rate-tuned depth study.
+
+Causal byte-level LMs on the default corpus (Python standard library sources, no download):
+the shaped Transformer (no LayerNorm) at several branch weights gamma, and the vanilla
+Transformers practitioners train (``shapedtx.presets``: GPT-2 pre-LN, post-LN, no-norm unit
+residual with fan_in and with GPT-2 init), at several depths. Per (model, depth) the peak
+learning rate is tuned on a grid spaced by 3x (extended by one point while the best is at an
+edge), then the best learning rate is re-run with more seeds.
+
+Every run writes ``<out>/runs/<model>/d<depth>/lr<lr>_s<seed>/result.json`` atomically when
+it finishes (training itself checkpoints and resumes), so an interrupted study loses no
+finished run and a second invocation skips them. ``--report`` rebuilds ``results.json``,
+``results.md`` and the figures from the finished runs without training.
+
+Usage::
+
+    python examples/shaped_vs_vanilla/study.py                 # the CPU study (see README)
+    python examples/shaped_vs_vanilla/study.py --quick --out /tmp/study   # seconds
+    python examples/shaped_vs_vanilla/study.py --device cuda --width 256 --depths 4 16 64 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, preset, train
+from shapedtx.training import LanguageModel
+
+HERE = Path(__file__).parent
+
+MODELS: dict[str, dict[str, Any]] = {
+    "shaped g=0.1": {"name": "shaped", "gamma": 0.1},
+    "shaped g=0.2": {"name": "shaped", "gamma": 0.2},
+    "shaped g=0.35": {"name": "shaped", "gamma": 2**-1.5},
+    "pre-LN (GPT-2)": {"name": "pre_ln"},
+    "post-LN": {"name": "post_ln"},
+    "no-norm fan_in": {"name": "no_norm"},
+    "no-norm gpt2": {"name": "no_norm", "init": "gpt2"},
+}
+"""Study model -> preset name and overrides. Every model: 4 heads with W^O, MLP hidden 4n
+(the shaped models too, so that all have the same parameter count), causal."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Sizes and grids of one study (the CPU default, ``--quick`` or a GPU run)."""
+
+    width: int
+    depths: tuple[int, ...]
+    steps: int
+    batch_size: int
+    seq_len: int
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    max_bytes: int
+    models: tuple[str, ...]
+    max_extensions: int = 2
+
+
+DEFAULT = Setup(
+    width=32,
+    depths=(4, 16, 64),
+    steps=200,
+    batch_size=16,
+    seq_len=64,
+    lrs=(3e-4, 1e-3, 3e-3),
+    seeds=(0, 1, 2),
+    max_bytes=4_000_000,
+    models=tuple(MODELS),
+)
+QUICK = Setup(
+    width=16,
+    depths=(2, 4),
+    steps=12,
+    batch_size=4,
+    seq_len=16,
+    lrs=(1e-3, 3e-3),
+    seeds=(0, 1),
+    max_bytes=200_000,
+    models=tuple(MODELS),
+    max_extensions=1,
+)
+
+
+def model_config(model: str, width: int, depth: int) -> ModelConfig:
+    fields = dict(MODELS[model])
+    return preset(fields.pop("name"), width=width, depth=depth, mlp_ratio=4, causal=True, **fields)
+
+
+def train_config(setup: Setup, lr: float, seed: int) -> TrainConfig:
+    log = max(1, setup.steps // 8)
+    return TrainConfig(
+        steps=8 * log,
+        batch_size=setup.batch_size,
+        seq_len=setup.seq_len,
+        lr=lr,
+        warmup_steps=max(1, setup.steps // 10),
+        log_interval=log,
+        eval_interval=2 * log,
+        eval_batches=4,
+        metrics_batch=8,
+        checkpoint_interval=2 * log,
+        seed=seed,
+    )
+
+
+def run_dir(out: Path, model: str, depth: int, lr: float, seed: int) -> Path:
+    slug = model.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
+    return out / "runs" / slug / f"d{depth}" / f"lr{lr:.0e}_s{seed}"
+
+
+def _write_json(obj: Any, path: Path) -> None:
+    """Atomic JSON write (temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def run_one(job: tuple[str, int, float, int, Setup, Path, str]) -> dict[str, Any]:
+    """Train one (model, depth, lr, seed) and write its ``result.json``; returns the result."""
+    model, depth, lr, seed, setup, out, device = job
+    torch.set_num_threads(1)
+    folder = run_dir(out, model, depth, lr, seed)
+    config = model_config(model, setup.width, depth)
+    data = load_corpus(max_bytes=setup.max_bytes)
+    result: dict[str, Any] = {"model": model, "depth": depth, "lr": lr, "seed": seed}
+    try:
+        log = train(
+            config, data, train_config(setup, lr, seed), out_dir=folder, device=device,
+            progress=False,
+        ).log  # fmt: skip
+        status = "finished"
+    except TrainingDiverged as err:
+        log, status = err.log, f"non-finite at step {err.step}"
+    val = log["val_loss"].dropna("step") if log is not None else None
+    init_loss = float(val.values[0]) if val is not None and val.size else math.nan
+    final = float(val.values[-1]) if status == "finished" else math.nan
+    result.update(
+        status=status,
+        init_val_loss=_finite(init_loss),
+        val_loss=_finite(final),
+        diverged=not math.isfinite(final) or final > init_loss,
+        curve={
+            "step": [int(s) for s in val.step.values] if val is not None else [],
+            "val_loss": [_finite(v) for v in val.values] if val is not None else [],
+        },
+        params=sum(p.numel() for p in LanguageModel(config, setup.seq_len).parameters()),
+    )
+    if log is not None:
+        for name in ("mean_rho", "centred_stable_rank"):
+            result[name] = {
+                "init": [_finite(v) for v in log[name].isel(step=0).values],
+                "final": [_finite(v) for v in log[name].isel(step=-1).values],
+                "final_step": int(log.step.values[-1]),
+            }
+    (folder / "checkpoint.pt").unlink(missing_ok=True)  # results kept, weights not
+    _write_json(result, folder / "result.json")
+    return result
+
+
+def load_results(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/d*/*/result.json"))]
+
+
+def _key(r: dict[str, Any]) -> tuple[str, int]:
+    return r["model"], r["depth"]
+
+
+def best_lr(runs: list[dict[str, Any]]) -> float | None:
+    """The learning rate with the lowest final validation loss of seed 0 (None if all
+    diverged)."""
+    ok = [r for r in runs if r["seed"] == 0 and not r["diverged"]]
+    return min(ok, key=lambda r: r["val_loss"])["lr"] if ok else None
+
+
+def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, float, int]]:
+    """The runs still needed given the finished ones: the lr grid (seed 0), one more grid
+    point beyond an edge that holds the best lr (at most ``max_extensions`` per side), then
+    the other seeds at the best lr."""
+    done = {(r["model"], r["depth"], r["lr"], r["seed"]) for r in results}
+    todo = []
+    for model in setup.models:
+        for depth in setup.depths:
+            runs = [r for r in results if _key(r) == (model, depth)]
+            grid = sorted({*setup.lrs, *(r["lr"] for r in runs if r["seed"] == 0)})
+            missing = [lr for lr in grid if (model, depth, lr, 0) not in done]
+            if missing:
+                todo += [(model, depth, lr, 0) for lr in missing]
+                continue
+            best = best_lr(runs)
+            if best is None:
+                continue
+            lo, hi = min(setup.lrs), max(setup.lrs)
+            if best == grid[0] and grid[0] > lo / 3.0**setup.max_extensions * 1.01:
+                todo.append((model, depth, _round(best / 3), 0))
+                continue
+            if best == grid[-1] and grid[-1] < hi * 3.0**setup.max_extensions / 1.01:
+                todo.append((model, depth, _round(best * 3), 0))
+                continue
+            todo += [(model, depth, best, s) for s in setup.seeds if (model, depth, best, s)
+                     not in done]  # fmt: skip
+    return todo
+
+
+def _round(lr: float) -> float:
+    return float(f"{lr:.1e}")
+
+
+def run_study(setup: Setup, out: Path, device: str, workers: int) -> list[dict[str, Any]]:
+    """Run every planned run (re-planning until nothing is left); returns all results."""
+    from tqdm.auto import tqdm
+
+    results = load_results(out)
+    with tqdm(desc="runs", unit="run") as bar, ProcessPoolExecutor(workers) as pool:
+        while todo := plan(setup, results):
+            todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
+            bar.total = len(results) + len(todo)
+            bar.n = len(results)
+            bar.refresh()
+            futures = [pool.submit(run_one, (*job, setup, out, device)) for job in todo]
+            for future in as_completed(futures):
+                r = future.result()
+                results.append(r)
+                bar.update(1)
+                bar.set_postfix_str(f"{r['model']} d{r['depth']} lr {r['lr']:.0e}: {r['status']}")
+    return results
+
+
+# Report ---------------------------------------------------------------------------------------
+def unigram_baseline(max_bytes: int) -> dict[str, float]:
+    """Cross-entropy (nats/byte) of the validation split under the training split's byte
+    frequencies (add-one smoothing), and the entropy of the validation split itself."""
+    data = load_corpus(max_bytes=max_bytes)
+    train_counts = torch.bincount(data.train.long(), minlength=256).double() + 1.0
+    val_counts = torch.bincount(data.val.long(), minlength=256).double()
+    p_train = train_counts / train_counts.sum()
+    p_val = val_counts / val_counts.sum()
+    nz = p_val > 0
+    return {
+        "cross_entropy": float(-(p_val[nz] * p_train[nz].log()).sum()),
+        "val_entropy": float(-(p_val[nz] * p_val[nz].log()).sum()),
+    }
+
+
+def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """``results.json``: per model and depth the best lr, the final validation loss of every
+    seed there, divergences and the loss-vs-lr curve."""
+    models: dict[str, Any] = {}
+    for model in setup.models:
+        per_depth = {}
+        for depth in setup.depths:
+            runs = [r for r in results if _key(r) == (model, depth)]
+            if not runs:
+                continue
+            best = best_lr(runs)
+            seeds = sorted((r for r in runs if r["lr"] == best), key=lambda r: r["seed"])
+            losses = [r["val_loss"] for r in seeds if not r["diverged"]]
+            grid = sorted((r for r in runs if r["seed"] == 0), key=lambda r: r["lr"])
+            per_depth[str(depth)] = {
+                "lr": best,
+                "seeds": [r["seed"] for r in seeds],
+                "val_loss": [r["val_loss"] for r in seeds],
+                "val_loss_mean": float(np.mean(losses)) if losses else None,
+                "val_loss_std": float(np.std(losses, ddof=1)) if len(losses) > 1 else None,
+                "diverged": sum(r["diverged"] for r in runs),
+                "runs": len(runs),
+                "lr_curve": {
+                    "lr": [r["lr"] for r in grid],
+                    "val_loss": [r["val_loss"] for r in grid],
+                    "diverged": [r["diverged"] for r in grid],
+                },
+                "trainable_lrs": [r["lr"] for r in grid if not r["diverged"]],
+                "params": seeds[0]["params"] if seeds else None,
+            }
+        models[model] = {"depth": per_depth}
+    return {
+        "setup": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(setup).items()},
+        "unigram_baseline": unigram_baseline(setup.max_bytes),
+        "models": models,
+    }
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def results_table(summary: dict[str, Any]) -> str:
+    """Markdown table: model x depth -> mean ± sd final validation loss (best lr, seeds)."""
+    depths = summary["setup"]["depths"]
+    head = "| model | " + " | ".join(f"depth {d}" for d in depths) + " |"
+    lines = [head, "|---" * (len(depths) + 1) + "|"]
+    for model, entry in summary["models"].items():
+        cells = []
+        for d in depths:
+            e = entry["depth"].get(str(d))
+            if e is None:
+                cells.append("not run")
+            elif e["val_loss_mean"] is None:
+                cells.append(f"all diverged ({e['diverged']}/{e['runs']})")
+            else:
+                sd = f" ± {e['val_loss_std']:.3f}" if e["val_loss_std"] is not None else ""
+                n = sum(v is not None for v in e["val_loss"])
+                cells.append(
+                    f"{e['val_loss_mean']:.3f}{sd} (n={n}, lr {e['lr']:.0e}, "
+                    f"div {e['diverged']}/{e['runs']})"
+                )
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """final loss vs depth, loss vs lr per depth, loss curves and per-layer covariance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    depths = summary["setup"]["depths"]
+    models = list(summary["models"])
+    colours = {m: f"C{i}" for i, m in enumerate(models)}
+    paths = []
+
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for k, model in enumerate(models):
+        xs, means, sds = [], [], []
+        for d in depths:
+            e = summary["models"][model]["depth"].get(str(d))
+            if e and e["val_loss_mean"] is not None:
+                x = d * (1 + 0.03 * (k - len(models) / 2))  # small offsets: bars do not overlap
+                xs.append(x)
+                means.append(e["val_loss_mean"])
+                sds.append(e["val_loss_std"] or 0.0)
+                pts = [v for v in e["val_loss"] if v is not None]
+                ax.plot([x] * len(pts), pts, ".", color=colours[model], alpha=0.5, ms=4)
+        ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3, color=colours[model], label=model)
+    ax.axhline(summary["unigram_baseline"]["cross_entropy"], color="grey", ls=":", lw=1,
+               label="unigram baseline")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.set_xlabel("depth (blocks)")
+    ax.set_ylabel("final validation loss (nats/byte)")
+    ax.set_title("best lr per model and depth: mean ± sd over seeds (dots: seeds)")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, folder / "loss_vs_depth.png"))
+
+    fig = Figure(figsize=(4.0 * len(depths), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(depths), sharey=True))
+    for ax, d in zip(axes, depths, strict=True):
+        for model in models:
+            e = summary["models"][model]["depth"].get(str(d))
+            if not e:
+                continue
+            c = e["lr_curve"]
+            ok = [(lr, v) for lr, v, bad in zip(c["lr"], c["val_loss"], c["diverged"],
+                                                 strict=True) if not bad]  # fmt: skip
+            if ok:
+                ax.plot(*zip(*ok, strict=True), "o-", color=colours[model], label=model, ms=4)
+            bad = [lr for lr, b in zip(c["lr"], c["diverged"], strict=True) if b]
+            if bad:
+                ax.plot(bad, [1.0] * len(bad), "x", color=colours[model], ms=8,
+                        transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_title(f"depth {d} (x at top: diverged)")
+    axes[0].set_ylabel("final validation loss, seed 0 (nats/byte)")
+    axes[-1].legend(fontsize=7)
+    paths.append(_save(fig, folder / "loss_vs_lr.png"))
+
+    fig = Figure(figsize=(4.0 * len(depths), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(depths), sharey=True))
+    for ax, d in zip(axes, depths, strict=True):
+        for model in models:
+            e = summary["models"][model]["depth"].get(str(d))
+            if not e or e["lr"] is None:
+                continue
+            for r in results:
+                if (r["model"], r["depth"], r["lr"]) == (model, d, e["lr"]):
+                    c = r["curve"]
+                    ax.plot(c["step"], c["val_loss"], color=colours[model], alpha=0.7,
+                            label=model if r["seed"] == 0 else None)  # fmt: skip
+        ax.set_xlabel("step")
+        ax.set_title(f"depth {d}, best lr, all seeds")
+    axes[0].set_ylabel("validation loss (nats/byte)")
+    axes[-1].legend(fontsize=7)
+    paths.append(_save(fig, folder / "loss_curves.png"))
+
+    for metric, label in (("mean_rho", "mean token correlation"),
+                          ("centred_stable_rank", "centred stable rank")):  # fmt: skip
+        fig = Figure(figsize=(4.0 * len(depths), 6.4), layout="constrained")
+        axes = fig.subplots(2, len(depths), squeeze=False, sharey="row")
+        for j, d in enumerate(depths):
+            for model in models:
+                e = summary["models"][model]["depth"].get(str(d))
+                run = next((r for r in results if e and (r["model"], r["depth"], r["lr"],
+                            r["seed"]) == (model, d, e["lr"], 0)), None)  # fmt: skip
+                if run is None or metric not in run:
+                    continue
+                for i, when in enumerate(("init", "final")):
+                    y = [np.nan if v is None else v for v in run[metric][when]]
+                    axes[i, j].plot(range(len(y)), y, color=colours[model], label=model)
+            axes[0, j].set_title(f"depth {d}: at initialisation")
+            axes[1, j].set_title(f"depth {d}: after training")
+            axes[1, j].set_xlabel("layer (0 = embeddings)")
+        for i in range(2):
+            axes[i, 0].set_ylabel(label)
+        axes[0, -1].legend(fontsize=7)
+        paths.append(_save(fig, folder / f"{metric}_by_layer.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def report(setup: Setup, out: Path) -> dict[str, Any]:
+    """Write ``results.json``, ``results_table.md`` and the figures from the finished runs."""
+    results = load_results(out)
+    summary = summarise(setup, results)
+    _write_json(summary, out / "results.json")
+    table = results_table(summary)
+    base = summary["unigram_baseline"]
+    text = (
+        f"Final validation loss (nats/byte) at the best peak lr per model and depth, mean ± sd "
+        f"over seeds; div = diverged runs of all runs of that cell (every lr and seed). "
+        f"Unigram baseline of the validation split: {base['cross_entropy']:.3f} "
+        f"(entropy {base['val_entropy']:.3f}).\n\n{table}\n"
+    )
+    tmp = out / ".results_table.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out / "results_table.md")
+    figures(summary, results, out / "figures")
+    return summary
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: seconds (smoke test)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--workers", type=int, default=2, help="parallel runs (processes)")
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--depths", type=int, nargs="+", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
+    p.add_argument("--report", action="store_true", help="only rebuild the report")
+    return p.parse_args(argv)
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
+    base = QUICK if args.quick else DEFAULT
+    changes = {
+        "width": args.width,
+        "depths": tuple(args.depths) if args.depths else None,
+        "steps": args.steps,
+        "models": tuple(args.models) if args.models else None,
+    }
+    fields = {**vars(base), **{k: v for k, v in changes.items() if v is not None}}
+    return Setup(**fields)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    setup = setup_of(args)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
+        return 2
+    if args.workers < 1:
+        sys.stderr.write(f"study.py: --workers must be >= 1, got {args.workers}\n")
+        return 2
+    try:
+        if not args.report:
+            run_study(setup, args.out, args.device, args.workers)
+        summary = report(setup, args.out)
+    except KeyboardInterrupt:
+        sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")
+        return 130
+    print((args.out / "results_table.md").read_text())
+    return 0 if summary["models"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
