@@ -1,0 +1,46 @@
+"""The shaped-vs-vanilla training study (examples/shaped_vs_vanilla): --quick end to end."""
+
+import importlib.util
+import itertools
+import json
+import sys
+from pathlib import Path
+
+STUDY = Path(__file__).parents[1] / "examples" / "shaped_vs_vanilla" / "study.py"
+
+
+def _load_study():
+    spec = importlib.util.spec_from_file_location("shaped_vs_vanilla_study", STUDY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and worker processes look it up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
+    study = _load_study()
+    assert study.main(["--quick", "--out", str(tmp_path), "--workers", "1",
+                       "--models", "shaped g=0.2", "pre-LN (GPT-2)"]) == 0  # fmt: skip
+    results = json.loads((tmp_path / "results.json").read_text())
+    setup = study.QUICK
+    for model in ("shaped g=0.2", "pre-LN (GPT-2)"):
+        for depth in setup.depths:
+            cell = results["models"][model]["depth"][str(depth)]
+            assert cell["lr"] in cell["lr_curve"]["lr"]
+            assert len(cell["val_loss"]) == len(setup.seeds)
+            assert isinstance(cell["diverged"], int) and cell["runs"] >= len(setup.lrs)
+            # the lr grid is spaced by 3x and the best lr is not at an edge unless capped
+            lrs = cell["lr_curve"]["lr"]
+            assert all(abs(b / a - 3) < 0.05 for a, b in itertools.pairwise(lrs))
+    assert results["unigram_baseline"]["cross_entropy"] > results["unigram_baseline"][
+        "val_entropy"
+    ]  # fmt: skip
+    for name in ("loss_vs_depth", "loss_vs_lr", "loss_curves", "mean_rho_by_layer"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+    # a second invocation trains nothing: every finished run is kept as it is
+    finished = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
+    assert study.plan(setup.__class__(**{**vars(setup), "models": ("shaped g=0.2",
+                      "pre-LN (GPT-2)")}), study.load_results(tmp_path)) == []  # fmt: skip
+    assert study.main(["--quick", "--out", str(tmp_path), "--workers", "1",
+                       "--models", "shaped g=0.2", "pre-LN (GPT-2)"]) == 0  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
