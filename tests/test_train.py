@@ -217,8 +217,8 @@ def test_every_preset_trains_and_logs_per_layer_covariance(corpus, name):
     """The per-layer covariance log works for every architecture; for post-LN it is measured
     on the normalised stream the next block reads (every token has unit feature variance)."""
     config = preset(name, width=16, depth=2, causal=True)
-    result = train(config, corpus, TRAIN.replace(steps=4, eval_interval=4, log_interval=2,
-                                                 checkpoint_interval=4), progress=False)  # fmt: skip
+    short = TRAIN.replace(steps=4, eval_interval=4, log_interval=2, checkpoint_interval=4)
+    result = train(config, corpus, short, progress=False)
     log = result.log
     for metric in ("mean_rho", "stable_rank", "centred_stable_rank"):
         assert log[metric].dims == ("step", "layer") and log[metric].shape == (3, 3)
