@@ -8,6 +8,7 @@ from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, simulate
 from .gram import GramSampler
 from .plots import (
+    plot_collapse_metrics,
     plot_convergence,
     plot_mean_correlation,
     plot_quantile_bands,
@@ -43,6 +44,7 @@ __all__ = [
     "group_seed",
     "open_point",
     "open_sweep",
+    "plot_collapse_metrics",
     "plot_convergence",
     "plot_mean_correlation",
     "plot_quantile_bands",

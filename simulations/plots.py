@@ -92,6 +92,53 @@ def plot_mean_correlation(
     return _finish(fig, path)
 
 
+def plot_collapse_metrics(
+    models: Mapping[str, xr.Dataset],
+    *,
+    threshold: float = 0.99,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Three panels by layer, one curve per model (median over samples, band 25-75%): mean
+    off-diagonal correlation rho (with the threshold and each model's median collapse layer
+    marked), stable rank of V, and ``log V^aa`` (THEORY section 4)."""
+    fig = Figure(figsize=(15.0, 5.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for k, (label, ds) in enumerate(models.items()):
+        V = torch.from_numpy(np.ascontiguousarray(ds["V"].values))
+        finite = torch.isfinite(V).flatten(1).all(dim=1)
+        V = V[finite]
+        x = _layers(ds)
+        eye = torch.eye(V.shape[-1], dtype=V.dtype)
+        with np.errstate(all="ignore"):
+            rho = metrics.mean_correlation(V).numpy()
+            rank = metrics.stable_rank(V + 1e-300 * eye).numpy()
+            log_vaa = np.log(np.diagonal(V.numpy(), axis1=-2, axis2=-1)).mean(axis=-1)
+        colour = f"C{k}"
+        for ax, y in zip(axes, (rho, rank, log_vaa), strict=True):
+            lo, mid, hi = np.nanquantile(y, [0.25, 0.5, 0.75], axis=0)
+            ax.plot(x, mid, lw=2, color=colour, label=label)
+            ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0)
+        collapse = metrics.detect_collapse(V, threshold)
+        first = collapse.first_index.numpy()
+        if collapse.collapsed.double().mean() >= 0.5:
+            layer = x[int(np.median(np.where(first >= 0, first, len(x) - 1)))]
+            axes[0].axvline(layer, color=colour, ls="--", lw=1)
+    axes[0].axhline(threshold, color="k", ls=":", lw=1.5, label=f"threshold {threshold:g}")
+    axes[0].set_ylabel(r"mean token correlation $\rho$")
+    axes[0].set_title("mean $\\rho$ (dashed: median collapse layer)")
+    axes[1].set_ylabel(r"stable rank $\|V\|_F^2 / \|V\|_2^2$")
+    axes[1].set_title("stable rank of V")
+    axes[2].set_ylabel(r"mean $\log V^{aa}$")
+    axes[2].set_title("token norms")
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
+    fig.suptitle("Covariance by layer at initialisation: median over samples, band 25-75%")
+    return _finish(fig, path)
+
+
 def plot_rho_density(
     network: xr.Dataset,
     limit: xr.Dataset,

@@ -30,7 +30,7 @@ from ._common import (
     set_threads,
 )
 
-FIGURES = ("mean_correlation", "rho_density", "quantile_bands", "convergence")
+FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -264,6 +264,8 @@ def _figures(folder, models, network, limit, comparison, conv, threshold) -> lis
     paths = []
     figs = {
         "mean_correlation": lambda p: plots.plot_mean_correlation(models, threshold=threshold,
+                                                                  path=p),
+        "collapse_metrics": lambda p: plots.plot_collapse_metrics(models, threshold=threshold,
                                                                   path=p),
         "rho_density": lambda p: plots.plot_rho_density(network, limit, path=p),
         "quantile_bands": lambda p: plots.plot_quantile_bands(comparison, path=p),
