@@ -40,7 +40,9 @@ def test_compare_end_to_end(tmp_path, capsys):
         assert len(q) == 5 and all(v is not None for v in q) and q == sorted(q)
     for key in ("ks_rho", "ks_rho_pvalue", "w1_rho", "ks_logVaa", "w1_logVaa"):
         assert summary["distances_T"][key] is not None
-    assert len(summary["collapse"]["models"]) == 3
+    collapse = summary["collapse"]["models"]
+    assert len(collapse) == 6  # shaped, 2 standard counterparts, 3 vanilla presets
+    assert any(k.startswith("post-LN") for k in collapse)
     assert summary["convergence"]["widths"] == [8, 16]
     assert summary["run_times_s"]["total"] > 0
     net, cmp = load_dataset(out / "network.nc"), load_dataset(out / "comparison.nc")
