@@ -89,10 +89,16 @@ def test_presets_and_baselines():
     )
     assert block.config.mlp == "shaped_relu" and block.rho0 == 0.2
     base = baselines(block.config)
-    assert {c.norm for c in base.values()} == {"none", "pre"}
-    assert all(c.attention == "softmax" and c.mlp == "relu" for c in base.values())
+    counterparts = {k: c for k, c in base.items() if k.startswith("standard")}
+    assert {c.norm for c in counterparts.values()} == {"none", "pre"}
+    assert all(c.attention == "softmax" and c.mlp == "relu" for c in counterparts.values())
+    vanilla = {k: c for k, c in base.items() if not k.startswith("standard")}
+    assert {c.norm for c in vanilla.values()} == {"none", "pre", "post"}
+    assert all(c.mlp == "gelu" and c.residual == "unit" for c in vanilla.values())
+    assert all((c.width, c.depth) == (200, 150) for c in base.values())
     mlp = baselines(PRESETS["mlp"].config)
-    assert all(c.attention == "none" and c.mlp == "relu" for c in mlp.values())
+    assert all(c.attention == "none" and c.mlp == "relu" for k, c in mlp.items()
+               if k.startswith("standard"))  # fmt: skip
 
 
 def test_at_width_keeps_T_and_derived_head_sizes():
