@@ -10,7 +10,6 @@ networks also a ``layer`` coordinate on ``t``, and ``attrs`` holding the full co
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from . import metrics
 from .config import ModelConfig
+from .files import atomic_path
 
 DIMS = ("sample", "t", "token_a", "token_b")
 
@@ -118,17 +118,9 @@ def with_metrics(ds: xr.Dataset) -> xr.Dataset:
 
 def save_dataset(ds: xr.Dataset, path: str | os.PathLike) -> Path:
     """Write ``ds`` to netCDF atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         ds.to_netcdf(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return Path(path)
 
 
 def load_dataset(path: str | os.PathLike) -> xr.Dataset:

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from shapedtx import metrics
+from shapedtx.files import atomic_path
 
 from .compare import SOURCES, align_times, token_values, valid_samples
 
@@ -34,9 +35,8 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> list[Path]:
     out = []
     for suffix in (".png", ".pdf"):
         target = path.with_suffix(suffix)
-        tmp = target.with_name(f".{target.name}.tmp")
-        fig.savefig(tmp, format=suffix[1:], dpi=150, bbox_inches="tight")
-        os.replace(tmp, target)
+        with atomic_path(target) as tmp:
+            fig.savefig(tmp, format=suffix[1:], dpi=150, bbox_inches="tight")
         out.append(target)
     return out
 

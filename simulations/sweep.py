@@ -68,6 +68,7 @@ import xarray as xr
 from shapedtx._validation import check_int
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import equicorrelated
+from shapedtx.files import write_json
 from shapedtx.results import covariance_dataset
 
 from .grid import Grid, Point, make_grid
@@ -224,13 +225,7 @@ def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype)
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomic JSON write (temporary file in the same folder, then rename)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, default=_json_default, indent=1))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_json(data, path, default=_json_default, indent=1)
 
 
 def _json_default(value: Any) -> Any:

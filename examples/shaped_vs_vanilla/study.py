@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ import numpy as np
 import torch
 
 from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, preset, train
+from shapedtx.files import atomic_path, write_json
 from shapedtx.training import LanguageModel
 
 HERE = Path(__file__).parent
@@ -121,26 +120,6 @@ def run_dir(out: Path, model: str, depth: int, lr: float, seed: int) -> Path:
     return out / "runs" / slug / f"d{depth}" / f"lr{lr:.0e}_s{seed}"
 
 
-def _write_json(obj: Any, path: Path) -> None:
-    """Atomic JSON write (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
@@ -183,7 +162,7 @@ def run_one(job: tuple[str, int, float, int, Setup, Path, str]) -> dict[str, Any
                 "final_step": int(log.step.values[-1]),
             }
     (folder / "checkpoint.pt").unlink(missing_ok=True)  # results kept, weights not
-    _write_json(result, folder / "result.json")
+    write_json(result, folder / "result.json", indent=1)
     return result
 
 
@@ -439,16 +418,8 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
 
 
 def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     return path
 
 
@@ -456,7 +427,7 @@ def report(setup: Setup, out: Path) -> dict[str, Any]:
     """Write ``results.json``, ``results_table.md`` and the figures from the finished runs."""
     results = load_results(out)
     summary = summarise(setup, results)
-    _write_json(summary, out / "results.json")
+    write_json(summary, out / "results.json", indent=1)
     table = results_table(summary)
     base = summary["unigram_baseline"]
     text = (
@@ -465,9 +436,8 @@ def report(setup: Setup, out: Path) -> dict[str, Any]:
         f"Unigram baseline of the validation split: {base['cross_entropy']:.3f} "
         f"(entropy {base['val_entropy']:.3f}).\n\n{table}\n"
     )
-    tmp = out / ".results_table.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, out / "results_table.md")
+    with atomic_path(out / "results_table.md") as tmp:
+        tmp.write_text(text)
     figures(summary, results, out / "figures")
     return summary
 

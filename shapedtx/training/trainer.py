@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import ModelConfig
+from ..files import atomic_path
 from ..results import save_dataset
 from .config import TrainConfig
 from .data import ByteCorpus, fixed_windows, sample_batch
@@ -67,15 +67,8 @@ def lr_factor(step: int, config: TrainConfig) -> float:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _block_grad_norms(model: LanguageModel) -> Tensor:
