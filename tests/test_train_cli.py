@@ -67,3 +67,27 @@ def test_divergence_is_one_line_exit_1(tmp_path, text, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "diverged: non-finite" in err and "Traceback" not in err
+
+
+def test_short_runs_need_no_warmup_option_and_causal_is_not_offered(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    args = ["train", "--data", str(text), "--steps", "6", "--seq-len", "8", "--batch-size", "2",
+            "--width", "8", "--depth", "1", "--heads", "2", "--no-progress"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0  # warm-up min(50, 6 // 10) = 0
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--out", str(tmp_path / "b"), "--no-causal"])
+    assert exc.value.code == 2
+
+
+def test_resume_mismatch_names_the_cli_flags(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    args = ["train", "--data", str(text), "--steps", "4", "--seq-len", "8", "--batch-size", "2",
+            "--width", "8", "--heads", "2", "--no-progress", "--out", str(tmp_path / "r")]  # fmt: skip
+    assert main([*args, "--depth", "1"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--depth", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--depth 1" in err and "--no-resume" in err and "resume=False" not in err

@@ -42,13 +42,17 @@ _HELP = {
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser, defaults: ModelConfig | None = None
+    parser: argparse.ArgumentParser,
+    defaults: ModelConfig | None = None,
+    *,
+    exclude: tuple[str, ...] = (),
 ) -> None:
     """``--model NAME`` and one option per ``ModelConfig`` field (``--width``, ``--tau0``, ...),
     generated from the dataclass fields (:data:`shapedtx.config.FIELD_TYPES`).
 
     The config is ``defaults`` (default ``ModelConfig()``), then the preset ``--model``, then
-    every option given explicitly (:func:`config_from_args`).
+    every option given explicitly (:func:`config_from_args`). Fields in ``exclude`` get no
+    option (they keep the default's value).
     """
     d = defaults or ModelConfig()
     g = parser.add_argument_group("model (ModelConfig; options override --model)")
@@ -60,6 +64,8 @@ def add_config_arguments(
         + "; ".join(f"{k}: {v}" for k, v in PRESET_DESCRIPTIONS.items()),
     )
     for name, kind in FIELD_TYPES.items():
+        if name in exclude:
+            continue
         flag = "--" + name.replace("_", "-")
         default = getattr(d, name)
         shown = "" if name in ("key_dim", "head_dim", "gamma") else f" (default {default})"
@@ -82,7 +88,8 @@ def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = No
         fields["head_dim"] = fields["key_dim"] = None
     if args.model is not None:
         fields.update(PRESETS[args.model])
-    fields.update({k: getattr(args, k) for k in FIELD_TYPES if getattr(args, k) is not None})
+    given = {k: getattr(args, k, None) for k in FIELD_TYPES}
+    fields.update({k: v for k, v in given.items() if v is not None})
     try:
         return ModelConfig(**fields)
     except ValueError as err:

@@ -10,7 +10,13 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ._common import add_config_arguments, config_from_args, parse_device, set_threads
+from ._common import (
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    parse_device,
+    set_threads,
+)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 MODEL_DEFAULTS = ModelConfig(
@@ -28,16 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cosine, clipping); writes checkpoint.pt, log.nc, loss.png and collapse.png to --out "
         "and resumes from --out/checkpoint.pt if present.",
     )
-    add_config_arguments(parser, MODEL_DEFAULTS)
-    d = TrainConfig()
+    add_config_arguments(parser, MODEL_DEFAULTS, exclude=("causal",))  # an LM is causal
     g = parser.add_argument_group("training (TrainConfig)")
     for f in dataclasses.fields(TrainConfig):
-        default = getattr(d, f.name)
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(default, bool):
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        if f.name == "warmup_steps":
+            g.add_argument(flag, type=int, default=None, help="(default min(50, steps // 10))")
         else:
-            g.add_argument(flag, type=type(default), default=default, help="(default %(default)s)")
+            g.add_argument(flag, type=type(f.default), default=f.default,
+                           help="(default %(default)s)")  # fmt: skip
     g = parser.add_argument_group("data and run")
     g.add_argument("--data", default=None, help="text file or folder (default: Python stdlib)")
     g.add_argument("--suffix", default=None, help="only files with this suffix, e.g. .txt")
@@ -53,7 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training import TrainConfig, TrainingDiverged, load_corpus, plot_collapse, plot_losses
+    from ..training import (
+        ResumeMismatch,
+        TrainConfig,
+        TrainingDiverged,
+        load_corpus,
+        plot_collapse,
+        plot_losses,
+    )
     from ..training import train as train_model
 
     model_config = config_from_args(args)
@@ -77,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             progress=args.progress,
         )
+    except ResumeMismatch as err:
+        flag = "--" + err.key.split(".")[-1].replace("_", "-")
+        raise UsageError(
+            f"--out {out} holds a checkpoint written with {flag} {err.saved!r} (now "
+            f"{err.current!r}); use another --out, or --no-resume to start afresh there"
+        ) from None
     except TrainingDiverged as err:
         sys.stderr.write(f"shapedtx train: diverged: {err}\n")
         return 1

@@ -9,11 +9,12 @@ from .config import TrainConfig
 from .data import ByteCorpus, load_corpus
 from .log import final_val_loss, log_dataset
 from .model import LanguageModel
-from .trainer import TrainingDiverged, TrainResult, configs_of, lr_factor, train
+from .trainer import ResumeMismatch, TrainingDiverged, TrainResult, configs_of, lr_factor, train
 
 __all__ = [
     "ByteCorpus",
     "LanguageModel",
+    "ResumeMismatch",
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",

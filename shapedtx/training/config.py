@@ -29,7 +29,7 @@ class TrainConfig:
         seq_len: m, tokens (bytes) per sequence.
         lr: peak learning rate, reached after ``warmup_steps`` (linear warm-up from 0).
         min_lr_ratio: the cosine decays the lr from ``lr`` to ``lr * min_lr_ratio`` at ``steps``.
-        warmup_steps: linear warm-up length (``< steps``).
+        warmup_steps: linear warm-up length (``< steps``); default ``min(50, steps // 10)``.
         weight_decay: AdamW decoupled weight decay, applied to weight matrices only.
         beta1, beta2, eps: AdamW moments.
         grad_clip: maximum global gradient norm (``0`` disables clipping).
@@ -51,7 +51,7 @@ class TrainConfig:
     seq_len: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int | None = None
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
@@ -65,6 +65,9 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_int("steps", self.steps, 1)
+        if self.warmup_steps is None:
+            object.__setattr__(self, "warmup_steps", min(50, self.steps // 10))
         for name, minimum in (
             ("steps", 1),
             ("batch_size", 1),
@@ -122,6 +125,5 @@ class TrainConfig:
                 continue
             value = attrs[prefix + f.name]
             value = value.item() if hasattr(value, "item") else value
-            default = getattr(cls, f.name)
-            kwargs[f.name] = type(default)(value)
+            kwargs[f.name] = int(value) if f.name == "warmup_steps" else type(f.default)(value)
         return cls(**kwargs)

@@ -37,6 +37,18 @@ LOG = "log.nc"
 LossHook = Callable[[int, Tensor], Tensor]
 
 
+class ResumeMismatch(ValueError):
+    """``out_dir`` holds a checkpoint written with other settings; carries ``key``, ``saved``,
+    ``current`` and ``path``."""
+
+    def __init__(self, key: str, saved: Any, current: Any, path: Path) -> None:
+        super().__init__(
+            f"resume: checkpoint {path} was written with {key}={saved!r}, now {current!r}; "
+            "use another out_dir or resume=False"
+        )
+        self.key, self.saved, self.current, self.path = key, saved, current, path
+
+
 class TrainingDiverged(FloatingPointError):
     """The loss or the gradient norm became NaN/inf; carries ``step``, ``checkpoint``, ``log``."""
 
@@ -307,10 +319,7 @@ def train(
 def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     for key in sorted(set(saved) | set(current)):
         if saved.get(key) != current.get(key):
-            raise ValueError(
-                f"resume: checkpoint {path} was written with {key}={saved.get(key)!r}, "
-                f"now {current.get(key)!r}; use another out_dir or resume=False"
-            )
+            raise ResumeMismatch(key, saved.get(key), current.get(key), path)
 
 
 def _version() -> str:
@@ -325,6 +334,7 @@ def configs_of(log: xr.Dataset) -> tuple[ModelConfig, TrainConfig]:
 
 
 __all__ = [
+    "ResumeMismatch",
     "TrainResult",
     "TrainingDiverged",
     "configs_of",
