@@ -84,7 +84,8 @@ def test_resume_mismatch_names_the_cli_flags(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
     args = ["train", "--data", str(text), "--steps", "4", "--seq-len", "8", "--batch-size", "2",
-            "--width", "8", "--heads", "2", "--no-progress", "--out", str(tmp_path / "r")]  # fmt: skip
+            "--width", "8", "--heads", "2", "--no-progress"]  # fmt: skip
+    args += ["--out", str(tmp_path / "r")]
     assert main([*args, "--depth", "1"]) == 0
     capsys.readouterr()
     assert main([*args, "--depth", "2"]) == 2
