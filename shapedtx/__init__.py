@@ -22,6 +22,7 @@ from .config import ModelConfig
 from .covariance import check_covariance, equicorrelated, initial_tokens
 from .design import (
     depth_threshold,
+    extrapolation_warning,
     gpt3_table,
     head_size_report,
     optimal_shape,
@@ -80,6 +81,7 @@ __all__ = [
     "design",
     "detect_collapse",
     "equicorrelated",
+    "extrapolation_warning",
     "fit_attention",
     "gaussian_linear",
     "gpt3_table",

@@ -96,9 +96,9 @@ def optimal_width(depth: float, *, fit: DepthWidthFit = LW_FIT) -> float:
 class Shape:
     """A recommended shape for a parameter budget ``params = 12 L d^2``.
 
-    ``depth``/``width`` are the real-valued optimum of the fit; ``depth_rounded`` is the
-    nearest integer depth (>= 1) and ``width_rounded`` the width that spends the budget at that
-    depth, ``sqrt(params / (12 depth_rounded))``, rounded to a multiple of ``multiple``.
+    ``depth``/``width`` are the real-valued optimum of the fit; ``(depth_rounded,
+    width_rounded)`` is the integer shape, width a multiple of ``multiple``, that spends the
+    budget most closely (see :func:`optimal_shape`).
     """
 
     params: float
@@ -127,10 +127,54 @@ def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_F
     if not (math.isfinite(depth) and depth > 0 and abs(w.imag) < 1e-12):
         raise ValueError(f"params={params!r} gives no finite positive optimal depth")
     width = math.sqrt(params / (12.0 * depth))
-    depth_rounded = max(1, round(depth))
-    budget_width = math.sqrt(params / (12.0 * depth_rounded))
-    width_rounded = max(multiple, multiple * round(budget_width / multiple))
+    depth_rounded, width_rounded = _round_shape(params, depth, multiple)
     return Shape(params, depth, width, depth_rounded, width_rounded, multiple)
+
+
+def _round_shape(params: float, depth: float, multiple: int) -> tuple[int, int]:
+    """Integer (depth, width multiple of ``multiple``) nearest the budget.
+
+    Candidates: the two integer depths around the optimum, each with the two width multiples
+    around the width that spends the budget there; and the two width multiples around the
+    optimal width, each with the depth that spends the budget there. The candidate with the
+    smallest ``|log(12 L d^2 / params)|``, counted in steps of 1%, wins (ties: the depth
+    nearest the optimum), so a coarse ``multiple`` moves the depth instead of leaving the
+    budget unspent.
+    """
+
+    def widths(target: float) -> set[int]:
+        low = max(multiple, multiple * math.floor(target / multiple))
+        return {low, low + multiple}
+
+    candidates = set()
+    for L in {max(1, math.floor(depth)), max(1, math.ceil(depth))}:
+        candidates |= {(L, d) for d in widths(math.sqrt(params / (12.0 * L)))}
+    for d in widths(math.sqrt(params / (12.0 * depth))):
+        candidates.add((max(1, round(params / (12.0 * d * d))), d))
+    return min(
+        candidates,
+        key=lambda c: (
+            round(100 * abs(math.log(12.0 * c[0] * c[1] ** 2 / params))),
+            abs(c[0] - depth),
+        ),
+    )
+
+
+FIT_CHECKED_PARAMS = (1e6, 1e12)
+"""Budgets between which the fit's optimum was checked (THEORY section 7: depths about 6 to
+95); outside, :func:`extrapolation_warning` says so."""
+
+
+def extrapolation_warning(params: float) -> str | None:
+    """A one-line warning when ``params`` lies outside :data:`FIT_CHECKED_PARAMS` by more than
+    a factor 10, else None."""
+    low, high = FIT_CHECKED_PARAMS
+    if params < low / 10 or params > high * 10:
+        return (
+            f"warning: N = {params:.3g} is far outside the budgets the fit was checked on "
+            f"({low:.0e} to {high:.0e} parameters): the shape is an extrapolation"
+        )
+    return None
 
 
 def allocation(

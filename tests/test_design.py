@@ -60,6 +60,10 @@ def test_rounded_shape_spends_the_budget():
     assert shape.depth_rounded == 95 and shape.width_rounded % 128 == 0
     assert shape.params_rounded == pytest.approx(1e12, rel=0.01)
     assert optimal_shape(10.0).depth_rounded == 1  # tiny budgets still give depth >= 1
+    # a coarse multiple moves the depth rather than leave the budget unspent (1e6: 5 x 128)
+    small = optimal_shape(1e6, multiple=128)
+    assert (small.depth_rounded, small.width_rounded) == (5, 128)
+    assert small.params_rounded == 12 * 5 * 128**2
 
 
 def test_threshold_and_regime():

@@ -9,7 +9,8 @@ def test_design_params(capsys):
     assert main(["design", "--params", "1.739e11", "--seq-len", "2048"]) == 0
     out = capsys.readouterr().out
     assert "80.46" in out  # L* of the 175B anchor
-    assert "depth-inefficient" in out
+    assert "above it, where depth and width contribute similarly" in out
+    assert "warning" not in out  # inside the range the fit was checked on
     assert "fixed head size d_p = m" in out and "2048" in out
 
 
@@ -31,6 +32,7 @@ def test_design_table(capsys):
         ["design", "--params", "1e9", "--seq-len", "0"],
         ["design", "--params", "1e9", "--multiple", "0"],
         ["design", "--params", "1e9", "--seq-len", "8", "--head-size", "0"],
+        ["design", "--params", "1e9", "--head-size", "0"],
         ["design"],
         ["design", "--table", "gpt2"],
         ["design", "--table", "gpt3", "--seq-len", "512"],
@@ -45,3 +47,12 @@ def test_design_bad_input_is_one_line_exit_2(argv, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error" in err
+
+
+def test_design_warns_when_extrapolating_and_spends_small_budgets(capsys):
+    assert main(["design", "--params", "1e30"]) == 0
+    assert "far outside the budgets the fit was checked on" in capsys.readouterr().out
+    assert main(["design", "--params", "1e6"]) == 0
+    out = capsys.readouterr().out
+    spent = float(out.split("rounded shape spends ")[1].split("%")[0])
+    assert 95 <= spent <= 105  # the old rounding (depth 3 x width 128) spent 59%

@@ -13,6 +13,7 @@ from ..design import (
     GPT3_CONTEXT,
     LW_FIT,
     depth_threshold,
+    extrapolation_warning,
     gpt3_table,
     head_size_report,
     optimal_shape,
@@ -76,14 +77,22 @@ def _budget(args: argparse.Namespace) -> str:
         ),
     ]
     w = shape.width_rounded
+    above = regime(shape.depth_rounded, w) == "depth-inefficient"
     out = [
         f"Recommended shape for N = {args.params:.4g} non-embedding parameters",
         FIT_NOTE,
+        *filter(None, [extrapolation_warning(args.params)]),
         "",
         _table(("", "depth L", "width d", "12 L d^2"), rows),
+        f"rounded shape spends {shape.params_rounded / args.params:.1%} of the budget",
         "",
-        f"depth threshold log_3(d) = {depth_threshold(w):.2f}: "
-        f"depth {shape.depth_rounded} is in the {regime(shape.depth_rounded, w)} regime",
+        f"depth threshold log_3(d) = {depth_threshold(w):.2f}: depth {shape.depth_rounded} is "
+        + (
+            "above it, where depth and width contribute similarly (true of every practical "
+            "model; the fitted optimum above is the recommendation)"
+            if above
+            else "below it, where depth is far more efficient than width"
+        ),
     ]
     if args.seq_len is not None:
         head_size = 128 if args.head_size is None else args.head_size
@@ -150,7 +159,7 @@ def _gpt3(multiple: int) -> str:
                 r.head_dim,
                 f"{r.params:.3g}",
                 f"{r.threshold:.1f}",
-                r.regime,
+                "above" if r.regime == "depth-inefficient" else "below",
                 r.allocation,
                 f"{rec.depth:.1f}",
                 f"{rec.width:.0f}",
@@ -166,7 +175,7 @@ def _gpt3(multiple: int) -> str:
         "d_p",
         "12 L d^2",
         "log3 d",
-        "regime",
+        "L vs log3 d",
         "verdict",
         "L*",
         "d*",
@@ -185,6 +194,8 @@ def _gpt3(multiple: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.head_size is not None and args.head_size < 1:
+        raise ValueError(f"--head-size must be an integer >= 1, got {args.head_size}")
     if args.multiple < 1:
         raise ValueError(f"--multiple must be an integer >= 1, got {args.multiple}")
     if args.seq_len is not None and args.seq_len < 1:
