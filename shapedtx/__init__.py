@@ -41,6 +41,7 @@ from .nn import (
 )
 from .norm import layer_norm
 from .presets import PRESETS, preset
+from .probe import CovarianceProbe, find_blocks, probe
 from .results import (
     config_of,
     covariance_dataset,
@@ -61,6 +62,7 @@ __all__ = [
     "PRESETS",
     "Attention",
     "Block",
+    "CovarianceProbe",
     "ModelConfig",
     "ShapedAttention",
     "ShapedReLU",
@@ -80,6 +82,7 @@ __all__ = [
     "design",
     "detect_collapse",
     "equicorrelated",
+    "find_blocks",
     "fit_attention",
     "gaussian_linear",
     "gpt3_table",
@@ -94,6 +97,7 @@ __all__ = [
     "optimal_width",
     "param_count",
     "preset",
+    "probe",
     "realise_attention",
     "regime",
     "relu_slopes",
