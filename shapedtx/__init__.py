@@ -42,6 +42,7 @@ from .nn import (
 )
 from .norm import layer_norm
 from .presets import PRESETS, preset
+from .probe import CovarianceProbe, find_blocks, probe
 from .results import (
     config_of,
     covariance_dataset,
@@ -62,6 +63,7 @@ __all__ = [
     "PRESETS",
     "Attention",
     "Block",
+    "CovarianceProbe",
     "ModelConfig",
     "ShapedAttention",
     "ShapedReLU",
@@ -82,6 +84,7 @@ __all__ = [
     "detect_collapse",
     "equicorrelated",
     "extrapolation_warning",
+    "find_blocks",
     "fit_attention",
     "gaussian_linear",
     "gpt3_table",
@@ -96,6 +99,7 @@ __all__ = [
     "optimal_width",
     "param_count",
     "preset",
+    "probe",
     "realise_attention",
     "regime",
     "relu_slopes",

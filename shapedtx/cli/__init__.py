@@ -10,7 +10,15 @@ from .. import __version__
 from ._common import ArgumentParser, UsageError
 
 # Subcommand modules of this package, in --help order.
-SUBCOMMANDS: tuple[str, ...] = ("simulate", "sde", "train", "design", "sweep", "compare")
+SUBCOMMANDS: tuple[str, ...] = (
+    "simulate",
+    "sde",
+    "train",
+    "probe",
+    "design",
+    "sweep",
+    "compare",
+)
 
 
 def build_parser() -> ArgumentParser:

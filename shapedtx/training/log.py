@@ -35,20 +35,23 @@ METRICS = {
 
 
 @torch.no_grad()
+def metric_tensors(V: Tensor) -> dict[str, Tensor]:
+    """Batch-averaged :data:`METRICS` of covariances ``V: (B, L, m, m)`` -> {name: (L,)},
+    computed in V's dtype on V's device (no host transfer); non-finite covariances give NaN."""
+    finite = torch.isfinite(V).all(dim=(-2, -1))
+    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+    V = torch.where(finite[..., None, None], V, eye)
+    return {name: torch.where(finite, fn(V), torch.nan).mean(0) for name, fn in METRICS.items()}
+
+
+@torch.no_grad()
 def covariance_metrics(hidden: Sequence[Tensor]) -> dict[str, np.ndarray]:
     """Batch-averaged metrics of every hidden state (B, m, n) -> {name: (depth + 1,)}.
 
     Computed in float64 on the hidden states' device; non-finite states give NaN.
     """
     V = torch.stack([metrics.covariance(h.double()) for h in hidden], dim=1)  # (B, L, m, m)
-    finite = torch.isfinite(V).all(dim=(-2, -1))
-    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
-    V = torch.where(finite[..., None, None], V, eye)
-    out = {}
-    for name, fn in METRICS.items():
-        value = torch.where(finite, fn(V), torch.nan).mean(0)
-        out[name] = value.cpu().numpy()
-    return out
+    return {name: value.cpu().numpy() for name, value in metric_tensors(V).items()}
 
 
 def log_dataset(

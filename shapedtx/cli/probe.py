@@ -1,0 +1,102 @@
+"""``shapedtx probe``: token covariance of a saved ``shapedtx train`` checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import UsageError, parse_device, set_threads
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "probe",
+        help="token covariance of a trained checkpoint",
+        description="Rebuild the language model of a `shapedtx train` run from RUN/log.nc and "
+        "RUN/checkpoint.pt, run it on fixed validation windows (the trainer's metrics batch) "
+        "and record the token covariance after every block (shapedtx.probe): the covariance "
+        "Dataset V(sample, t, token_a, token_b), one sample per window. Prints a one-line "
+        "collapse summary.",
+    )
+    parser.add_argument("run", help="output folder of `shapedtx train` (log.nc, checkpoint.pt)")
+    parser.add_argument("--out", default=None, help="write the Dataset to this .nc file")
+    parser.add_argument(
+        "--windows", type=int, default=None, help="validation windows (default: metrics_batch)"
+    )
+    parser.add_argument("--threshold", type=float, default=0.99, help="collapse threshold")
+    g = parser.add_argument_group("data (default: the run's corpus with train's defaults)")
+    g.add_argument("--data", default=None, help="text file or folder")
+    g.add_argument("--suffix", default=None)
+    g.add_argument("--max-bytes", type=int, default=8_000_000, help="(default %(default)s)")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="(default %(default)s)")
+    parser.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from ..metrics import detect_collapse, mean_correlation
+    from ..probe import probe
+    from ..results import load_dataset, save_dataset
+    from ..training import LanguageModel, configs_of, load_corpus
+    from ..training.data import fixed_windows
+    from ..training.trainer import CHECKPOINT, LOG
+
+    folder = Path(args.run)
+    if args.out is not None and Path(args.out).suffix != ".nc":
+        raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+    if not 0 < args.threshold < 1:
+        raise UsageError(f"--threshold must be in (0, 1), got {args.threshold}")
+    for name in (LOG, CHECKPOINT):
+        if not (folder / name).is_file():
+            raise UsageError(f"{folder / name} not found: RUN must be a `shapedtx train` --out")
+    set_threads(args.threads)
+    device = parse_device(args.device)
+    try:
+        log = load_dataset(folder / LOG)
+        model_config, train_config = configs_of(log)
+    except (OSError, KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"{folder / LOG} is not a training log: {err}") from None
+    windows = train_config.metrics_batch if args.windows is None else args.windows
+    if windows < 1:
+        raise UsageError(f"--windows must be >= 1, got {windows}")
+    corpus = str(log.attrs.get("corpus", ""))
+    path = args.data
+    if path is None and not corpus.startswith("python-stdlib:"):
+        path = corpus
+    data = load_corpus(
+        path, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
+    )
+    if data.fingerprint() != log.attrs.get("corpus_fingerprint", data.fingerprint()):
+        raise UsageError(
+            f"the data ({data.source}) differs from the run's ({corpus}); pass --data, "
+            f"--suffix, --max-bytes and --val-fraction as given to `shapedtx train`"
+        )
+    try:
+        state = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
+        model = LanguageModel(model_config, train_config.seq_len)
+        model.load_state_dict(state["model"])
+    except (OSError, KeyError, RuntimeError, ValueError) as err:
+        raise UsageError(f"{folder / CHECKPOINT} does not load: {err}") from None
+    dtype = getattr(torch, str(log.attrs.get("dtype", "float32")), torch.float32)
+    model.to(device=device, dtype=dtype)
+    tokens = fixed_windows(data.val.to(device), windows, train_config.seq_len)[:, :-1]
+    ds = probe(model, tokens)
+    ds.attrs.update({"run": str(folder), "step": int(state["step"])})
+    V = torch.from_numpy(ds["V"].values)
+    hit = detect_collapse(V, args.threshold)
+    first = hit.first_index[hit.collapsed].numpy()
+    rho = mean_correlation(V[:, -1]).numpy()
+    where = f", first at layer {int(np.median(first))} (median)" if first.size else ""
+    print(
+        f"step {int(state['step'])}: {int(hit.collapsed.sum())}/{V.shape[0]} windows collapsed "
+        f"(mean rho > {args.threshold:g}){where}; mean rho after the last block "
+        f"{float(np.nanmean(rho)):.4f}"
+    )
+    if args.out is not None:
+        save_dataset(ds, args.out)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,267 @@
+"""``shapedtx.probe`` / ``CovarianceProbe`` / ``shapedtx probe``: forward hooks on any model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import ks_2samp
+from torch import nn
+
+import shapedtx
+from shapedtx import metrics
+from shapedtx.cli import main
+from shapedtx.probe import CovarianceProbe, find_blocks, probe
+from shapedtx.results import load_dataset
+from shapedtx.training import LanguageModel
+from shapedtx.training.log import covariance_metrics
+
+
+def _transformer(dtype=torch.float64, width=16, depth=3, seed=0):
+    torch.manual_seed(seed)
+    config = shapedtx.preset("pre_ln", width=width, depth=depth, causal=True)
+    return shapedtx.Transformer(config).to(dtype)
+
+
+def _tokens(width=16, batch=3, m=5, seed=1):
+    V0 = shapedtx.equicorrelated(m, 0.2)
+    return shapedtx.initial_tokens(V0, width, batch, torch.Generator().manual_seed(seed))
+
+
+def _no_hooks(model):
+    return all(not (mod._forward_hooks or mod._forward_pre_hooks) for mod in model.modules())
+
+
+class _TupleBlock(nn.Module):
+    """A block returning ``(hidden, extra)`` as ``transformers`` blocks do."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.linear(x), None
+
+
+class _Toy(nn.Module):
+    def __init__(self, block, width=8, depth=2):
+        super().__init__()
+        self.stack = nn.ModuleList([block(width) for _ in range(depth)])
+
+    def forward(self, x):
+        for b in self.stack:
+            out = b(x)
+            x = out[0] if isinstance(out, tuple) else out
+        return x
+
+
+def test_probe_of_transformer_equals_its_covariances():
+    model, X = _transformer(), _tokens()
+    ds = probe(model, X)
+    assert torch.equal(torch.from_numpy(ds["V"].values), model.covariances(X))
+    assert ds["V"].dims == ("sample", "t", "token_a", "token_b")
+    np.testing.assert_array_equal(ds["layer"].values, np.arange(4))
+    np.testing.assert_allclose(ds["t"].values, np.arange(4) / 16)
+    assert shapedtx.config_of(ds) == model.config
+    assert ds.attrs["method"] == "probe" and ds.attrs["blocks"] == "blocks.0, blocks.1, blocks.2"
+    assert _no_hooks(model) and model.training  # training flag restored
+    shapedtx.detect_collapse(torch.from_numpy(ds["V"].values))  # the contract's consumers
+
+
+def test_float32_stream_gives_float64_covariance():
+    ds = probe(_transformer(torch.float32), _tokens().float())
+    assert ds["V"].dtype == np.float64 and ds.attrs["stream_dtype"] == "float32"
+    assert ds.attrs["config_known"] == 1
+
+
+def test_hooks_removed_after_an_exception():
+    model = _transformer()
+    model.blocks[1].register_forward_hook(lambda *a: (_ for _ in ()).throw(KeyError("boom")))
+    with pytest.raises(KeyError, match="boom"):
+        probe(model, _tokens())
+    model.blocks[1]._forward_hooks.clear()
+    assert _no_hooks(model) and model.training
+
+
+def test_tuple_outputs_names_and_generic_attrs():
+    model = _Toy(_TupleBlock)
+    X = torch.randn(2, 4, 8)
+    ds = probe(model, X, blocks=["stack.0", "stack.1"])
+    assert ds.sizes == {"sample": 2, "t": 3, "token_a": 4, "token_b": 4}
+    hidden = [X, model.stack[0](X)[0]]
+    hidden.append(model.stack[1](hidden[1])[0])
+    expected = torch.stack([metrics.covariance(h.double()) for h in hidden], 1)
+    torch.testing.assert_close(torch.from_numpy(ds["V"].values), expected)
+    assert ds.attrs["config_known"] == 0 and ds.attrs["config.width"] == 8
+    assert "config.attention" not in ds.attrs
+    assert probe(model, X, blocks="stack").equals(ds)
+    assert _no_hooks(model)
+
+
+class _NoneBlock(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+
+    def forward(self, x):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("make", "inputs", "blocks", "needle"),
+    [
+        (lambda: nn.Sequential(nn.Linear(8, 8)), torch.randn(2, 3, 8), None, "blocks="),
+        (_transformer, torch.randn(5, 16), None, "(batch, tokens, width)"),
+        (_transformer, torch.randn(2, 5, 7), None, "model(inputs) failed"),
+        (lambda: _Toy(_NoneBlock), torch.randn(2, 3, 8), "stack", "not a tensor"),
+        (_transformer, torch.randn(2, 5, 16), ["nope"], "no submodule named 'nope'"),
+    ],
+)
+def test_bad_inputs_give_value_error_naming_the_problem(make, inputs, blocks, needle):
+    model = make()
+    with pytest.raises(ValueError, match=None) as err:
+        probe(model, inputs.double() if model is not None else inputs, blocks)
+    assert needle in str(err.value), str(err.value)
+    assert _no_hooks(model)
+
+
+def test_language_model_blocks_found_and_match_the_trainer_metrics():
+    config = shapedtx.preset("pre_ln", width=16, depth=2, causal=True)
+    torch.manual_seed(0)
+    model = LanguageModel(config, max_len=8)
+    assert [name for name, _ in find_blocks(model)] == ["body.blocks.0", "body.blocks.1"]
+    tokens = torch.randint(0, 256, (3, 8))
+    ds = probe(model, tokens)
+    expected = covariance_metrics(model.hidden_states(tokens))["mean_rho"]
+    rho = metrics.mean_correlation(torch.from_numpy(ds["V"].values)).mean(0).numpy()
+    np.testing.assert_allclose(rho, expected, rtol=1e-12)
+
+
+def test_covariance_probe_in_a_training_loop():
+    model, X = _transformer(torch.float32, depth=2), _tokens().float()
+    cov = CovarianceProbe(model, X, every=2, max_pending=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        assert cov(step) == (step % 2 == 0)
+        model(X).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    cov(6)
+    log = cov.dataset()
+    np.testing.assert_array_equal(log["step"].values, [0, 2, 4, 6])
+    assert log["mean_rho"].dims == ("step", "layer") and log.sizes["layer"] == 3
+    assert _no_hooks(model) and model.training
+    model.eval()
+    expected = covariance_metrics(model(X, return_hidden=True)[1])
+    for name in ("mean_rho", "stable_rank"):
+        np.testing.assert_allclose(log[name].sel(step=6).values, expected[name], rtol=1e-12)
+    with pytest.raises(ValueError, match="every"):
+        CovarianceProbe(model, X, every=0)
+
+
+def test_cli_probe_of_a_train_checkpoint(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("hello shaped world, hello collapse. " * 30)
+    run = tmp_path / "run"
+    train = [
+        "train", "--width", "16", "--depth", "2", "--heads", "2", "--steps", "2",
+        "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1", "--log-interval", "2",
+        "--eval-interval", "2", "--eval-batches", "1", "--metrics-batch", "3", "--no-progress",
+        "--threads", "1", "--data", str(text), "--out", str(run),
+    ]  # fmt: skip
+    assert main(train) == 0
+    capsys.readouterr()
+    assert main(["probe", str(run), "--out", str(tmp_path / "p.nc")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 2: ") and "windows collapsed" in out
+    ds = load_dataset(tmp_path / "p.nc")
+    assert ds.sizes["sample"] == 3 and ds.attrs["step"] == 2
+    log = load_dataset(run / "log.nc")
+    rho = metrics.mean_correlation(torch.from_numpy(ds["V"].values)).mean(0).numpy()
+    np.testing.assert_allclose(rho, log["mean_rho"].sel(step=2).values, rtol=1e-5)
+    other = tmp_path / "other.txt"
+    other.write_text("another text, another corpus. " * 30)
+    for argv, needle in (
+        (["probe", str(tmp_path / "none")], "not found"),
+        (["probe", str(run), "--out", "x.txt"], "--out"),
+        (["probe", str(run), "--data", str(other)], "differs"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+
+
+# --------------------------------------------------------------------------------------------
+# A real client: transformers' GPT-2 against the library's pre-LN preset, in law
+# --------------------------------------------------------------------------------------------
+WIDTH, DEPTH, TOKENS, DRAWS = 32, 6, 8, 200
+EMBED_VAR = 0.02**2  # GPT-2's token-embedding variance (position embeddings zeroed)
+
+
+def _gpt2_covariances(seed, *, scale_c_proj=1.0, draws=DRAWS):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    hf = transformers.GPT2Config(
+        n_embd=WIDTH, n_layer=DEPTH, n_head=4, n_positions=TOKENS, vocab_size=8,
+        activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        initializer_range=0.02, layer_norm_epsilon=1e-6,  # the library's LayerNorm epsilon
+    )  # fmt: skip
+    V0 = shapedtx.equicorrelated(TOKENS, 0.2, EMBED_VAR)
+    gen = torch.Generator().manual_seed(seed)
+    model = transformers.GPT2Model(hf).double()
+    out = []
+    for draw in range(draws):  # fresh weights per sample (GPT-2's own init): independent
+        torch.manual_seed(seed * 100_003 + draw)
+        model.apply(model._init_weights)
+        with torch.no_grad():
+            model.wpe.weight.zero_()
+            for block in model.h:
+                block.attn.c_proj.weight.mul_(scale_c_proj)
+                block.mlp.c_proj.weight.mul_(scale_c_proj)
+        X0 = shapedtx.initial_tokens(V0, WIDTH, 1, gen)
+        out.append(probe(model, {"inputs_embeds": X0})["V"].values[0])
+    return np.stack(out)
+
+
+def _preset_covariances(seed, draws=DRAWS):
+    config = shapedtx.preset("pre_ln", width=WIDTH, depth=DEPTH, causal=True)
+    V0 = shapedtx.equicorrelated(TOKENS, 0.2, EMBED_VAR)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for draw in range(draws):
+        torch.manual_seed(seed * 100_003 + draw)
+        model = shapedtx.Transformer(config).double()
+        out.append(probe(model, shapedtx.initial_tokens(V0, WIDTH, 1, gen))["V"].values[0])
+    return np.stack(out)
+
+
+def _summaries(V):
+    """Per-sample mean rho and mean log V^{aa}: (draws, layer) each."""
+    rho = metrics.mean_correlation(torch.from_numpy(V)).numpy()
+    return rho, np.log(np.diagonal(V, axis1=-2, axis2=-1)).mean(-1)
+
+
+def _min_ks_pvalue(a, b):
+    return min(
+        ks_2samp(x[:, layer], y[:, layer]).pvalue
+        for x, y in zip(_summaries(a), _summaries(b), strict=True)
+        for layer in range(1, DEPTH + 1)
+    )
+
+
+def test_transformers_gpt2_agrees_in_law_with_the_pre_ln_preset():
+    hf, ours = _gpt2_covariances(1), _preset_covariances(2)
+    # 2 statistics x 6 layers at 200 vs 200 independent draws: Bonferroni at 1%
+    assert _min_ks_pvalue(hf, ours) > 0.01 / 12
+    # collapse layers (first layer with mean rho above the threshold; never: DEPTH + 1)
+    first = {}
+    for threshold in (0.99, 0.22):  # 0.99: the usual one; 0.22: about half-way at depth 6
+        first[threshold] = [
+            np.where(c.collapsed, c.first_index, DEPTH + 1)
+            for c in (shapedtx.detect_collapse(torch.from_numpy(V), threshold) for V in (hf, ours))
+        ]
+    assert (first[0.99][0] == DEPTH + 1).all() and (first[0.99][1] == DEPTH + 1).all()
+    a, b = first[0.22]
+    assert ks_2samp(a, b).pvalue > 0.01 and abs(np.median(a) - np.median(b)) <= 1
+    # the test has power: GPT-2 without its 1/sqrt(2 depth) scaling of c_proj is rejected
+    unscaled = _gpt2_covariances(3, scale_c_proj=(2 * DEPTH) ** 0.5, draws=60)
+    assert _min_ks_pvalue(unscaled, ours[:60]) < 1e-6
