@@ -4,9 +4,11 @@ Public API of the layer library; the covariance SDE lives in ``sde`` and the fin
 simulator in ``simulations``.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from . import bottleneck, design, metrics
+from . import metrics
 from .activation import relu_slopes, shaped_relu
 from .attention import (
     causal_uniform,
@@ -17,19 +19,8 @@ from .attention import (
     token_mean,
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
-from .bottleneck import fit_attention, realise_attention
 from .config import ModelConfig
 from .covariance import check_covariance, equicorrelated, initial_tokens
-from .design import (
-    depth_threshold,
-    extrapolation_warning,
-    gpt3_table,
-    head_size_report,
-    optimal_shape,
-    optimal_width,
-    param_count,
-    regime,
-)
 from .metrics import detect_collapse
 from .nn import (
     MLP,
@@ -43,15 +34,50 @@ from .nn import (
 from .norm import layer_norm
 from .presets import PRESETS, preset
 from .probe import CovarianceProbe, find_blocks, probe
-from .results import (
-    config_of,
-    covariance_dataset,
-    load_dataset,
-    save_dataset,
-    with_metrics,
-    with_rho,
-)
-from .training import TrainConfig, TrainingDiverged, load_corpus, train
+
+# Loaded on first use, so that ``import shapedtx`` stays light (layers, config and metrics:
+# no xarray, scipy, matplotlib or trainer): public name -> module that defines it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("bottleneck", "design", "results", "training"), ""),
+    **dict.fromkeys(("fit_attention", "realise_attention"), "bottleneck"),
+    **dict.fromkeys(
+        (
+            "depth_threshold",
+            "extrapolation_warning",
+            "gpt3_table",
+            "head_size_report",
+            "optimal_shape",
+            "optimal_width",
+            "param_count",
+            "regime",
+        ),
+        "design",
+    ),
+    **dict.fromkeys(
+        (
+            "config_of",
+            "covariance_dataset",
+            "load_dataset",
+            "save_dataset",
+            "with_metrics",
+            "with_rho",
+        ),
+        "results",
+    ),
+    **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module == "":
+        return import_module(f".{name}", __name__)
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 try:
     __version__ = version("shapedtx")

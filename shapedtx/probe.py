@@ -21,17 +21,18 @@ ViTs (``blocks``) and Llama-style models (``model.layers``); otherwise pass ``bl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import xarray as xr
 from torch import Tensor, nn
 
 from ._validation import check_int
 from .config import ModelConfig
 from .metrics import covariance
-from .results import covariance_dataset
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 BLOCK_PATHS: tuple[str, ...] = (
     "blocks",
@@ -267,7 +268,7 @@ def probe(
         "stream_dtype": str(stream_dtype).removeprefix("torch."),
         "config_known": int(known),
     }
-    ds = covariance_dataset(
+    ds = _covariance_dataset(
         V, layer / width, config, source="network", method="probe", seed=-1, layer=layer,
         attrs=attrs,
     )  # fmt: skip
@@ -349,6 +350,8 @@ class CovarianceProbe:
         """The measurements so far: ``mean_rho(step, layer)``, ``stable_rank(step, layer)``,
         ``centred_stable_rank``, ``eigenvalue_ratio``, ``residual``; attrs ``model``,
         ``blocks``, ``every``, ``width``, ``stream_dtype``."""
+        import xarray as xr
+
         from .training.log import METRICS
 
         if not self._steps:
@@ -371,3 +374,9 @@ class CovarianceProbe:
         ds = xr.Dataset(data, coords=coords, attrs=attrs)
         ds["step"].attrs["long_name"] = "optimiser step"
         return ds
+
+
+def _covariance_dataset(*args: Any, **kwargs: Any) -> xr.Dataset:
+    from .results import covariance_dataset  # xarray is loaded only when a Dataset is built
+
+    return covariance_dataset(*args, **kwargs)
