@@ -10,6 +10,7 @@ a fine-dt reference at order 1 in dt (coupled Brownian increments).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -52,7 +53,7 @@ class FixedIncrement(torchsde.BrownianInterval):
     def __init__(self, W: torch.Tensor) -> None:
         self.W = W
 
-    def __call__(self, ta, tb=None, return_U=False, return_A=False):  # noqa: ANN001
+    def __call__(self, ta, tb=None, return_U=False, return_A=False):
         return self.W
 
     def __repr__(self) -> str:
@@ -193,5 +194,5 @@ def test_weak_order_one_against_fine_reference(causal):
         ses.append(se.norm().item())
     ref_error = [e / (1 - 4 / fine_steps * s) for e, s in zip(errors, (1, 2, 4), strict=True)]
     assert errors[-1] > 3 * ses[-1], (errors, ses)
-    for coarse, finer in zip(ref_error, ref_error[1:], strict=False):
+    for coarse, finer in itertools.pairwise(ref_error):
         assert 0.35 < finer / coarse < 0.65, (errors, ses)
