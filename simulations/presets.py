@@ -66,4 +66,5 @@ def model_label(config: ModelConfig) -> str:
     if config.mlp != "none":
         parts.append(f"{config.mlp} MLP")
     label = " + ".join(parts)
-    return label + (", pre-LN" if config.norm == "pre" else "")
+    label += ", pre-LN" if config.norm == "pre" else ""
+    return label + (", causal" if config.causal else "")
