@@ -2,8 +2,9 @@
 
 Run: python examples/head_bottleneck.py
 1. Head size >= m: the pseudo-inverse construction reaches a random target P exactly.
-2. The counterexample d_p = 1, m = 2, X = [[1], [0]]: the best attention found by optimisation
-   stays at the exact (attained) lower bound ||P[1] - [1/2, 1/2]||.
+2. The counterexample of THEORY section 8, d_p = 1, m = 3, X = I, P = 0.7 I + 0.1 11^T: the
+   best attention found by optimisation stays above the provable bound 0.7 / sqrt(2) (every
+   row is softmax(s_i b): at most two rows peak on their own token); d_p = 2 = m - 1 reaches P.
 3. Full-rank X, m = 6: best distance found by optimisation for each head size, next to the
    provable rank lower bound (p_min / 2) min(1, tail singular values of log(P) C).
 4. Head size m - 1 already suffices for full-rank X (the softmax discards per-row constants):
@@ -14,11 +15,12 @@ import torch
 
 from shapedtx.bottleneck import (
     attention_of,
-    counterexample_distance,
+    counterexample_p,
     counterexample_x,
     fit_attention,
     logit_rank,
     rank_lower_bound,
+    rank_one_lower_bound,
     realise_attention,
     realise_attention_low_rank,
 )
@@ -36,12 +38,13 @@ def main() -> None:
     err = (attention_of(X, W_Q, W_K) - P).abs().max()
     print(f"1. construction, m = {m}, n = {n}, d_p = {m}: max |A - P| = {err:.2e}")
 
-    P2 = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=f64)
-    fit = fit_attention(counterexample_x(), P2, 1, restarts=16, steps=1000, lr=0.1)
+    X3, P3 = counterexample_x(), counterexample_p()
+    fit = fit_attention(X3, P3, 1, restarts=16, steps=1000, lr=0.1)
+    fit2 = fit_attention(X3, P3, 2, restarts=16, steps=1000, lr=0.1)
     print(
-        f"2. counterexample, target rows {P2.tolist()}: best ||A - P||_F = {fit.distance:.6f}, "
-        f"exact lower bound {float(counterexample_distance(P2)):.6f}; "
-        f"best A = {[[round(v, 4) for v in row] for row in fit.attention.tolist()]}"
+        f"2. counterexample X = I, target rows {P3.tolist()}: d_p = 1 best ||A - P||_F = "
+        f"{fit.distance:.4f} >= lower bound {float(rank_one_lower_bound(P3)):.4f}; "
+        f"d_p = 2: {fit2.distance:.2e}"
     )
 
     print(f"3. full-rank X ({m} x {n}), same P; optimisation: 16 restarts x 1500 Adam steps")

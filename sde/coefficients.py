@@ -1,4 +1,4 @@
-"""Drift and diffusion of the neural covariance SDE (THEORY section 3).
+"""Drift and diffusion of the neural covariance SDE (THEORY sections 3 and 3b).
 
 ``dV = b(V) dt + Sigma(V)^{1/2} dB`` with ``E[dV^{ab} dV^{cd}] = Sigma^{ab,cd} dt``. Every
 supported configuration has
@@ -14,6 +14,12 @@ The constants (:func:`sde_constants`) follow THEORY's variants table and its gen
 cases the table does not list (several heads without ``W^O``, a value size ``n_h d_p != n``
 with ``W^O``) were derived with that rule and verified by one-step Monte Carlo on the
 project's finite network (``tests/test_sde_onestep.py``).
+
+Causal shaped attention (``config.causal``, THEORY section 3b) replaces the centring ``P / m``
+by the row-wise ``P_a / a`` (centring on the first a tokens): see :func:`causal_centerings`,
+:func:`causal_attention_drift` and :func:`causal_attention_sigma`. The ``Sigma_lin``
+coefficient is unchanged; ``k_att`` is then the factor ``gamma^4 / (tau0^2 n_h)`` in front of
+the causal bracket (which carries the ``1 / (a c)``).
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ class SDEConstants:
 
     Attributes:
         k_lin: coefficient of ``Sigma_lin`` in the diffusion.
-        k_att: factor of the attention (``V (x) W``) diffusion term, 0 without attention.
+        k_att: factor of the attention (``V (x) W``) diffusion term, 0 without attention:
+            ``gamma^4 / (tau0^2 m^2 n_h)``, or with ``causal`` ``gamma^4 / (tau0^2 n_h)`` (the
+            causal bracket of THEORY section 3b carries the ``1 / (a c)``).
         a_att: factor ``gamma^2 / tau0^2`` of the attention drift, 0 without attention.
         k_mlp: factor ``gamma^2 (c_+ - c_-)^2 / 4`` of the MLP drift ``J(V) - V``, 0 without MLP.
         heads: n_h (enters through ``k_att`` only).
+        causal: causal shaped attention (THEORY section 3b); False without attention.
     """
 
     k_lin: float
@@ -44,6 +53,7 @@ class SDEConstants:
     a_att: float
     k_mlp: float
     heads: int
+    causal: bool = False
 
 
 _THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
@@ -91,11 +101,6 @@ def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
             "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
             "use norm='none'"
         )
-    if config.causal:
-        raise ValueError(
-            "causal=True has no derived covariance SDE (THEORY section 2: the causal variant is "
-            "not covered by the theory); use causal=False"
-        )
     g2 = config.gamma**2
     lam2 = 1.0 - g2
     k_lin = k_att = a_att = k_mlp = 0.0
@@ -104,13 +109,18 @@ def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
         # (its Gram has n_h d_p columns), W^O (when present) with weight 1.
         value_weight = config.width / config.value_dim
         k_lin += 2 * lam2 * g2 + g2**2 * (value_weight + (1.0 if config.out_proj else 0.0))
-        if m is not None:
+        if config.causal:
+            k_att = g2**2 / (config.tau0**2 * config.heads)
+        elif m is not None:
             k_att = g2**2 / (config.tau0**2 * m**2 * config.heads)
         a_att = g2 / config.tau0**2
     if config.mlp == "shaped_relu":
         k_lin += 2 * g2  # 2 lam^2 gamma^2 (cross) + gamma^4 (W^pre) + gamma^4 (W^post)
         k_mlp = g2 * (config.c_plus - config.c_minus) ** 2 / 4
-    return SDEConstants(k_lin=k_lin, k_att=k_att, a_att=a_att, k_mlp=k_mlp, heads=config.heads)
+    causal = config.causal and config.attention == "shaped"
+    return SDEConstants(
+        k_lin=k_lin, k_att=k_att, a_att=a_att, k_mlp=k_mlp, heads=config.heads, causal=causal
+    )
 
 
 def _check_V(V: Tensor) -> int:
@@ -153,6 +163,51 @@ def attention_drift_factor(
     )
 
 
+def causal_centerings(m: int, *, dtype: torch.dtype, device: torch.device | None) -> Tensor:
+    """The stack of ``P_a / a`` (THEORY section 3b), a = 1..m: (m, m, m), entry ``[a - 1]``.
+
+    ``(P_a)^{ij} = delta^{ij} - 1/a`` for i, j <= a and 0 elsewhere (centring on the first a
+    tokens; ``P_1 = 0``, ``P_m = P``).
+    """
+    sizes = torch.arange(1, m + 1, dtype=dtype, device=device)
+    idx = torch.arange(m, device=device)
+    inside = (idx[None, :] < idx[:, None] + 1).to(dtype)  # (a, i): i <= a (1-based)
+    eye = torch.eye(m, dtype=dtype, device=device)
+    P = (eye - 1.0 / sizes[:, None, None]) * inside[:, :, None] * inside[:, None, :]
+    return P / sizes[:, None, None]
+
+
+def causal_attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor]:
+    """``(M, U)`` of THEORY section 3b: ``M^{ac} = tr(P_a V P_c V) / (a c)`` (..., m, m) and
+    ``U^{ai} = u^(a)_i = (P_a V P_a)^{ii} - tr(P_a V P_a) / a`` for i <= a, else 0 (..., m, m)."""
+    m = V.shape[-1]
+    Ps = causal_centerings(m, dtype=V.dtype, device=V.device)
+    Z = Ps @ V[..., None, :, :]  # (..., a, m, m): P_a V / a
+    M = torch.einsum("...aij,...cji->...ac", Z, Z)
+    sizes = torch.arange(1, m + 1, dtype=V.dtype, device=V.device)
+    d = torch.diagonal(Z @ Ps, dim1=-2, dim2=-1) * sizes[:, None] ** 2  # diag(P_a V P_a)
+    inside = (Ps.diagonal(dim1=-2, dim2=-1) != 0).to(V.dtype)  # i <= a (and a >= 2)
+    U = (d - d.sum(-1, keepdim=True) / sizes[:, None]) * inside
+    return M, U
+
+
+def causal_attention_drift_factor(V: Tensor, a_att: float, U: Tensor) -> Tensor:
+    """H with ``H V + V H^T`` the non-Hadamard part of the causal drift (THEORY section 3b):
+    row a of H is ``a_att V^{aa} u^(a) / (2a)``; V, U: (..., m, m) -> (..., m, m)."""
+    m = V.shape[-1]
+    sizes = torch.arange(1, m + 1, dtype=V.dtype, device=V.device)
+    v = torch.diagonal(V, dim1=-2, dim2=-1)
+    return a_att * (v / (2 * sizes))[..., :, None] * U
+
+
+def causal_attention_drift(V: Tensor, a_att: float) -> Tensor:
+    """Causal attention drift (THEORY section 3b); V: (..., m, m) -> (..., m, m):
+    ``b^{ac} = a_att [M^{ac} V^{ac} + (V^{aa}/(2a)) (V u^(a))^c + (V^{cc}/(2c)) (V u^(c))^a]``."""
+    M, U = causal_attention_auxiliaries(V)
+    HV = causal_attention_drift_factor(V, a_att, U) @ V
+    return a_att * M * V + HV + HV.transpose(-1, -2)
+
+
 def arccos_kernel(V: Tensor) -> Tensor:
     """``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)``:
     ``sqrt(V^{aa} V^{bb}) (2/pi) (sqrt(1 - rho^2) + rho arcsin rho)``; (..., m, m), PSD."""
@@ -173,15 +228,18 @@ def nu(rho: Tensor, c_plus: float, c_minus: float) -> Tensor:
 
 
 def drift(config: ModelConfig, V: Tensor) -> Tensor:
-    """Drift ``b(V)``; V: (..., m, m) -> (..., m, m) (THEORY section 3).
+    """Drift ``b(V)``; V: (..., m, m) -> (..., m, m) (THEORY sections 3 and 3b).
 
-    Shaped attention: ``(gamma^2 / tau0^2) [(Q / m^2) V + (v (Vu)^T + (Vu) v^T) / (2m)]``;
-    shaped ReLU MLP: ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
+    Shaped attention: ``(gamma^2 / tau0^2) [(Q / m^2) V + (v (Vu)^T + (Vu) v^T) / (2m)]``, or
+    with ``config.causal`` :func:`causal_attention_drift` (THEORY section 3b); shaped ReLU MLP:
+    ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
     """
     m = _check_V(V)
     const = sde_constants(config, m)
     out = torch.zeros_like(V)
-    if const.a_att:
+    if const.a_att and const.causal:
+        out = out + causal_attention_drift(V, const.a_att)
+    elif const.a_att:
         H = attention_drift_factor(V, const.a_att)
         HV = H @ V
         out = out + HV + HV.transpose(-1, -2)
@@ -213,14 +271,32 @@ def attention_sigma(V: Tensor) -> Tensor:
     )
 
 
+def causal_attention_sigma(V: Tensor) -> Tensor:
+    """Causal attention diffusion bracket (THEORY section 3b); (..., m, m) -> (..., m, m, m, m):
+    ``V^{ac} W(a,c)^{bd}/(ac) + V^{ad} W(a,d)^{bc}/(ad) + V^{bc} W(b,c)^{ad}/(bc)
+    + V^{bd} W(b,d)^{ac}/(bd)`` with ``W(a,c) = V P_a V P_c V``."""
+    Ps = causal_centerings(V.shape[-1], dtype=V.dtype, device=V.device)
+    left = V[..., None, :, :] @ Ps @ V[..., None, :, :]  # (..., a, m, m): V P_a V / a
+    right = Ps @ V[..., None, :, :]  # (..., c, m, m): P_c V / c
+    Wt = torch.einsum("...aik,...ckj->...acij", left, right)  # W(a, c) / (a c)
+    return (
+        torch.einsum("...ac,...acbd->...abcd", V, Wt)
+        + torch.einsum("...ad,...adbc->...abcd", V, Wt)
+        + torch.einsum("...bc,...bcad->...abcd", V, Wt)
+        + torch.einsum("...bd,...bdac->...abcd", V, Wt)
+    )
+
+
 def diffusion(config: ModelConfig, V: Tensor) -> Tensor:
     """Increment covariance ``Sigma^{ab,cd}(V)``; V: (..., m, m) -> (..., m, m, m, m).
 
-    ``k_lin Sigma_lin + k_att [V (x) W terms]`` with the constants of :func:`sde_constants`.
+    ``k_lin Sigma_lin + k_att [V (x) W terms]`` with the constants of :func:`sde_constants`;
+    with ``config.causal`` the bracket is :func:`causal_attention_sigma` (THEORY section 3b).
     """
     m = _check_V(V)
     const = sde_constants(config, m)
     out = const.k_lin * sigma_lin(V)
     if const.k_att:
-        out = out + const.k_att * attention_sigma(V)
+        bracket = causal_attention_sigma(V) if const.causal else attention_sigma(V)
+        out = out + const.k_att * bracket
     return out

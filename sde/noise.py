@@ -4,6 +4,10 @@ With ``L L^T = V`` and iid N(0, 1) m x m matrices N1, N2:
 ``Xi = L (N1 + N1^T) L^T / sqrt(2)`` has covariance ``Sigma_lin`` and
 ``Yh P V + V P Yh^T`` with ``Yh = L N2 L^T`` has covariance the attention term, so
 ``sqrt(k_lin) Xi + sqrt(k_att) (Yh P V + V P Yh^T)`` has covariance ``Sigma(V)``.
+
+Causal shaped attention (THEORY section 3b): ``Yh P / m`` becomes the row-wise R (row a:
+``Yh^{a,:} P_a / a``), and ``sqrt(k_att) (R V + V R^T)`` (causal ``k_att``) has covariance the
+causal attention term.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from torch import Tensor
 
 from shapedtx.config import ModelConfig
 
-from .coefficients import _check_V, centering, sde_constants
+from .coefficients import _check_V, causal_centerings, centering, sde_constants
 
 
 def psd_factor(V: Tensor) -> tuple[Tensor, Tensor]:
@@ -30,8 +34,24 @@ def psd_factor(V: Tensor) -> tuple[Tensor, Tensor]:
     return L, evals
 
 
-def noise_increment(L: Tensor, V: Tensor, normals: Tensor, k_lin: float, k_att: float) -> Tensor:
-    """Unit-time noise ``sqrt(k_lin) Xi + sqrt(k_att) (Yh P V + V P Yh^T)``.
+def attention_noise_factor(Yh: Tensor, *, causal: bool) -> Tensor:
+    """The attention perturbation driven by ``Yh = L N2 L^T``: ``Yh P`` (non-causal, THEORY
+    section 3) or the row-wise causal R with row a ``Yh^{a,:} P_a / a`` (THEORY section 3b).
+
+    Yh: (..., m, m) -> (..., m, m). (The non-causal ``1/m`` sits in ``k_att``.)
+    """
+    m = Yh.shape[-1]
+    if causal:
+        Ps = causal_centerings(m, dtype=Yh.dtype, device=Yh.device)
+        return torch.einsum("...ak,akj->...aj", Yh, Ps)
+    return Yh @ centering(m, dtype=Yh.dtype, device=Yh.device)
+
+
+def noise_increment(
+    L: Tensor, V: Tensor, normals: Tensor, k_lin: float, k_att: float, *, causal: bool = False
+) -> Tensor:
+    """Unit-time noise ``sqrt(k_lin) Xi + sqrt(k_att) (Yh P V + V P Yh^T)``; with ``causal``
+    ``sqrt(k_lin) Xi + sqrt(k_att) (R V + V R^T)`` (THEORY section 3b).
 
     L, V: (..., m, m); normals: (..., 2, m, m) iid N(0, 1) (N1, N2) -> (..., m, m), symmetric.
     """
@@ -40,8 +60,7 @@ def noise_increment(L: Tensor, V: Tensor, normals: Tensor, k_lin: float, k_att: 
     sym = N1 + N1.transpose(-1, -2)
     out = math.sqrt(k_lin / 2) * (L @ sym @ Lt)
     if k_att:
-        P = centering(V.shape[-1], dtype=V.dtype, device=V.device)
-        YPV = L @ N2 @ Lt @ P @ V
+        YPV = attention_noise_factor(L @ N2 @ Lt, causal=causal) @ V
         out = out + math.sqrt(k_att) * (YPV + YPV.transpose(-1, -2))
     return out
 
@@ -64,4 +83,4 @@ def sample_noise(
             (*V.shape[:-2], 2, m, m), generator=generator, dtype=V.dtype, device=V.device
         )
     L, _ = psd_factor(V)
-    return noise_increment(L, V, normals, const.k_lin, const.k_att)
+    return noise_increment(L, V, normals, const.k_lin, const.k_att, causal=const.causal)

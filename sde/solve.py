@@ -45,10 +45,11 @@ def solve(
     bound: float = DEFAULT_BOUND,
     progress: bool | None = None,
 ) -> xr.Dataset:
-    """Solve ``dV = b dt + Sigma^{1/2} dB`` (THEORY section 3) for ``samples`` paths from V0.
+    """Solve ``dV = b dt + Sigma^{1/2} dB`` (THEORY sections 3 and 3b) for ``samples`` paths.
 
     Args:
-        config: the model; must have an SDE limit (see :func:`sde.sde_constants`).
+        config: the model; must have an SDE limit (see :func:`sde.sde_constants`); causal
+            shaped attention uses the causal SDE of THEORY section 3b.
         V0: (m, m) positive-definite initial covariance.
         samples: number of independent paths.
         T: time horizon (default ``config.T = depth / width``).

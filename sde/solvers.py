@@ -7,6 +7,12 @@
   attention drift factor (``H V + V H^T = b_att``) minus the Ito corrections
   ``(eps^2 m + k_att dt Q) / (2 dt) I``. Every step is PSD by construction; mean and covariance
   of an increment match ``b dt`` and ``Sigma dt`` up to O(dt^2), odd moments vanish: weak order 1.
+  Causal attention (THEORY section 3b): ``G = sqrt(k_att dt) R`` with the row-wise R of
+  ``L N2 L^T``, ``H`` the causal factor (row a: ``a_att V^{aa} u^(a) / (2a)``), and the
+  Hadamard part of the drift together with the Ito correction is the PSD matrix
+  ``(a_att - k_att) dt (M o V)`` (``E[G V G^T] = k_att dt M o V``; ``a_att >= k_att`` since
+  ``gamma^2 <= n_h``), added after the factored step: ``V' = F F^T + (a_att - k_att) dt M o V``,
+  then re-factored (jittered Cholesky, no synchronisation). Still PSD by construction.
 - :class:`EulerMaruyama` (``method="em"``): plain ``V + b dt + Sigma^{1/2} dB``, symmetrised;
   can leave the PSD cone (such paths are flagged), kept as a reference.
 
@@ -31,11 +37,13 @@ from .coefficients import (
     arccos_kernel,
     attention_auxiliaries,
     attention_drift_factor,
+    causal_attention_auxiliaries,
+    causal_attention_drift_factor,
     centering,
     drift,
     sde_constants,
 )
-from .noise import noise_increment, psd_factor
+from .noise import attention_noise_factor, noise_increment, psd_factor
 
 NoiseSource = Callable[[int], Tensor]
 """``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
@@ -102,6 +110,8 @@ class FactoredEuler:
         eye = torch.eye(m, dtype=V.dtype, device=V.device)
         eps2 = const.k_lin * dt / 2
         left = eye.expand_as(V) * (1 - eps2 * m / 2)
+        if const.a_att and const.causal:
+            return self._causal_step(L, V, left, normals, dt)
         if const.a_att:
             aux = attention_auxiliaries(V)
             Q = aux[1]
@@ -111,6 +121,23 @@ class FactoredEuler:
             left = left + dt * attention_drift_factor(V, const.a_att, aux) + G - ito
         F = left @ L @ (eye + math.sqrt(eps2) * normals[:, 0])
         return F, _symmetrise(F @ F.transpose(-1, -2)), None
+
+    def _causal_step(
+        self, L: Tensor, V: Tensor, left: Tensor, normals: Tensor, dt: float
+    ) -> tuple[Tensor, Tensor, None]:
+        """Causal attention step (THEORY section 3b, module docstring): factor, noise and the
+        PSD Hadamard term ``(a_att - k_att) dt M o V``; returns the re-factored state."""
+        const, m = self.const, self.m
+        eye = torch.eye(m, dtype=V.dtype, device=V.device)
+        M, U = causal_attention_auxiliaries(V)
+        Yh = L @ normals[:, 1] @ L.transpose(-1, -2)
+        G = math.sqrt(const.k_att * dt) * attention_noise_factor(Yh, causal=True)
+        left = left + dt * causal_attention_drift_factor(V, const.a_att, U) + G
+        F = left @ L @ (eye + math.sqrt(const.k_lin * dt / 2) * normals[:, 0])
+        hadamard = (const.a_att - const.k_att) * dt * (M * V)
+        new = _symmetrise(F @ F.transpose(-1, -2) + hadamard)
+        factor = psd_factor(new)[0] if self.canonical else _jittered_cholesky(new)
+        return factor, new, None
 
 
 class EulerMaruyama:
@@ -129,7 +156,8 @@ class EulerMaruyama:
     def step(self, V: Tensor, normals: Tensor, dt: float) -> tuple[Tensor, Tensor, Tensor | None]:
         """V: (B, m, m), normals: (B, 2, m, m) -> (V', V', psd_ok (B,))."""
         L, _ = psd_factor(V)
-        noise = noise_increment(L, V, normals, self.const.k_lin, self.const.k_att)
+        const = self.const
+        noise = noise_increment(L, V, normals, const.k_lin, const.k_att, causal=const.causal)
         new = _symmetrise(V + drift(self.config, V) * dt + math.sqrt(dt) * noise)
         eye = torch.eye(self.m, dtype=V.dtype, device=V.device)
         finite = torch.isfinite(new).all(-1).all(-1)

@@ -3,7 +3,8 @@
 State: the upper triangle of V (m (m + 1) / 2 entries); general noise with a 2 m^2-dimensional
 Brownian motion (N1 then N2 of :mod:`sde.noise`, row-major), so that the same Brownian
 increments drive :class:`sde.solvers.FactoredEuler` when read as ``dW / sqrt(dt)``.
-Paths that are non-finite or exceed the bound get zero drift and diffusion (frozen).
+Paths that are non-finite or exceed the bound get zero drift and diffusion (frozen). Causal
+shaped attention uses the row-wise noise R of THEORY section 3b.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from shapedtx.config import ModelConfig
 
-from .coefficients import centering, drift, sde_constants
+from .coefficients import causal_centerings, centering, drift, sde_constants
 from .noise import psd_factor
 
 
@@ -68,7 +69,13 @@ class CovarianceSDE(torch.nn.Module):
         outer = L[:, :, None, :, None] * L[:, None, :, None, :]  # (B, a, b, i, j) = L_ai L_bj
         g1 = math.sqrt(self.const.k_lin / 2) * (outer + outer.transpose(-1, -2))
         cols = [g1]
-        if self.const.k_att:
+        if self.const.k_att and self.const.causal:
+            # N2 basis E_ij: R V has entries L_ai K[a]_bj with K[a] = V (P_a / a) L (row-wise R)
+            Ps = causal_centerings(m, dtype=V.dtype, device=V.device)
+            K = V[:, None] @ Ps @ L[:, None]  # (B, a, b, j)
+            lm = L[:, :, None, :, None] * K[:, :, :, None, :]
+            cols.append(math.sqrt(self.const.k_att) * (lm + lm.permute(0, 2, 1, 3, 4)))
+        elif self.const.k_att:
             # N2 basis E_ij: sqrt(k_att) (L_ai M_bj + M_aj L_bi), M = V P L
             M = V @ centering(m, dtype=V.dtype, device=V.device) @ L
             lm = L[:, :, None, :, None] * M[:, None, :, None, :]

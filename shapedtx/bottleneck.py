@@ -10,8 +10,14 @@ Convention (THEORY section 2): tokens ``X: (m, n)`` (rows), ``q = X W^Q / sqrt(n
   :func:`realise_attention_low_rank` does it with head size ``logit_rank(P)`` (m - 1 for a
   generic P): the softmax discards per-row constants, so one dimension is free.
 * :func:`fit_attention` finds the best reachable attention by optimisation (batched restarts);
-  :func:`counterexample_distance` and :func:`rank_lower_bound` are provable lower bounds on
+  :func:`rank_lower_bound` and :func:`rank_one_lower_bound` are provable lower bounds on
   ``||A - P||_F`` used to show that small heads stay away from P.
+* The counterexample of THEORY section 8: d_p = 1, m = 3, X = I (:func:`counterexample_x`)
+  cannot reach P with rows (.8, .1, .1), (.1, .8, .1), (.1, .1, .8) (:func:`counterexample_p`):
+  every softmax row is ``softmax(s_i b)`` for one vector b, so at most two rows peak on their
+  own token (:func:`rank_one_lower_bound`: distance >= 0.7 / sqrt(2)); d_p = 2 = m - 1 reaches
+  it exactly. X = [[1], [0]] is no head-size counterexample (rank 1; its zero token's row is
+  uniform for any d_p): :func:`zero_token_distance`.
 """
 
 from __future__ import annotations
@@ -140,27 +146,53 @@ def realise_attention_low_rank(
 
 
 # Lower bounds -----------------------------------------------------------------------------------
-#: The [BH] counterexample: d_p = 1, m = 2, n = 1, X = [[1], [0]].
-COUNTEREXAMPLE_X = ((1.0,), (0.0,))
+#: The head-size counterexample of THEORY section 8: d_p = 1, m = 3, X = I (rank 3), and the
+#: target P with 0.8 on the diagonal and 0.1 elsewhere.
+COUNTEREXAMPLE_P = ((0.8, 0.1, 0.1), (0.1, 0.8, 0.1), (0.1, 0.1, 0.8))
 
 
 def counterexample_x(*, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-    """X = [[1], [0]] (m = 2 tokens, width 1)."""
-    return torch.tensor(COUNTEREXAMPLE_X, dtype=dtype, device=device)
+    """X = I: m = 3 tokens of width 3, full rank (THEORY section 8)."""
+    return torch.eye(len(COUNTEREXAMPLE_P), dtype=dtype, device=device)
 
 
-def counterexample_distance(P: Tensor) -> Tensor:
-    """Exact ``inf ||A - P||_F`` over all heads on the counterexample X = [[1], [0]].
+def counterexample_p(*, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
+    """The target P of THEORY section 8: rows (.8, .1, .1), (.1, .8, .1), (.1, .1, .8)."""
+    return torch.tensor(COUNTEREXAMPLE_P, dtype=dtype, device=device)
 
-    The second token is the zero vector, so its query is 0, its logits are constant and its
-    attention row is [1/2, 1/2] for every W^Q, W^K (any head size: the logits have rank <=
-    rank X = 1). The first row is ``[sigmoid(w), 1 - sigmoid(w)]`` with w = W^Q W^K^T /
-    sqrt(d_p), which reaches any positive row exactly. Hence the infimum is
-    ``||P[1] - [1/2, 1/2]||_2``, attained. P: (..., 2, 2) -> (...).
+
+def rank_one_lower_bound(P: Tensor) -> Tensor:
+    """A provable lower bound on ``||A - P||_F`` over all attention matrices whose logits have
+    rank <= 1 (head size d_p = 1, or rank X = 1); P: (..., m, m) -> (...).
+
+    Rank-1 logits are ``Y = s b^T``, so row i of A is ``softmax(s_i b)``: its largest entries
+    sit at ``u = argmax b`` (s_i > 0), at ``v = argmin b`` (s_i < 0), or the row is uniform.
+    So for every row i, ``a_{ik} <= max(a_{iu}, a_{iv})`` for all k, in particular for the
+    argmax ``k_i`` of P's row i, and moving two entries to meet costs at least their gap over
+    sqrt(2): ``||a_i - p_i|| >= max(0, p_{ik_i} - max(p_{iu}, p_{iv})) / sqrt(2)``. Minimising
+    over the unknown pair (u, v) gives the bound. For the section-8 P (m = 3): at most two rows
+    can peak on their own token, so the bound is ``0.7 / sqrt(2)``. (The rank bound
+    :func:`rank_lower_bound` gives only ``p_min / 2 = 0.05`` there.)
+    """
+    check_stochastic(P)
+    top = P.amax(-1, keepdim=True)  # (..., m, 1): p_{i k_i}
+    other = torch.maximum(P[..., :, :, None], P[..., :, None, :])  # (..., i, u, v)
+    gaps = (top[..., None] - other).clamp(min=0)
+    per_pair = gaps.square().sum(-3) / 2  # (..., u, v)
+    return per_pair.amin(dim=(-2, -1)).sqrt()
+
+
+def zero_token_distance(P: Tensor) -> Tensor:
+    """Exact ``inf ||A - P||_F`` over all heads for X = [[1], [0]] (m = 2, width 1).
+
+    Not a head-size counterexample (THEORY section 8): X has rank 1 and its second token is
+    the zero vector, so that token's logits are constant and its row is [1/2, 1/2] for every
+    head size. The first row is ``[sigmoid(w), 1 - sigmoid(w)]``, which reaches any positive
+    row, so the infimum is ``||P[1] - [1/2, 1/2]||_2``, attained. P: (..., 2, 2) -> (...).
     """
     check_stochastic(P)
     if P.shape[-1] != 2:
-        raise ValueError(f"P must be (..., 2, 2) for the counterexample, got {tuple(P.shape)}")
+        raise ValueError(f"P must be (..., 2, 2) for X = [[1], [0]], got {tuple(P.shape)}")
     return torch.linalg.vector_norm(P[..., 1, :] - 0.5, dim=-1)
 
 

@@ -3,7 +3,7 @@
 from shapedtx.covariance import equicorrelated
 from shapedtx.results import with_metrics, with_rho
 
-from .compare import QUANTILES, align_times, collapse_report, compare
+from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, simulate
 from .gram import GramSampler
@@ -13,6 +13,7 @@ from .plots import (
     plot_mean_correlation,
     plot_quantile_bands,
     plot_rho_density,
+    plot_token_pairs,
     save_figure,
 )
 from .presets import PRESETS, Preset, baselines
@@ -37,6 +38,7 @@ __all__ = [
     "align_times",
     "at_width",
     "baselines",
+    "causal_pairs",
     "collapse_report",
     "compare",
     "convergence",
@@ -49,9 +51,11 @@ __all__ = [
     "plot_mean_correlation",
     "plot_quantile_bands",
     "plot_rho_density",
+    "plot_token_pairs",
     "save_figure",
     "simulate",
     "sweep",
+    "token_pairs",
     "wishart",
     "wishart_factor",
     "with_metrics",

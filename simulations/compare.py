@@ -298,6 +298,60 @@ def compare(
     return xr.Dataset(out, coords=coords, attrs=attrs)
 
 
+def causal_pairs(m: int) -> list[tuple[int, int]]:
+    """Token pairs (1-based) that behave differently under a causal mask (THEORY section 3b):
+    (1, 2) (token 1 has no attention at all), (1, m) and (m - 1, m) (the last tokens attend
+    to every token); duplicates removed for small m."""
+    pairs = [(1, 2), (1, m), (m - 1, m)]
+    return list(dict.fromkeys(pairs))
+
+
+def token_pairs(
+    network: xr.Dataset,
+    limit: xr.Dataset,
+    pairs: Sequence[tuple[int, int]] | None = None,
+    *,
+    tolerance: float | None = None,
+) -> xr.Dataset:
+    """Mean correlation of individual token pairs over time, network vs SDE (THEORY section
+    3b: under a causal mask the pairs are not exchangeable).
+
+    ``pairs``: 1-based token pairs (default :func:`causal_pairs`). Times are aligned and
+    samples excluded as in :func:`compare`. Returns ``mean_rho``, ``mean_rho_se`` (source,
+    pair, t) and ``V_diag_mean`` (source, token, t), with coordinate ``pair`` ("1-2", ...).
+    """
+    m = network.sizes["token_a"]
+    pairs = causal_pairs(m) if pairs is None else list(pairs)
+    for a, b in pairs:
+        if not (1 <= a <= m and 1 <= b <= m and a != b):
+            raise ValueError(f"pairs must be distinct 1-based tokens <= {m}, got ({a}, {b})")
+    ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
+    means, ses, diags = [], [], []
+    for ds, idx in ((network, ia), (limit, ib)):
+        ds = ds.isel(t=idx)
+        ds = ds.isel(sample=valid_samples(ds))
+        r = _rho(ds).values  # (N, t, m, m)
+        x = np.stack([r[:, :, a - 1, b - 1] for a, b in pairs], axis=1)  # (N, pair, t)
+        means.append(x.mean(0))
+        ses.append(x.std(0, ddof=1) / np.sqrt(x.shape[0]))
+        diags.append(np.diagonal(ds["V"].values, axis1=-2, axis2=-1).mean(0).T)
+    coords = {
+        "source": list(SOURCES),
+        "pair": [f"{a}-{b}" for a, b in pairs],
+        "token": np.arange(1, m + 1),
+        "t": network["t"].values[ia],
+    }
+    return xr.Dataset(
+        {
+            "mean_rho": (("source", "pair", "t"), np.stack(means)),
+            "mean_rho_se": (("source", "pair", "t"), np.stack(ses)),
+            "V_diag_mean": (("source", "token", "t"), np.stack(diags)),
+        },
+        coords=coords,
+        attrs={k: v for k, v in network.attrs.items() if k.startswith("config.")},
+    )
+
+
 def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -> xr.Dataset:
     """Rank-collapse summary per model (THEORY section 4) via ``shapedtx.detect_collapse``.
 

@@ -220,6 +220,33 @@ def plot_quantile_bands(
     return _finish(fig, path)
 
 
+def plot_token_pairs(
+    pairs: xr.Dataset,
+    *,
+    ax: Axes | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """Mean ρ of individual token pairs vs t, network (solid, ±2 SE band) vs SDE (dashed),
+    from :func:`simulations.compare.token_pairs` (causal models: THEORY section 3b)."""
+    fig, ax = _axes(ax)
+    t = pairs["t"].values
+    for k, label in enumerate(pairs["pair"].values):
+        color = f"C{k}"
+        for src, ls in zip(SOURCES, ("-", "--"), strict=True):
+            mean = pairs["mean_rho"].sel(source=src, pair=label).values
+            se = pairs["mean_rho_se"].sel(source=src, pair=label).values
+            ax.plot(t, mean, color=color, ls=ls, lw=2 if src == "network" else 1.5,
+                    label=f"tokens {label}, {LABELS[src]}")  # fmt: skip
+            if src == "network":
+                ax.fill_between(t, mean - 2 * se, mean + 2 * se, color=color, alpha=0.2, lw=0)
+    ax.set_xlabel("t = layer / width")
+    ax.set_ylabel("mean token correlation ρ of the pair")
+    ax.set_title("Token pairs: network (±2 SE) vs SDE limit")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return _finish(fig, path)
+
+
 def plot_convergence(
     convergence: xr.Dataset,
     *,

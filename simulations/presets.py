@@ -82,4 +82,5 @@ def model_label(config: ModelConfig) -> str:
         label += f", {config.norm}-LN"
     if config.residual == "unit":
         label += ", X + f(X)"
-    return label + (", gpt2 init" if config.init == "gpt2" else "")
+    label += ", gpt2 init" if config.init == "gpt2" else ""
+    return label + (", causal" if config.causal else "")

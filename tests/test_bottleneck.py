@@ -9,13 +9,15 @@ from shapedtx import ModelConfig
 from shapedtx.bottleneck import (
     attention_of,
     check_stochastic,
-    counterexample_distance,
+    counterexample_p,
     counterexample_x,
     fit_attention,
     logit_rank,
     rank_lower_bound,
+    rank_one_lower_bound,
     realise_attention,
     realise_attention_low_rank,
+    zero_token_distance,
 )
 from shapedtx.nn import SoftmaxAttention
 
@@ -95,9 +97,48 @@ def test_low_rank_target_needs_only_its_rank():
     assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
 
 
-# Counterexample d_p = 1, m = 2, X = [[1], [0]] ------------------------------------------------
-def test_counterexample_row_is_fixed_for_every_head():
-    X = counterexample_x()
+# Counterexample of THEORY section 8: d_p = 1, m = 3, X = I ----------------------------------
+def test_section_8_counterexample_is_unreachable_with_head_size_1():
+    """Every row of a d_p = 1 head is softmax(s_i b): at most two rows peak on their own token,
+    so ||A - P||_F >= 0.7 / sqrt(2) for P = 0.7 I + 0.1 11^T. Random heads and the optimiser
+    respect the bound (a positive distance), while d_p = 2 = m - 1 reaches P exactly."""
+    X, P = counterexample_x(), counterexample_p()
+    assert torch.linalg.matrix_rank(X) == 3
+    bound = float(rank_one_lower_bound(P))
+    assert bound == pytest.approx(0.7 / math.sqrt(2))
+    assert float(rank_lower_bound(P, 1)) == pytest.approx(0.05)  # the generic bound is weaker
+    gen = torch.Generator().manual_seed(0)
+    W_Q = 5 * torch.randn(5000, 3, 1, generator=gen, dtype=F64)
+    W_K = 5 * torch.randn(5000, 3, 1, generator=gen, dtype=F64)
+    dist = torch.linalg.matrix_norm(attention_of(X, W_Q, W_K) - P)
+    assert float(dist.min()) >= bound
+    fit = fit_attention(X, P, 1, restarts=8, steps=400, lr=0.1)
+    assert fit.distance >= bound and float(fit.distances.min()) >= bound
+    own_peak = fit.attention.argmax(-1) == torch.arange(3)
+    assert int(own_peak.sum()) <= 2  # at most two rows peak on their own token
+    # d_p = m - 1 suffices (THEORY section 8): exact construction and optimisation
+    W_Q, W_K = realise_attention_low_rank(X, P, 2)
+    assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-10
+    assert fit_attention(X, P, 2, restarts=8, steps=400, lr=0.1).distance < 0.1 * bound
+
+
+def test_rank_one_bound_is_zero_when_reachable_and_holds_for_random_targets():
+    # a P realised by a rank-1 head has bound 0; random targets: every rank-1 head respects it
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(4, 4, generator=gen, dtype=F64)
+    w = torch.randn(2, 4, 1, generator=gen, dtype=F64)
+    assert float(rank_one_lower_bound(attention_of(X, w[0], w[1]))) < 1e-12
+    _, P = _random_problem(4, 4, seed=5, batch=(20,))
+    bounds = rank_one_lower_bound(P)
+    W_Q = 4 * torch.randn(500, 1, 4, 1, generator=gen, dtype=F64)
+    W_K = 4 * torch.randn(500, 1, 4, 1, generator=gen, dtype=F64)
+    dist = torch.linalg.matrix_norm(attention_of(X, W_Q, W_K) - P)  # (500, 20)
+    assert bool((dist >= bounds - 1e-12).all()) and float(bounds.max()) > 0.05
+
+
+# X = [[1], [0]]: rank 1, no head-size counterexample (THEORY section 8) ----------------------
+def test_zero_token_row_is_fixed_for_every_head():
+    X = torch.tensor([[1.0], [0.0]], dtype=F64)
     gen = torch.Generator().manual_seed(0)
     for head_size in (1, 2, 3):
         W_Q = 10 * torch.randn(500, 1, head_size, generator=gen, dtype=F64)
@@ -106,28 +147,15 @@ def test_counterexample_row_is_fixed_for_every_head():
         assert torch.equal(A[:, 1], torch.full((500, 2), 0.5, dtype=F64))
         w = (W_Q * W_K).sum(-1)[:, 0] / math.sqrt(head_size)  # logit of token 1 on itself
         assert torch.allclose(A[:, 0, 0], torch.sigmoid(w), atol=1e-14)
-
-
-def test_counterexample_cannot_be_realised_by_optimisation():
-    X = counterexample_x()
     P = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=F64)
-    bound = float(counterexample_distance(P))
+    bound = float(zero_token_distance(P))
     assert bound == pytest.approx(math.sqrt(2) * 0.3)
-    fit = fit_attention(X, P, 1, restarts=8, steps=300, lr=0.1)
-    # the optimiser reaches the infimum (row 0 matched) but never goes below it
-    assert bound - 1e-12 <= fit.distance < bound + 1e-3
-    assert torch.allclose(fit.attention[1], torch.tensor([0.5, 0.5], dtype=F64))
-    assert float(fit.distances.min()) >= bound - 1e-12
+    # larger heads do not help: the distance is the same for d_p = 1 and d_p = 2
+    for head_size in (1, 2):
+        fit = fit_attention(X, P, head_size, restarts=8, steps=300, lr=0.1)
+        assert bound - 1e-12 <= fit.distance < bound + 1e-3
     with pytest.raises(ValueError, match="X must have full row rank"):
         realise_attention(X, P, 2)
-
-
-def test_realisable_counterexample_target_is_reached():
-    # power: the same optimisation does reach a P whose second row is [1/2, 1/2]
-    P = torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=F64)
-    assert float(counterexample_distance(P)) == 0.0
-    fit = fit_attention(counterexample_x(), P, 1, restarts=8, steps=300, lr=0.1)
-    assert fit.distance < 1e-3
 
 
 # Rank lower bound for full-rank X -------------------------------------------------------------
@@ -172,7 +200,7 @@ def test_fit_is_reproducible():
         (lambda X, P: realise_attention(X, P, 3, row_scale=-torch.ones(3)), "row_scale"),
         (lambda X, P: check_stochastic(torch.eye(3, dtype=F64)), "positive"),
         (lambda X, P: rank_lower_bound(P, -1), "rank"),
-        (lambda X, P: counterexample_distance(P), r"\(\.\.\., 2, 2\)"),
+        (lambda X, P: zero_token_distance(P), r"\(\.\.\., 2, 2\)"),
         (lambda X, P: fit_attention(X, P, 0), "head_size"),
         (lambda X, P: realise_attention_low_rank(X, P, 1), "head_size"),
         (lambda X, P: realise_attention_low_rank(X[:, :2], P, 2), "X must have full row rank"),

@@ -111,3 +111,34 @@ def test_at_width_keeps_T_and_derived_head_sizes():
     assert at_width(fixed, 32).head_dim == 8
     with pytest.raises(ValueError, match="depth = T"):
         at_width(ModelConfig(width=200, depth=150), 10)
+
+
+def test_compare_causal_writes_token_pairs(tmp_path, capsys):
+    """``--causal`` (THEORY section 3b) runs end to end and adds the per-token-pair outputs;
+    the non-causal run has none (its outputs are unchanged)."""
+    from simulations.compare import causal_pairs
+
+    assert causal_pairs(4) == [(1, 2), (1, 4), (3, 4)] and causal_pairs(2) == [(1, 2)]
+    out = tmp_path / "causal"
+    argv = ["compare", "--quick", "--causal", "--width", "16", "--depth", "12"]
+    argv += ["--samples", "64", "--baseline-samples", "16", "--convergence-widths", "none"]
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "causal: mean rho at T by token pair" in printed and "MLP, causal)" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["causal"] == 1
+    tp = summary["token_pairs"]
+    assert tp["pairs"] == ["1-2", "1-4", "3-4"]
+    for src in ("network", "sde"):
+        assert len(tp["mean_rho_T"][src]) == 3 and len(tp["V_diag_mean_T"][src]) == 4
+    assert all(math.isfinite(v) for v in _numbers(tp))
+    for ext in ("png", "pdf"):
+        assert (out / "figures" / f"token_pairs.{ext}").stat().st_size > 1000
+    pairs = load_dataset(out / "token_pairs.nc")
+    assert pairs["mean_rho"].dims == ("source", "pair", "t")
+    assert load_dataset(out / "sde.nc").attrs["config.causal"] == 1
+    plain = tmp_path / "plain"
+    argv = [a for a in argv if a != "--causal"]
+    assert main([*argv, "--no-figures", "--no-progress", "--out", str(plain)]) == 0
+    assert "token_pairs" not in json.loads((plain / "summary.json").read_text())
+    assert not (plain / "token_pairs.nc").exists()

@@ -108,7 +108,6 @@ def test_constants_table(changes, k_lin, k_att):
         ({"attention": "softmax"}, "attention='softmax' has no covariance SDE"),
         ({"mlp": "relu"}, "mlp='relu' has no covariance SDE"),
         ({"norm": "pre"}, "norm='pre'"),
-        ({"causal": True}, "causal=True"),
     ],
 )
 def test_degenerate_configs_refused(changes, match):

@@ -4,6 +4,9 @@ The main job (README): one shaped model simulated as a finite network and as its
 compared time by time (``simulations.compare``), a convergence study in the width at fixed T
 (``simulations.convergence``), the standard-attention baselines (rank collapse,
 ``shapedtx.detect_collapse``), figures (``simulations.plots``) and ``summary.json``.
+With ``--causal`` (THEORY section 3b) the tokens are not exchangeable: the run also writes
+``token_pairs.nc`` and ``figures/token_pairs`` (mean rho of the pairs (1, 2), (1, m) and
+(m - 1, m) over time, network vs SDE) and a ``token_pairs`` entry in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from simulations.compare import collapse_report, compare
+    from simulations.compare import collapse_report, compare, token_pairs
     from simulations.convergence import at_width, convergence
     from simulations.presets import PRESETS, baselines, model_label
 
@@ -230,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
     with stage("statistics", "comparison statistics and collapse report"):
         comparison = compare(network, limit)
         collapse = collapse_report(models, args.threshold)
+        pairs = token_pairs(network, limit) if config.causal else None
     conv = None
     if s["widths"]:
         with stage("convergence", f"convergence at T = {config.T:g}: widths "
@@ -242,15 +246,18 @@ def _run(args: argparse.Namespace) -> int:
     files = []
     with stage("write", f"writing Datasets to {out}"):
         for name, ds in (("network", network), ("sde", limit), ("comparison", comparison),
-                         ("collapse", collapse), ("convergence", conv)):  # fmt: skip
+                         ("collapse", collapse), ("convergence", conv),
+                         ("token_pairs", pairs)):  # fmt: skip
             if ds is not None:
                 files.append(save_dataset(ds, out / f"{name}.nc"))
     if not args.no_figures:
         with stage("figures", f"figures in {out / 'figures'}"):
             files += _figures(out / "figures", models, network, limit, comparison, conv,
-                              args.threshold)  # fmt: skip
+                              args.threshold, pairs)  # fmt: skip
     stage.times["total"] = time.perf_counter() - stage.start
     summary = _summary(args, s, comparison, collapse, conv, limit, stage.times, PRESETS)
+    if pairs is not None:
+        summary["token_pairs"] = _pairs_summary(pairs)
     summary["files"] = [*sorted(str(p.relative_to(out)) for p in files), "summary.json"]
     _write_json(summary, out / "summary.json")
     print(_table(summary))
@@ -258,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _figures(folder, models, network, limit, comparison, conv, threshold) -> list[Path]:
+def _figures(folder, models, network, limit, comparison, conv, threshold, pairs) -> list[Path]:
     from simulations import plots
 
     paths = []
@@ -276,6 +283,9 @@ def _figures(folder, models, network, limit, comparison, conv, threshold) -> lis
             continue
         figs[name](folder / name)
         paths += [folder / f"{name}.png", folder / f"{name}.pdf"]
+    if pairs is not None:
+        plots.plot_token_pairs(pairs, path=folder / "token_pairs")
+        paths += [folder / "token_pairs.png", folder / "token_pairs.pdf"]
     return paths
 
 
@@ -363,6 +373,21 @@ def _summary(args, s, comparison, collapse, conv, limit, times, presets) -> dict
     return summary
 
 
+def _pairs_summary(pairs: Any) -> dict[str, Any]:
+    """Per-pair mean rho at T (causal runs, THEORY section 3b), network and SDE, and the mean
+    diagonal ``V^{aa}`` at T per token."""
+    last = pairs.isel(t=-1)
+    return {
+        "pairs": [str(p) for p in pairs["pair"].values],
+        "mean_rho_T": {src: _nums(last["mean_rho"].sel(source=src).values)
+                       for src in ("network", "sde")},
+        "mean_rho_T_se": {src: _nums(last["mean_rho_se"].sel(source=src).values)
+                          for src in ("network", "sde")},
+        "V_diag_mean_T": {src: _nums(last["V_diag_mean"].sel(source=src).values)
+                          for src in ("network", "sde")},
+    }  # fmt: skip
+
+
 def _table(s: dict[str, Any]) -> str:
     """The compact table printed at the end."""
     c = s["config"]
@@ -384,6 +409,15 @@ def _table(s: dict[str, Any]) -> str:
         f"W1 {fmt(d['w1_rho'])}; log V^aa KS {fmt(d['ks_logVaa'])} "
         f"(p = {_g(d['ks_logVaa_pvalue'])}), W1 {fmt(d['w1_logVaa'])}"
     )
+    if "token_pairs" in s:
+        tp = s["token_pairs"]
+        cells = [
+            f"{p} {fmt(n).strip()}/{fmt(q).strip()} (± {fmt(se).strip()})"
+            for p, n, q, se in zip(tp["pairs"], tp["mean_rho_T"]["network"],
+                                   tp["mean_rho_T"]["sde"], tp["mean_rho_T_se"]["network"],
+                                   strict=True)
+        ]  # fmt: skip
+        lines.append("causal: mean rho at T by token pair, network/SDE: " + ", ".join(cells))
     e = s["sde"]
     lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
     lines.append(f"rank collapse (mean rho > {s['collapse']['threshold']:g}):")

@@ -1,0 +1,127 @@
+"""Causal covariance SDE (THEORY section 3b): closed forms against a literal transcription of
+the formulas, the reduction to section 3, token 1, and the exact law of the structured noise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sde
+from sde.noise import noise_increment, psd_factor
+from sde.torchsde_solver import CovarianceSDE, pack
+from shapedtx import ModelConfig
+
+CAUSAL = ModelConfig(width=512, gamma=0.8, tau0=0.7, causal=True)
+VARIANTS = {
+    "attention": CAUSAL,
+    "heads_out_proj": CAUSAL.replace(heads=4, out_proj=True),
+    "block": CAUSAL.replace(mlp="shaped_relu", c_minus=-2.0),
+}
+
+
+def random_V(m: int, batch: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(*batch, m, m + 2, generator=g, dtype=torch.float64)
+    return X @ X.transpose(-1, -2) / (m + 2) + 0.2 * torch.eye(m, dtype=torch.float64)
+
+
+def literal_P(a: int, m: int) -> torch.Tensor:
+    """``P_a`` entry by entry (1-based a)."""
+    P = torch.zeros(m, m, dtype=torch.float64)
+    for i in range(a):
+        for j in range(a):
+            P[i, j] = (i == j) - 1.0 / a
+    return P
+
+
+def literal_drift_and_bracket(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """THEORY section 3b transcribed with loops: the drift bracket (without gamma^2 / tau0^2)
+    and the diffusion bracket (without gamma^4 / (tau0^2 n_h))."""
+    m = V.shape[-1]
+    P = [literal_P(a, m) for a in range(1, m + 1)]
+    u = []
+    for a in range(1, m + 1):
+        Vb = P[a - 1] @ V @ P[a - 1]
+        ua = torch.zeros(m, dtype=torch.float64)
+        for i in range(a):
+            ua[i] = Vb[i, i] - torch.trace(Vb) / a
+        u.append(ua)
+    b = torch.zeros(m, m, dtype=torch.float64)
+    for a in range(m):
+        for c in range(m):
+            M = torch.trace(P[a] @ V @ P[c] @ V) / ((a + 1) * (c + 1))
+            b[a, c] = (
+                M * V[a, c]
+                + V[a, a] / (2 * (a + 1)) * (V @ u[a])[c]
+                + V[c, c] / (2 * (c + 1)) * (V @ u[c])[a]
+            )
+    S = torch.zeros(m, m, m, m, dtype=torch.float64)
+
+    def W(x: int, y: int) -> torch.Tensor:
+        return V @ P[x] @ V @ P[y] @ V / ((x + 1) * (y + 1))
+
+    for a in range(m):
+        for bb in range(m):
+            for c in range(m):
+                for d in range(m):
+                    S[a, bb, c, d] = (
+                        V[a, c] * W(a, c)[bb, d]
+                        + V[a, d] * W(a, d)[bb, c]
+                        + V[bb, c] * W(bb, c)[a, d]
+                        + V[bb, d] * W(bb, d)[a, c]
+                    )
+    return b, S
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_causal_coefficients_match_the_literal_formulas(m):
+    V = random_V(m, seed=m)
+    b_lit, S_lit = literal_drift_and_bracket(V)
+    a_att = CAUSAL.gamma**2 / CAUSAL.tau0**2
+    torch.testing.assert_close(sde.drift(CAUSAL, V), a_att * b_lit, rtol=1e-12, atol=1e-13)
+    const = sde.sde_constants(CAUSAL, m)
+    assert const.causal and const.k_att == pytest.approx(CAUSAL.gamma**4 / CAUSAL.tau0**2)
+    expected = const.k_lin * sde.coefficients.sigma_lin(V) + const.k_att * S_lit
+    torch.testing.assert_close(sde.diffusion(CAUSAL, V), expected, rtol=1e-12, atol=1e-13)
+    # batched: the same per batch entry
+    Vb = random_V(m, (3,), seed=9)
+    torch.testing.assert_close(sde.drift(CAUSAL, Vb)[1], sde.drift(CAUSAL, Vb[1]))
+
+
+def test_causal_reduces_to_section_3_and_token_1_is_linear():
+    """Token 1 (P_1 = 0) has no attention drift or noise; the last token's own entries are the
+    non-causal ones (a = c = m: section 3); the causal drift differs from the non-causal one."""
+    m = 4
+    V = random_V(m, seed=1)
+    b, bn = sde.drift(CAUSAL, V), sde.drift(CAUSAL.replace(causal=False), V)
+    assert b[0, 0] == 0.0
+    torch.testing.assert_close(b[-1, -1], bn[-1, -1])
+    assert (b - bn).norm() > 0.2 * bn.norm()
+    S = sde.diffusion(CAUSAL, V)
+    k_lin = sde.sde_constants(CAUSAL, m).k_lin
+    torch.testing.assert_close(S[0, 0, 0, 0], 2 * k_lin * V[0, 0] ** 2)
+    Sn = sde.diffusion(CAUSAL.replace(causal=False), V)
+    torch.testing.assert_close(S[-1, -1, -1, -1], Sn[-1, -1, -1, -1])
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_causal_noise_has_exactly_the_diffusion(name):
+    """The noise is linear in the normals: its covariance J J^T (J the Jacobian) equals the
+    causal diffusion to rounding, and torchsde's diffusion matrix is the same J."""
+    config = VARIANTS[name]
+    m = 4
+    V = random_V(m, seed=2)
+    const = sde.sde_constants(config, m)
+    L, _ = psd_factor(V)
+
+    def noise(z: torch.Tensor) -> torch.Tensor:
+        normals = z.view(2, m, m)
+        return noise_increment(L, V, normals, const.k_lin, const.k_att, causal=True).reshape(-1)
+
+    J = torch.autograd.functional.jacobian(noise, torch.zeros(2 * m * m, dtype=torch.float64))
+    Sigma = sde.diffusion(config, V).reshape(m * m, m * m)
+    torch.testing.assert_close(J @ J.T, Sigma, rtol=1e-12, atol=1e-12)
+    wrong = sde.diffusion(config.replace(causal=False), V).reshape(m * m, m * m)
+    assert (J @ J.T - wrong).abs().max() > 1e-3 * Sigma.abs().max()
+    G = CovarianceSDE(config, m, torch.tensor([1e8], dtype=torch.float64)).g(None, pack(V)[None])
+    torch.testing.assert_close(G[0], pack(J.T.reshape(-1, m, m)).T, rtol=1e-12, atol=1e-12)
