@@ -6,6 +6,15 @@ from shapedtx.results import with_metrics, with_rho
 from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, simulate
+from .experiment import (
+    Comparison,
+    Experiment,
+    format_summary,
+    run_collapse,
+    run_comparison,
+    run_convergence,
+    summarise,
+)
 from .gram import GramSampler
 from .plots import (
     plot_collapse_metrics,
@@ -27,7 +36,9 @@ __all__ = [
     "PRESETS",
     "QUANTILES",
     "SAMPLERS",
+    "Comparison",
     "ExactSampler",
+    "Experiment",
     "GramSampler",
     "GroupedNormal",
     "Preset",
@@ -43,6 +54,7 @@ __all__ = [
     "compare",
     "convergence",
     "equicorrelated",
+    "format_summary",
     "group_seed",
     "open_point",
     "open_sweep",
@@ -52,8 +64,12 @@ __all__ = [
     "plot_quantile_bands",
     "plot_rho_density",
     "plot_token_pairs",
+    "run_collapse",
+    "run_comparison",
+    "run_convergence",
     "save_figure",
     "simulate",
+    "summarise",
     "sweep",
     "token_pairs",
     "wishart",

@@ -142,3 +142,70 @@ def test_compare_causal_writes_token_pairs(tmp_path, capsys):
     assert main([*argv, "--no-figures", "--no-progress", "--out", str(plain)]) == 0
     assert "token_pairs" not in json.loads((plain / "summary.json").read_text())
     assert not (plain / "token_pairs.nc").exists()
+
+
+QUICK = ["compare", "--quick", "--width", "16", "--depth", "12", "--samples", "64",
+         "--baseline-samples", "16", "--convergence-widths", "none", "--no-progress"]  # fmt: skip
+
+
+def test_run_comparison_from_python_gives_the_cli_summary(tmp_path, capsys):
+    from shapedtx import ModelConfig
+    from simulations import Experiment, run_comparison
+
+    assert main([*QUICK, "--no-figures", "--out", str(tmp_path / "cli")]) == 0
+    cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    config = ModelConfig(width=16, depth=12, mlp="shaped_relu")
+    experiment = Experiment(config, samples=64, baseline_samples=16, convergence_widths=(),
+                            name="block", description=cli["description"])  # fmt: skip
+    summary = run_comparison(experiment).summary
+    for key in ("rho_T", "Vaa_T", "distances_T", "collapse", "config", "sde"):
+        assert summary[key] == cli[key], key
+
+
+def test_compare_refuses_a_used_folder_and_overwrite_leaves_no_stale_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*QUICK, "--out", str(out)]) == 0
+    (out / "stale.txt").write_text("from an earlier run")
+    capsys.readouterr()
+    assert main([*QUICK, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert main([*QUICK, "--no-figures", "--overwrite", "--out", str(out)]) == 0
+    assert not (out / "stale.txt").exists() and not (out / "figures").exists()
+    assert not list(tmp_path.glob(".*"))  # no staging or old folder left beside it
+
+
+def test_output_files_honour_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert main([*QUICK, "--no-figures", "--out", str(tmp_path / "m")]) == 0
+    finally:
+        os.umask(old)
+    for path in [tmp_path / "m", *(tmp_path / "m").iterdir()]:
+        expected = 0o755 if path.is_dir() else 0o644
+        assert path.stat().st_mode & 0o777 == expected, path
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "interrupted"
+    argv = ["compare", "--width", "32", "--depth", "24", "--samples", "4096",
+            "--baseline-samples", "256", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from shapedtx.cli import main; sys.exit(main())",
+         *argv], stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = proc.stderr.readline()  # the first stage line: the computation has started
+    assert first.startswith("[1/"), first
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []

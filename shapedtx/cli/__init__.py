@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UsageError) as err:
         sys.stderr.write(f"shapedtx {args.command}: error: {err}\n")
         return 2
+    except KeyboardInterrupt:  # outputs are atomic: nothing half-written is left behind
+        sys.stderr.write(f"shapedtx {args.command}: interrupted; no partial output was kept\n")
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

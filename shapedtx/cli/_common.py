@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -150,3 +155,64 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torc
     device = parse_device(args.device)
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)
     return config, V0, DTYPES[args.dtype]
+
+
+def _writable_parent(path: Path) -> Path:
+    """The nearest existing ancestor of ``path`` (where it would be created)."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent
+
+
+def check_output_file(path: str | os.PathLike, overwrite: bool, option: str = "--out") -> Path:
+    """UsageError unless ``path`` can be written: not a folder, its folder writable, and not
+    an existing file unless ``overwrite``. Called before any computation."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder; give a file name")
+    if path.exists() and not overwrite:
+        raise UsageError(f"{option} {path} exists; pass --overwrite to replace it")
+    parent = _writable_parent(path)
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot write in {parent}")
+    return path
+
+
+def check_output_folder(path: Path, overwrite: bool, option: str = "--out") -> None:
+    """UsageError unless ``path`` can become the output folder: not a file, its parent
+    writable, and absent or empty unless ``overwrite``. Called before any computation."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file; give a folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise UsageError(
+            f"{option} {path} already holds files; pass --overwrite to replace them, or "
+            "choose another folder"
+        )
+    parent = _writable_parent(path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot write in {parent}")
+
+
+@contextmanager
+def staged_folder(path: Path) -> Iterator[Path]:
+    """Yield a fresh staging folder beside ``path``; on success it replaces ``path`` whole
+    (an earlier output's files are removed, none survive), on failure or Ctrl-C it is
+    removed and ``path`` stays as it was. The folder gets the umask's mode."""
+    path = path.absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    try:
+        yield staging
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+        os.replace(staging, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -12,28 +12,21 @@ With ``--causal`` (THEORY section 3b) the tokens are not exchangeable: the run a
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ._common import (
-    DTYPES,
     UsageError,
     add_config_arguments,
+    check_output_folder,
     config_from_args,
     parse_device,
     set_threads,
+    staged_folder,
 )
-
-FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    g.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     g.add_argument(
         "--threads",
         type=int,
@@ -91,12 +84,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "on a busy machine 2 threads measured 10x slower than 1)",
     )
     g.add_argument("--no-figures", action="store_true", help="skip the figures")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out folder (its old files are removed)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars or stage lines")
     parser.set_defaults(func=run)
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The preset merged with --quick and the explicit options; validated."""
+def experiment_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`simulations.Experiment` of the options: the preset, ``--quick`` sizes, then
+    the explicit options; a UsageError (one line, exit 2) names a bad option."""
+    from simulations import Experiment
     from simulations.presets import PRESETS, QUICK
 
     preset = PRESETS[args.preset]
@@ -105,75 +105,54 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "rho0": preset.rho0,
         "samples": preset.samples,
         "baseline_samples": preset.baseline_samples,
-        "widths": preset.convergence_widths,
+        "convergence_widths": preset.convergence_widths,
     }
     if args.quick:
         for key in ("width", "depth"):  # explicit options still win
             if getattr(args, key) is None:
                 setattr(args, key, QUICK[key])
-        s.update({k: QUICK[k] for k in ("samples", "baseline_samples", "widths")})
-    s["config"] = config_from_args(args, preset.config)
+        s.update({k: QUICK[k] for k in ("samples", "baseline_samples")})
+        s["convergence_widths"] = QUICK["widths"]
+    config = config_from_args(args, preset.config)
     for key in ("tokens", "rho0", "samples", "baseline_samples"):
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)
-    for key, minimum in (("tokens", 2), ("samples", 2), ("baseline_samples", 2)):
-        if s[key] < minimum:
-            raise UsageError(f"--{key.replace('_', '-')} must be >= {minimum}, got {s[key]}")
     if args.convergence_widths is not None:
         text = args.convergence_widths.strip().lower()
         try:
-            s["widths"] = () if text == "none" else tuple(int(w) for w in text.split(","))
+            s["convergence_widths"] = (
+                () if text == "none" else tuple(int(w) for w in text.split(","))
+            )
         except ValueError:
             raise UsageError(
                 f"--convergence-widths must be comma-separated integers or 'none', "
                 f"got {args.convergence_widths!r}"
             ) from None
-    s["widths"] = tuple(sorted(set(s["widths"]) - {s["config"].width}))
-    if not (math.isfinite(args.dt) and args.dt > 0):
-        raise UsageError(f"--dt must be a finite number > 0, got {args.dt}")
-    if not 0 < args.threshold < 1:
-        raise UsageError(f"--threshold must be in (0, 1), got {args.threshold}")
     if args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    return s
-
-
-def _method(name: str, config: Any) -> str:
-    """The sampler for ``config``: ``name``, or for ``"auto"`` the fastest that applies."""
-    from simulations import SAMPLERS
-
-    if name != "auto":
-        return name
-    for candidate in ("gram", "exact"):
-        if candidate in SAMPLERS:
-            try:
-                SAMPLERS[candidate].check(config)
-            except ValueError:
-                continue
-            return candidate
-    return "weights"
-
-
-class _Stages:
-    """Stage lines on stderr and wall times per stage."""
-
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.quiet, self.k = total, quiet, 0
-        self.times: dict[str, float] = {}
-        self.start = time.perf_counter()
-
-    def __call__(self, name: str, text: str) -> _Stages:
-        self.k += 1
-        self.name = name
-        if not self.quiet:
-            print(f"[{self.k}/{self.total}] {text} ...", file=sys.stderr, flush=True)
-        return self
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.times[self.name] = time.perf_counter() - self.t0
+    device = parse_device(args.device)
+    try:
+        return Experiment(
+            config,
+            **s,
+            method=args.method,
+            sde_method=args.sde_method,
+            dt=args.dt,
+            threshold=args.threshold,
+            seed=args.seed,
+            device=str(device),
+            dtype=args.dtype,
+            name=args.preset,
+            description=preset.description,
+        )
+    except ValueError as err:
+        message = str(err)
+        name = message.split(" ", 1)[0].split("=", 1)[0]
+        flags = {"convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
+                 "threshold", "seed", "sde_method", "method"}  # fmt: skip
+        if name in flags:
+            message = "--" + name.replace("_", "-") + message[len(name) :]
+        raise UsageError(message) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,278 +164,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from simulations.compare import collapse_report, compare, token_pairs
-    from simulations.convergence import at_width, convergence
-    from simulations.presets import PRESETS, baselines, model_label
+    from simulations import format_summary, run_comparison
 
-    from ..covariance import equicorrelated
-    from ..results import save_dataset
-
-    s = _settings(args)
-    config = s["config"]
-    for w in s["widths"]:
-        at_width(config, w)  # fail before any work: T * width must be an integer
-    from sde import sde_constants
-
-    sde_constants(config, s["tokens"])  # fail before any work: the model needs an SDE limit
-    device = parse_device(args.device)
-    dtype = DTYPES[args.dtype]
-    set_threads(args.threads)
-    V0 = equicorrelated(s["tokens"], s["rho0"], device=device, dtype=dtype)
+    experiment = experiment_from_args(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_folder(out, args.overwrite)  # before any computation
+    set_threads(args.threads)
     quiet = args.no_progress
-    progress = False if quiet else None
-    common = {"device": device, "dtype": dtype, "progress": progress}
-    stage = _Stages(5 + bool(s["widths"]) + (not args.no_figures), quiet)
 
-    from sde import solve
-    from simulations import simulate
+    def stages(k: int, total: int, text: str) -> None:
+        if not quiet:
+            print(f"[{k}/{total}] {text} ...", file=sys.stderr, flush=True)
 
-    with stage("network", f"finite network: {model_label(config)}, width {config.width}, "
-               f"depth {config.depth}, {s['samples']} samples"):  # fmt: skip
-        network = simulate(config, V0, s["samples"], method=_method(args.method, config),
-                           seed=args.seed, **common)  # fmt: skip
-    with stage("sde", f"SDE limit to T = {config.T:g}, dt {args.dt:g}, {s['samples']} paths"):
-        limit = solve(config, V0, s["samples"], T=config.T, dt=args.dt, method=args.sde_method,
-                      seed=args.seed + 1, **common)  # fmt: skip
-    base_cfgs = baselines(config)
-    models = {f"shaped ({model_label(config)})": network}
-    with stage("baselines", f"baselines: {', '.join(base_cfgs)}, {s['baseline_samples']} "
-               "samples each"):  # fmt: skip
-        for k, (label, cfg) in enumerate(base_cfgs.items()):
-            models[f"{label} ({model_label(cfg)})"] = simulate(
-                cfg, V0, s["baseline_samples"], method=_method(args.method, cfg),
-                seed=args.seed + 2 + k,
-                **common,
-            )  # fmt: skip
-    with stage("statistics", "comparison statistics and collapse report"):
-        comparison = compare(network, limit)
-        collapse = collapse_report(models, args.threshold)
-        pairs = token_pairs(network, limit) if config.causal else None
-    conv = None
-    if s["widths"]:
-        with stage("convergence", f"convergence at T = {config.T:g}: widths "
-                   f"{', '.join(map(str, s['widths']))} (+ {config.width})"):  # fmt: skip
-            conv = convergence(
-                config, [*s["widths"], config.width], V0, s["samples"], limit=limit,
-                networks={config.width: network}, method=_method(args.method, config),
-                seed=args.seed, **common,
-            )  # fmt: skip
-    files = []
-    with stage("write", f"writing Datasets to {out}"):
-        for name, ds in (("network", network), ("sde", limit), ("comparison", comparison),
-                         ("collapse", collapse), ("convergence", conv),
-                         ("token_pairs", pairs)):  # fmt: skip
-            if ds is not None:
-                files.append(save_dataset(ds, out / f"{name}.nc"))
-    if not args.no_figures:
-        with stage("figures", f"figures in {out / 'figures'}"):
-            files += _figures(out / "figures", models, network, limit, comparison, conv,
-                              args.threshold, pairs)  # fmt: skip
-    stage.times["total"] = time.perf_counter() - stage.start
-    summary = _summary(args, s, comparison, collapse, conv, limit, stage.times, PRESETS)
-    if pairs is not None:
-        summary["token_pairs"] = _pairs_summary(pairs)
-    summary["files"] = [*sorted(str(p.relative_to(out)) for p in files), "summary.json"]
-    _write_json(summary, out / "summary.json")
-    print(_table(summary))
-    print(f"wrote {out}/: {', '.join(summary['files'])}")
+    with staged_folder(out) as staging:
+        result = run_comparison(
+            experiment,
+            staging,
+            figures=not args.no_figures,
+            progress=False if quiet else None,
+            stages=stages,
+        )
+    print(format_summary(result.summary))
+    print(f"wrote {out}/: {', '.join(result.summary['files'])}")
     return 0
-
-
-def _figures(folder, models, network, limit, comparison, conv, threshold, pairs) -> list[Path]:
-    from simulations import plots
-
-    paths = []
-    figs = {
-        "mean_correlation": lambda p: plots.plot_mean_correlation(models, threshold=threshold,
-                                                                  path=p),
-        "collapse_metrics": lambda p: plots.plot_collapse_metrics(models, threshold=threshold,
-                                                                  path=p),
-        "rho_density": lambda p: plots.plot_rho_density(network, limit, path=p),
-        "quantile_bands": lambda p: plots.plot_quantile_bands(comparison, path=p),
-        "convergence": lambda p: plots.plot_convergence(conv, path=p),
-    }  # fmt: skip
-    for name in FIGURES:
-        if name == "convergence" and conv is None:
-            continue
-        figs[name](folder / name)
-        paths += [folder / f"{name}.png", folder / f"{name}.pdf"]
-    if pairs is not None:
-        plots.plot_token_pairs(pairs, path=folder / "token_pairs")
-        paths += [folder / "token_pairs.png", folder / "token_pairs.pdf"]
-    return paths
-
-
-def _num(x: Any) -> float | None:
-    """A JSON number: finite float, else None (null)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _nums(x: Any) -> list[float | None]:
-    return [_num(v) for v in np.ravel(x)]
-
-
-def _summary(args, s, comparison, collapse, conv, limit, times, presets) -> dict[str, Any]:
-    """The headline numbers (README: how to read summary.json)."""
-    config = s["config"]
-    last = comparison.isel(t=-1)
-    summary: dict[str, Any] = {
-        "preset": args.preset,
-        "description": presets[args.preset].description,
-        "quick": bool(args.quick),
-        "config": config.to_attrs(prefix=""),
-        "T": config.T,
-        "tokens": s["tokens"],
-        "rho0": s["rho0"],
-        "samples": s["samples"],
-        "dtype": args.dtype,
-        "seed": args.seed,
-        "threads": args.threads,
-        "method": {"network": comparison.attrs["network_method"], "sde": args.sde_method},
-        "t_final": {"network": float(last["t_network"]), "sde": float(last["t_limit"])},
-        "quantiles": _nums(comparison["quantile"].values),
-    }
-    for var in ("rho", "Vaa"):
-        summary[f"{var}_T"] = {
-            src: {
-                "quantiles": _nums(last[f"{var}_quantile"].sel(source=src).values),
-                "se": _nums(last[f"{var}_quantile_se"].sel(source=src).values),
-            }
-            for src in ("network", "sde")
-        }
-    summary["distances_T"] = {
-        k: _num(last[k])
-        for k in ("ks_rho", "ks_rho_pvalue", "w1_rho", "ks_logVaa", "ks_logVaa_pvalue",
-                  "w1_logVaa")
-    }  # fmt: skip
-    summary["max_over_t"] = {
-        "ks_rho": _num(comparison["ks_rho"].max()),
-        "w1_rho": _num(comparison["w1_rho"].max()),
-        "min_ks_rho_pvalue": _num(comparison["ks_rho_pvalue"].min()),
-    }
-    summary["sde"] = {
-        "method": args.sde_method,
-        "dt": _num(limit.attrs.get("dt", args.dt)),
-        "exploded": int(limit["exploded"].sum()) if "exploded" in limit else 0,
-        "samples": int(limit.sizes["sample"]),
-        "excluded": int(comparison.attrs["n_excluded_limit"]),
-    }
-    summary["network_excluded"] = int(comparison.attrs["n_excluded_network"])
-    summary["collapse"] = {
-        "threshold": args.threshold,
-        "models": {
-            str(m): {
-                "fraction_collapsed": _num(collapse["fraction_collapsed"].sel(model=m)),
-                "median_collapse_layer": _num(collapse["median_collapse_layer"].sel(model=m)),
-                "final_mean_rho": _num(collapse["final_mean_rho"].sel(model=m)),
-                "samples": int(collapse["samples"].sel(model=m)),
-            }
-            for m in collapse["model"].values
-        },
-    }
-    if conv is not None:
-        summary["convergence"] = {
-            "widths": [int(w) for w in conv["width"].values],
-            "depths": [int(d) for d in conv["depth"].values],
-            **{k: _nums(conv[k].values) for k in ("w1_rho", "ks_rho", "median_rho_gap",
-                                                  "median_rho_gap_se")},
-            "w1_rho_slope": _num(conv.attrs["w1_rho_slope"]),
-            "w1_rho_slope_se": _num(conv.attrs["w1_rho_slope_se"]),
-            "w1_rho_noise_floor": _num(conv.attrs["w1_rho_noise_floor"]),
-        }  # fmt: skip
-    else:
-        summary["convergence"] = None
-    summary["run_times_s"] = {k: round(v, 2) for k, v in times.items()}
-    return summary
-
-
-def _pairs_summary(pairs: Any) -> dict[str, Any]:
-    """Per-pair mean rho at T (causal runs, THEORY section 3b), network and SDE, and the mean
-    diagonal ``V^{aa}`` at T per token."""
-    last = pairs.isel(t=-1)
-    return {
-        "pairs": [str(p) for p in pairs["pair"].values],
-        "mean_rho_T": {src: _nums(last["mean_rho"].sel(source=src).values)
-                       for src in ("network", "sde")},
-        "mean_rho_T_se": {src: _nums(last["mean_rho_se"].sel(source=src).values)
-                          for src in ("network", "sde")},
-        "V_diag_mean_T": {src: _nums(last["V_diag_mean"].sel(source=src).values)
-                          for src in ("network", "sde")},
-    }  # fmt: skip
-
-
-def _table(s: dict[str, Any]) -> str:
-    """The compact table printed at the end."""
-    c = s["config"]
-    fmt = lambda x: "   nan" if x is None else f"{x:6.3f}"  # noqa: E731
-    lines = [
-        f"shapedtx compare [{s['preset']}] {s['description']}",
-        f"  width {c['width']}, depth {c['depth']}, T = {s['T']:g}, m = {s['tokens']}, "
-        f"rho0 = {s['rho0']:g}, gamma = {c['gamma']:.4g}, tau0 = {c['tau0']:g}, "
-        f"{s['samples']} samples",
-        f"rho at T ({'/'.join(f'{100 * q:g}%' for q in s['quantiles'])} quantiles, ± max SE):",
-    ]
-    for src in ("network", "sde"):
-        r = s["rho_T"][src]
-        se = max((v for v in r["se"] if v is not None), default=float("nan"))
-        lines.append(f"  {src:8s} " + " ".join(fmt(v) for v in r["quantiles"]) + f"   ± {se:.3f}")
-    d = s["distances_T"]
-    lines.append(
-        f"distances at T: rho KS {fmt(d['ks_rho'])} (p = {_g(d['ks_rho_pvalue'])}), "
-        f"W1 {fmt(d['w1_rho'])}; log V^aa KS {fmt(d['ks_logVaa'])} "
-        f"(p = {_g(d['ks_logVaa_pvalue'])}), W1 {fmt(d['w1_logVaa'])}"
-    )
-    if "token_pairs" in s:
-        tp = s["token_pairs"]
-        cells = [
-            f"{p} {fmt(n).strip()}/{fmt(q).strip()} (± {fmt(se).strip()})"
-            for p, n, q, se in zip(tp["pairs"], tp["mean_rho_T"]["network"],
-                                   tp["mean_rho_T"]["sde"], tp["mean_rho_T_se"]["network"],
-                                   strict=True)
-        ]  # fmt: skip
-        lines.append("causal: mean rho at T by token pair, network/SDE: " + ", ".join(cells))
-    e = s["sde"]
-    lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
-    lines.append(f"rank collapse (mean rho > {s['collapse']['threshold']:g}):")
-    width = max(len(m) for m in s["collapse"]["models"])
-    lines.append(f"  {'model':{width}s}  collapsed  median layer  final mean rho")
-    for m, r in s["collapse"]["models"].items():
-        layer = "never" if r["median_collapse_layer"] is None else f"{r['median_collapse_layer']:g}"
-        lines.append(
-            f"  {m:{width}s}  {r['fraction_collapsed']:9.0%}  {layer:>12s}  "
-            f"{fmt(r['final_mean_rho'])}"
-        )
-    cv = s["convergence"]
-    if cv is not None:
-        pts = ", ".join(
-            f"{w}: {'nan' if v is None else f'{v:.4f}'}"
-            for w, v in zip(cv["widths"], cv["w1_rho"], strict=True)
-        )
-        slope = cv["w1_rho_slope"]
-        lines.append(
-            f"convergence, W1(rho_T) by width {{{pts}}}; slope "
-            f"{'nan' if slope is None else f'{slope:.2f}'} (theory about -0.5; noise floor "
-            f"{fmt(cv['w1_rho_noise_floor']).strip()})"
-        )
-    lines.append("run times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["run_times_s"].items()))
-    return "\n".join(lines)
-
-
-def _g(x: float | None) -> str:
-    return "nan" if x is None else f"{x:.2g}"
-
-
-def _write_json(data: dict[str, Any], path: Path) -> None:
-    """Atomic JSON write (temporary file in the same folder, then rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

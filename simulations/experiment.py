@@ -1,0 +1,500 @@
+"""The main job as library calls: a finite network vs its covariance SDE, the convergence in the
+width, and the rank-collapse report, from one :class:`Experiment`.
+
+``run_comparison(Experiment(config))`` is what ``shapedtx compare`` runs::
+
+    from shapedtx import ModelConfig
+    from simulations import Experiment, run_comparison
+
+    result = run_comparison(Experiment(ModelConfig(width=64, depth=48, mlp="shaped_relu")))
+    print(result.summary["distances_T"])
+
+It returns the Datasets, the summary (the numbers of ``summary.json``) and, when ``out`` is
+given, writes every Dataset, ``summary.json`` and the figures there (each file atomically).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from shapedtx import ModelConfig, equicorrelated
+from shapedtx._validation import check_dtype, check_int
+from shapedtx.files import write_json
+from shapedtx.results import save_dataset
+
+from .compare import collapse_report, compare, token_pairs
+from .convergence import at_width, convergence
+from .presets import baselines, model_label
+from .samplers import SAMPLERS
+
+FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
+"""Figures of :func:`run_comparison` (plus ``token_pairs`` for causal models)."""
+
+SDE_METHODS = ("euler", "em", "torchsde")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One network-vs-SDE comparison (validated on construction; ValueError names the field).
+
+    Attributes:
+        config: the shaped model; it must have a covariance SDE (``sde.sde_constants``).
+        tokens, rho0: the input covariance ``equicorrelated(tokens, rho0)``.
+        samples: finite networks and SDE paths.
+        baseline_samples: networks per standard baseline of the collapse report.
+        convergence_widths: widths of the convergence study at fixed ``T`` besides
+            ``config.width`` (``()`` skips it); ``T * width`` must be an integer.
+        method: finite-network sampler, ``"auto"`` (the fastest exact one that applies) or a
+            name of :data:`simulations.SAMPLERS`.
+        sde_method: SDE solver (``"euler"``, ``"em"``, ``"torchsde"``); ``dt`` its step.
+        threshold: rank collapse is a mean correlation above it.
+        seed: base seed (network ``seed``, SDE ``seed + 1``, baseline k ``seed + 2 + k``).
+        device, dtype: where and in which precision (``"float64"`` or ``"float32"``).
+        name, description: labels of the run (the ``compare`` preset).
+    """
+
+    config: ModelConfig
+    tokens: int = 4
+    rho0: float = 0.2
+    samples: int = 4096
+    baseline_samples: int = 256
+    convergence_widths: tuple[int, ...] = (4, 8, 16, 32, 64)
+    method: str = "auto"
+    sde_method: str = "euler"
+    dt: float = 0.01
+    threshold: float = 0.99
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float64"
+    name: str = "custom"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, ModelConfig):
+            raise ValueError(f"config must be a ModelConfig, got {type(self.config).__name__}")
+        check_int("tokens", self.tokens, 2)
+        if self.tokens > self.config.width:
+            raise ValueError(f"tokens must be <= config.width = {self.config.width}")
+        if not (isinstance(self.rho0, (int, float)) and -1 / (self.tokens - 1) < self.rho0 < 1):
+            raise ValueError(
+                f"rho0 must be in (-1/(tokens - 1), 1) = ({-1 / (self.tokens - 1):.3g}, 1), "
+                f"got {self.rho0!r}"
+            )
+        check_int("samples", self.samples, 2)
+        check_int("baseline_samples", self.baseline_samples, 2)
+        object.__setattr__(self, "convergence_widths", tuple(self.convergence_widths))
+        for w in self.convergence_widths:
+            check_int("convergence_widths", w, 1)
+        if self.method != "auto" and self.method not in SAMPLERS:
+            raise ValueError(
+                f"method must be 'auto' or one of {', '.join(map(repr, SAMPLERS))}, "
+                f"got {self.method!r}"
+            )
+        if self.sde_method not in SDE_METHODS:
+            raise ValueError(f"sde_method must be one of {SDE_METHODS}, got {self.sde_method!r}")
+        if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
+            raise ValueError(f"dt must be a finite number > 0, got {self.dt!r}")
+        if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
+        check_int("seed", self.seed, 0)
+        check_dtype(self.dtype_torch)
+        from sde import sde_constants
+
+        sde_constants(self.config, self.tokens)  # the model needs an SDE limit
+        for w in self.widths:
+            at_width(self.config, w)  # T * width must be an integer
+
+    @property
+    def dtype_torch(self) -> torch.dtype:
+        return {"float64": torch.float64, "float32": torch.float32}.get(self.dtype, self.dtype)  # type: ignore[return-value]
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Convergence widths other than ``config.width``, sorted."""
+        return tuple(sorted(set(self.convergence_widths) - {self.config.width}))
+
+    def V0(self) -> torch.Tensor:
+        """The input covariance ``equicorrelated(tokens, rho0)`` on the device, in the dtype."""
+        return equicorrelated(self.tokens, self.rho0, device=self.device, dtype=self.dtype_torch)
+
+    def sampler(self, config: ModelConfig) -> str:
+        """The finite-network sampler for ``config``: ``method`` or, for ``"auto"``, the
+        fastest exact-in-law one that supports it (``gram``, else ``exact``)."""
+        if self.method != "auto":
+            return self.method
+        for candidate in ("gram", "exact"):
+            try:
+                SAMPLERS[candidate].check(config)
+            except ValueError:
+                continue
+            return candidate
+        return "weights"
+
+    def to_attrs(self) -> dict[str, Any]:
+        """Flat, JSON- and netCDF-safe description (the config under ``config.``)."""
+        out: dict[str, Any] = self.config.to_attrs()
+        for f in fields(self):
+            if f.name != "config":
+                value = getattr(self, f.name)
+                out[f"experiment.{f.name}"] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass
+class Comparison:
+    """What :func:`run_comparison` produced.
+
+    ``network``, ``limit``: covariance Datasets; ``comparison``: :func:`simulations.compare`;
+    ``collapse``: :func:`simulations.compare.collapse_report` of the model and its baselines
+    (``baselines`` holds their Datasets); ``convergence`` (None if skipped) and
+    ``token_pairs`` (causal models only); ``summary``: the numbers of ``summary.json``;
+    ``files``: what was written (empty without ``out``).
+    """
+
+    experiment: Experiment
+    network: xr.Dataset
+    limit: xr.Dataset
+    comparison: xr.Dataset
+    collapse: xr.Dataset
+    baselines: dict[str, xr.Dataset]
+    convergence: xr.Dataset | None
+    token_pairs: xr.Dataset | None
+    summary: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+
+
+Stage = Callable[[str, str], Any]
+
+
+class _Timer:
+    """Times named stages; ``report(k, total, text)`` is called as each starts."""
+
+    def __init__(self, report: Callable[[int, int, str], None] | None, total: int) -> None:
+        self.report, self.total, self.k = report, total, 0
+        self.times: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str, text: str) -> Iterator[None]:
+        self.k += 1
+        if self.report is not None:
+            self.report(self.k, self.total, text)
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = time.perf_counter() - t0
+
+
+def run_collapse(
+    experiment: Experiment, network: xr.Dataset | None = None, progress: bool | None = False
+) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
+    """The rank-collapse report of the model and its standard baselines
+    (:func:`simulations.presets.baselines`) at the same width and depth."""
+    from .driver import simulate
+
+    e = experiment
+    common = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
+    if network is None:
+        network = simulate(
+            e.config, e.V0(), e.samples, method=e.sampler(e.config), seed=e.seed, **common
+        )
+    models = {f"shaped ({model_label(e.config)})": network}
+    for k, (label, cfg) in enumerate(baselines(e.config).items()):
+        models[f"{label} ({model_label(cfg)})"] = simulate(
+            cfg, e.V0(), e.baseline_samples, method=e.sampler(cfg), seed=e.seed + 2 + k, **common
+        )
+    return collapse_report(models, e.threshold), models
+
+
+def run_convergence(
+    experiment: Experiment,
+    limit: xr.Dataset | None = None,
+    network: xr.Dataset | None = None,
+    progress: bool | None = False,
+) -> xr.Dataset:
+    """The distance between network and SDE at ``T`` for ``convergence_widths`` and the
+    model's width (:func:`simulations.convergence`)."""
+    e = experiment
+    return convergence(
+        e.config, [*e.widths, e.config.width], e.V0(), e.samples, limit=limit,
+        networks={e.config.width: network} if network is not None else None,
+        method=e.sampler(e.config), dt=e.dt, sde_method=e.sde_method, seed=e.seed,
+        device=e.device, dtype=e.dtype_torch, progress=progress,
+    )  # fmt: skip
+
+
+def run_comparison(
+    experiment: Experiment,
+    out: str | os.PathLike | None = None,
+    *,
+    figures: bool = True,
+    progress: bool | None = False,
+    stages: Callable[[int, int, str], None] | None = None,
+) -> Comparison:
+    """Run the main job (README: ``shapedtx compare``) and, with ``out``, write it there.
+
+    Args:
+        experiment: what to compare.
+        out: folder for ``network.nc``, ``sde.nc``, ``comparison.nc``, ``collapse.nc``,
+            ``convergence.nc``, ``token_pairs.nc`` (causal), ``summary.json`` and
+            ``figures/*.png|pdf`` (``figures=False``: no figures). Each file is written
+            atomically; existing files of the same names are replaced.
+        progress: tqdm bars of the simulations (None: when stderr is a terminal).
+        stages: ``stages(k, total, text)`` is called as each stage starts.
+    """
+    from sde import solve
+
+    from .driver import simulate
+
+    e = experiment
+    cfg = e.config
+    timer = _Timer(stages, 5 + bool(e.widths) + bool(out is not None and figures))
+    common = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
+    with timer("network", f"finite network: {model_label(cfg)}, width {cfg.width}, depth "
+               f"{cfg.depth}, {e.samples} samples"):  # fmt: skip
+        network = simulate(cfg, e.V0(), e.samples, method=e.sampler(cfg), seed=e.seed, **common)
+    with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}, {e.samples} paths"):
+        limit = solve(cfg, e.V0(), e.samples, T=cfg.T, dt=e.dt, method=e.sde_method,
+                      seed=e.seed + 1, **common)  # fmt: skip
+    with timer("baselines", f"baselines, {e.baseline_samples} samples each"):
+        collapse, models = run_collapse(e, network, progress)
+    with timer("statistics", "comparison statistics"):
+        comparison = compare(network, limit)
+        pairs = token_pairs(network, limit) if cfg.causal else None
+    conv = None
+    if e.widths:
+        with timer("convergence", f"convergence at T = {cfg.T:g}: widths "
+                   f"{', '.join(map(str, e.widths))} (+ {cfg.width})"):  # fmt: skip
+            conv = run_convergence(e, limit, network, progress)
+    for ds in (collapse, conv, pairs, comparison):
+        if ds is not None:
+            ds.attrs.update(e.to_attrs())
+    result = Comparison(e, network, limit, comparison, collapse, models, conv, pairs, {})
+    if out is not None:
+        out = Path(out)
+        with timer("write", f"writing Datasets to {out}"):
+            for name, ds in (("network", network), ("sde", limit), ("comparison", comparison),
+                             ("collapse", collapse), ("convergence", conv),
+                             ("token_pairs", pairs)):  # fmt: skip
+                if ds is not None:
+                    result.files.append(save_dataset(ds, out / f"{name}.nc"))
+        if figures:
+            with timer("figures", f"figures in {out / 'figures'}"):
+                result.files += write_figures(result, out / "figures")
+    timer.times["total"] = time.perf_counter() - timer.start
+    result.summary = summarise(result, timer.times)
+    if out is not None:
+        files = [*sorted(str(p.relative_to(out)) for p in result.files), "summary.json"]
+        result.summary["files"] = files
+        result.files.append(write_json(result.summary, Path(out) / "summary.json", allow_nan=False))
+    return result
+
+
+def write_figures(result: Comparison, folder: Path) -> list[Path]:
+    """The figures of a comparison (PNG and PDF each) in ``folder``."""
+    from . import plots
+
+    threshold = result.experiment.threshold
+    draw = {
+        "mean_correlation": lambda p: plots.plot_mean_correlation(
+            result.baselines, threshold=threshold, path=p
+        ),
+        "collapse_metrics": lambda p: plots.plot_collapse_metrics(
+            result.baselines, threshold=threshold, path=p
+        ),
+        "rho_density": lambda p: plots.plot_rho_density(result.network, result.limit, path=p),
+        "quantile_bands": lambda p: plots.plot_quantile_bands(result.comparison, path=p),
+        "convergence": lambda p: plots.plot_convergence(result.convergence, path=p),
+        "token_pairs": lambda p: plots.plot_token_pairs(result.token_pairs, path=p),
+    }
+    names = [*FIGURES, "token_pairs"]
+    paths = []
+    for name in names:
+        if (name == "convergence" and result.convergence is None) or (
+            name == "token_pairs" and result.token_pairs is None
+        ):
+            continue
+        draw[name](folder / name)
+        paths += [folder / f"{name}.png", folder / f"{name}.pdf"]
+    return paths
+
+
+# Summary ---------------------------------------------------------------------------------------
+def _num(x: Any) -> float | None:
+    """A JSON number: finite float, else None (null)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _nums(x: Any) -> list[float | None]:
+    return [_num(v) for v in np.ravel(x)]
+
+
+def summarise(result: Comparison, times: dict[str, float] | None = None) -> dict[str, Any]:
+    """The headline numbers of a comparison (README: how to read ``summary.json``)."""
+    e, comparison, limit = result.experiment, result.comparison, result.limit
+    config = e.config
+    last = comparison.isel(t=-1)
+    summary: dict[str, Any] = {
+        "preset": e.name,
+        "description": e.description,
+        "config": config.to_attrs(prefix=""),
+        "T": config.T,
+        "tokens": e.tokens,
+        "rho0": e.rho0,
+        "samples": e.samples,
+        "dtype": e.dtype,
+        "seed": e.seed,
+        "method": {"network": comparison.attrs["network_method"], "sde": e.sde_method},
+        "t_final": {"network": float(last["t_network"]), "sde": float(last["t_limit"])},
+        "quantiles": _nums(comparison["quantile"].values),
+    }
+    for var in ("rho", "Vaa"):
+        summary[f"{var}_T"] = {
+            src: {
+                "quantiles": _nums(last[f"{var}_quantile"].sel(source=src).values),
+                "se": _nums(last[f"{var}_quantile_se"].sel(source=src).values),
+            }
+            for src in ("network", "sde")
+        }
+    summary["distances_T"] = {
+        k: _num(last[k])
+        for k in ("ks_rho", "ks_rho_pvalue", "w1_rho", "ks_logVaa", "ks_logVaa_pvalue",
+                  "w1_logVaa")
+    }  # fmt: skip
+    summary["max_over_t"] = {
+        "ks_rho": _num(comparison["ks_rho"].max()),
+        "w1_rho": _num(comparison["w1_rho"].max()),
+        "min_ks_rho_pvalue": _num(comparison["ks_rho_pvalue"].min()),
+    }
+    summary["sde"] = {
+        "method": e.sde_method,
+        "dt": _num(limit.attrs.get("dt", e.dt)),
+        "exploded": int(limit["exploded"].sum()) if "exploded" in limit else 0,
+        "samples": int(limit.sizes["sample"]),
+        "excluded": int(comparison.attrs["n_excluded_limit"]),
+    }
+    summary["network_excluded"] = int(comparison.attrs["n_excluded_network"])
+    collapse = result.collapse
+    summary["collapse"] = {
+        "threshold": e.threshold,
+        "models": {
+            str(m): {
+                "fraction_collapsed": _num(collapse["fraction_collapsed"].sel(model=m)),
+                "median_collapse_layer": _num(collapse["median_collapse_layer"].sel(model=m)),
+                "final_mean_rho": _num(collapse["final_mean_rho"].sel(model=m)),
+                "samples": int(collapse["samples"].sel(model=m)),
+            }
+            for m in collapse["model"].values
+        },
+    }
+    conv = result.convergence
+    summary["convergence"] = None
+    if conv is not None:
+        summary["convergence"] = {
+            "widths": [int(w) for w in conv["width"].values],
+            "depths": [int(d) for d in conv["depth"].values],
+            **{k: _nums(conv[k].values) for k in ("w1_rho", "ks_rho", "median_rho_gap",
+                                                  "median_rho_gap_se")},
+            "w1_rho_slope": _num(conv.attrs["w1_rho_slope"]),
+            "w1_rho_slope_se": _num(conv.attrs["w1_rho_slope_se"]),
+            "w1_rho_noise_floor": _num(conv.attrs["w1_rho_noise_floor"]),
+        }  # fmt: skip
+    if result.token_pairs is not None:
+        summary["token_pairs"] = _pairs_summary(result.token_pairs)
+    summary["run_times_s"] = {k: round(v, 2) for k, v in (times or {}).items()}
+    return summary
+
+
+def _pairs_summary(pairs: xr.Dataset) -> dict[str, Any]:
+    """Per-pair mean rho at T (causal runs), network and SDE, and the mean diagonal
+    ``V^{aa}`` at T per token."""
+    last = pairs.isel(t=-1)
+    return {
+        "pairs": [str(p) for p in pairs["pair"].values],
+        **{
+            key: {src: _nums(last[var].sel(source=src).values) for src in ("network", "sde")}
+            for key, var in (("mean_rho_T", "mean_rho"), ("mean_rho_T_se", "mean_rho_se"),
+                             ("V_diag_mean_T", "V_diag_mean"))
+        },
+    }  # fmt: skip
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The compact table ``shapedtx compare`` prints."""
+    c = s["config"]
+
+    def fmt(x: float | None) -> str:
+        return "   nan" if x is None else f"{x:6.3f}"
+
+    lines = [
+        f"shapedtx compare [{s['preset']}] {s['description']}",
+        f"  width {c['width']}, depth {c['depth']}, T = {s['T']:g}, m = {s['tokens']}, "
+        f"rho0 = {s['rho0']:g}, gamma = {c['gamma']:.4g}, tau0 = {c['tau0']:g}, "
+        f"{s['samples']} samples",
+        f"rho at T ({'/'.join(f'{100 * q:g}%' for q in s['quantiles'])} quantiles, ± max SE):",
+    ]
+    for src in ("network", "sde"):
+        r = s["rho_T"][src]
+        se = max((v for v in r["se"] if v is not None), default=float("nan"))
+        lines.append(f"  {src:8s} " + " ".join(fmt(v) for v in r["quantiles"]) + f"   ± {se:.3f}")
+    d = s["distances_T"]
+    lines.append(
+        f"distances at T: rho KS {fmt(d['ks_rho'])} (p = {_p(d['ks_rho_pvalue'])}), "
+        f"W1 {fmt(d['w1_rho'])}; log V^aa KS {fmt(d['ks_logVaa'])} "
+        f"(p = {_p(d['ks_logVaa_pvalue'])}), W1 {fmt(d['w1_logVaa'])}"
+    )
+    e = s["sde"]
+    lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
+    if "token_pairs" in s:
+        tp = s["token_pairs"]
+        cells = [
+            f"{p} {fmt(n).strip()}/{fmt(q).strip()} (± {fmt(se).strip()})"
+            for p, n, q, se in zip(tp["pairs"], tp["mean_rho_T"]["network"],
+                                   tp["mean_rho_T"]["sde"], tp["mean_rho_T_se"]["network"],
+                                   strict=True)
+        ]  # fmt: skip
+        lines.append("causal: mean rho at T by token pair, network/SDE: " + ", ".join(cells))
+    lines.append(f"rank collapse (mean rho > {s['collapse']['threshold']:g}):")
+    width = max(len(m) for m in s["collapse"]["models"])
+    lines.append(f"  {'model':{width}s}  collapsed  median layer  final mean rho")
+    for m, r in s["collapse"]["models"].items():
+        layer = "never" if r["median_collapse_layer"] is None else f"{r['median_collapse_layer']:g}"
+        lines.append(
+            f"  {m:{width}s}  {r['fraction_collapsed']:9.0%}  {layer:>12s}  "
+            f"{fmt(r['final_mean_rho'])}"
+        )
+    cv = s["convergence"]
+    if cv is not None:
+        pts = ", ".join(
+            f"{w}: {'nan' if v is None else f'{v:.4f}'}"
+            for w, v in zip(cv["widths"], cv["w1_rho"], strict=True)
+        )
+        slope = cv["w1_rho_slope"]
+        lines.append(
+            f"convergence, W1(rho_T) by width {{{pts}}}; slope "
+            + ("not fitted (too few widths above the noise floor)" if slope is None else
+               f"{slope:.2f} ± {cv['w1_rho_slope_se'] or float('nan'):.2f}")
+            + f" (theory about -0.5; noise floor {fmt(cv['w1_rho_noise_floor']).strip()})"
+        )  # fmt: skip
+    lines.append("run times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["run_times_s"].items()))
+    return "\n".join(lines)
+
+
+def _p(x: float | None) -> str:
+    """A p-value with sensible precision: ``> 0.999``, 3 decimals, or 2 significant digits."""
+    if x is None:
+        return "nan"
+    if x > 0.999:
+        return "> 0.999"
+    return f"{x:.3f}" if x >= 0.01 else f"{x:.2g}"
