@@ -444,6 +444,16 @@ def sweep(
     points = list(g.points())
     if all(p.error for p in points):
         raise ValueError(f"every grid point is invalid, e.g. {points[0].label}: {points[0].error}")
+    # A value that is invalid at every point holding it is a typo in the grid, not a failing
+    # combination: refuse it before any store exists (a corrected grid must not meet a stale
+    # store). Invalid combinations (e.g. heads not dividing one width) are recorded as failed.
+    for name, values in g.dims.items():
+        for value in values:
+            holding = [p for p in points if p.coords[name] == value]
+            if all(p.error for p in holding):
+                raise ValueError(
+                    f"grid value {name} = {value!r} is invalid at every point: {holding[0].error}"
+                )
     path = Path(store).absolute()
     group = _open_store(path, g, points, dtype)
     status = group["status"][...]

@@ -250,23 +250,22 @@ def test_killed_sweep_loses_nothing_and_recomputes_nothing_finished(client, tmp_
 
 def test_failing_points_are_recorded_and_the_others_complete(client, tmp_path):
     store = tmp_path / "fail.zarr"
-    # width 2 < 3 tokens raises inside simulate (on the worker); heads 3 does not divide 8
-    # (an invalid config, recorded without running); the other points must complete.
-    grid = {"width": [2, 8], "heads": [1, 3], "depth": 2, "tokens": 3, "samples": 2}
+    # width 2 < 3 tokens raises inside simulate (on the worker); heads 4 does not divide 2
+    # (an invalid combination, recorded without running); the other points must complete.
+    grid = {"width": [2, 8], "heads": [1, 4], "depth": 2, "tokens": 3, "samples": 2}
     summary = sweep(grid, store=store, client=client, progress=False)
-    assert summary.computed == 1 and not summary.ok
+    assert summary.computed == 2 and not summary.ok
     assert set(summary.failed) == {
         "width=2, heads=1, source=network",
-        "width=2, heads=3, source=network",
-        "width=8, heads=3, source=network",
+        "width=2, heads=4, source=network",
     }
     assert (
         "width must be >= the number of tokens"
         in summary.failed["width=2, heads=1, source=network"]
     )
-    assert "heads must divide width" in summary.failed["width=8, heads=3, source=network"]
+    assert "heads must divide width" in summary.failed["width=2, heads=4, source=network"]
     ds = open_sweep(store)
-    assert ds["status"].values.ravel().tolist() == ["failed", "failed", "done", "failed"]
+    assert ds["status"].values.ravel().tolist() == ["failed", "failed", "done", "done"]
     assert "ValueError: config.width must be >= the number" in ds["error"].values[0, 0, 0]
     assert ds["error"].values[1, 0, 0] == ""
     assert np.isfinite(ds["V"].sel(width=8, heads=1).values[:, :, :, :3, :3]).all()
@@ -276,10 +275,10 @@ def test_failing_points_are_recorded_and_the_others_complete(client, tmp_path):
         open_point(store, width=2, heads=1)
 
     kept = sweep(grid, store=store, client=client, retry_failed=False, progress=False)
-    assert (kept.computed, kept.skipped, len(kept.failed)) == (0, 1, 3)
+    assert (kept.computed, kept.skipped, len(kept.failed)) == (0, 2, 2)
     assert read_records(store)["p0_0_0"]["run_id"] == record["run_id"]  # not rerun
     retried = sweep(grid, store=store, client=client, progress=False)
-    assert (retried.computed, retried.skipped, len(retried.failed)) == (0, 1, 3)
+    assert (retried.computed, retried.skipped, len(retried.failed)) == (0, 2, 2)
     assert read_records(store)["p0_0_0"]["run_id"] != record["run_id"]  # rerun, fails again
 
 
@@ -297,6 +296,11 @@ def test_a_store_of_another_sweep_is_refused(client, tmp_path):
         sweep(grid, store=tmp_path / "plain", client=client, progress=False)
     with pytest.raises(ValueError, match="every grid point is invalid"):
         sweep({**grid, "gamma": 2.0}, store=tmp_path / "x.zarr", client=client, progress=False)
+    # a value invalid wherever it appears is refused before any store is created
+    with pytest.raises(ValueError, match="grid value width = -3 is invalid"):
+        sweep({**grid, "width": [8, -3]}, store=tmp_path / "y.zarr", client=client,
+              progress=False)  # fmt: skip
+    assert not (tmp_path / "y.zarr").exists()
     with pytest.raises(ValueError, match="do not pass it with client"):
         sweep(grid, store=store, client=client, workers=2)
     with pytest.raises(ValueError, match="workers must be an integer >= 1"):

@@ -120,6 +120,7 @@ def add_run_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     group.add_argument("--out", default=None, help="write the Dataset to this .nc file")
+    group.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -149,8 +150,22 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torc
     from ..covariance import equicorrelated
 
     config = config_from_args(args)
-    if args.out is not None and Path(args.out).suffix != ".nc":
-        raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+    if args.out is not None:
+        if Path(args.out).suffix != ".nc":
+            raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+        check_output_file(args.out, args.overwrite)
+    for name, minimum in (("tokens", 2), ("samples", 1)):
+        if getattr(args, name) < minimum:
+            raise UsageError(f"--{name} must be an integer >= {minimum}, got {getattr(args, name)}")
+    if not -1 / (args.tokens - 1) < args.rho0 < 1:
+        raise UsageError(
+            f"--rho0 must be in (-1/(tokens - 1), 1) = ({-1 / (args.tokens - 1):.3g}, 1), "
+            f"got {args.rho0}"
+        )
+    if not (args.scale > 0 and args.scale < float("inf")):
+        raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
+    if args.tokens > config.width:
+        raise UsageError(f"--tokens must be <= --width = {config.width}, got {args.tokens}")
     set_threads(args.threads)
     device = parse_device(args.device)
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)
