@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 import types
 from typing import Any
@@ -28,9 +29,9 @@ def definition_path(package: str, name: str) -> str:
         return obj.__name__
     defined_in = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
-    if (inspect.isclass(obj) or inspect.isfunction(obj)) and defined_in and qualname:
-        if "<" not in qualname:
-            return f"{defined_in}.{qualname}"
+    is_named = inspect.isclass(obj) or inspect.isfunction(obj)
+    if is_named and defined_in and qualname and "<" not in qualname:
+        return f"{defined_in}.{qualname}"
     # Constants: mkdocstrings follows the alias of the package's namespace statically.
     return f"{package}.{name}"
 
@@ -59,12 +60,12 @@ def render(package: str) -> str:
                 "(`importlib.metadata`).\n"
             )
             continue
-        options = [f"        heading: \"{package}.{name}\"", "        show_root_full_path: false"]
+        options = [f'        heading: "{package}.{name}"', "        show_root_full_path: false"]
         obj = getattr(importlib.import_module(package), name)
         if isinstance(obj, types.ModuleType):
             members = module_members(path)
-            options.append(f"        members: {members!r}".replace("'", '"').lower()
-                           if isinstance(members, bool) else f"        members: {members!r}")
+            shown = "false" if members is False else json.dumps(members)
+            options.append(f"        members: {shown}")
         blocks.append(f"::: {path}\n    options:\n" + "\n".join(options) + "\n")
     return "\n".join(blocks)
 
