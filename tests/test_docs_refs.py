@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-THEORY = ROOT / "docs" / "theory.md"
+PAGE_PATH = ROOT / "docs" / "theory.md"
 SKIP_DIRS = {".git", "build", "site", "dist", ".venv", "venv", "runs", "_tools"}
 CITATION = re.compile(r"docs/theory\.md((?:#[\w-]+)(?:(?:,\s*|\s+and\s+)#[\w-]+)*)")
 LINK = re.compile(r"\]\((?:\.\./)*theory\.md#([\w-]+)\)")
 
 
 def anchors() -> set[str]:
-    return set(re.findall(r"^#+ .*\{#([\w-]+)\}\s*$", THEORY.read_text(), re.MULTILINE))
+    return set(re.findall(r"^#+ .*\{#([\w-]+)\}\s*$", PAGE_PATH.read_text(), re.MULTILINE))
 
 
 def sources() -> list[Path]:

@@ -53,7 +53,7 @@ SECTION_REF = re.compile(
     r"(?<![\w/])THEORY(?:\.md)?`?"
     + SEP
     + rf"sections?[ \t]+(?P<list>{NUM}(?:(?:,[ \t]*|[ \t]+and[ \t]+|[ \t]*[-–][ \t]*){NUM})*)"
-    + r"(?P<tail>'s)?"
+    + r"(?P<tail>'s)?(?P<space>[ \t]?)"
 )
 README_SHARED = re.compile(r"`THEORY\.md` \(shared docs\)")
 BARE = re.compile(r"(?<![\w/])THEORY(?:\.md)?(?![\w])")
@@ -99,14 +99,14 @@ def rewrite(text: str) -> tuple[str, int]:
         count += 1
         sep = match.group("sep")
         ref = link(expand(match.group("list")))
+        tail = match.group("tail") or ""
         if "\n" not in sep:
-            return ref + (match.group("tail") or "")
-        # Split reference: keep the link before the break, drop the now-empty "section N".
-        return ref + sep.lstrip(" \t") + (match.group("tail") or "")
+            return ref + tail + match.group("space")
+        # Split reference: keep the link before the break, drop the now-empty "section N"
+        # (and the space after it, which would start the next line).
+        return ref + sep.lstrip(" \t") + tail
 
     text = SECTION_REF.sub(section, text)
-    # After a split reference the next line may start with a stray space from "section N ".
-    text = re.sub(rf"({re.escape(PAGE)}#[\w-]+\n[ \t]*(?:\#[ \t]*)?) (?=\S)", r"\1", text)
 
     def readme(_: re.Match[str]) -> str:
         nonlocal count
@@ -122,6 +122,61 @@ def rewrite(text: str) -> tuple[str, int]:
 
     text = BARE.sub(bare, text)
     return text, count
+
+
+def _text_lines(source: str) -> set[int]:
+    """0-based numbers of the lines that are comments or lie inside a triple-quoted string."""
+    import io
+    import tokenize
+
+    lines: set[int] = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                lines.add(tok.start[0] - 1)
+            elif tok.type == tokenize.STRING and tok.string.lstrip("rbfuRBFU")[:3] in {
+                '"""',
+                "'''",
+            }:
+                lines.update(range(tok.start[0] - 1, tok.end[0]))
+    except (tokenize.TokenError, SyntaxError):
+        return set()
+    return lines
+
+
+def rewrap(source: str, limit: int = LINE_LIMIT) -> str:
+    """Push the overflowing words of long docstring/comment lines onto the next line of the
+    same paragraph (or a new line), cascading; code lines are left alone."""
+    lines = source.split("\n")
+    for _ in range(50):
+        text_lines = _text_lines("\n".join(lines))
+        for i, line in enumerate(lines):
+            if len(line) <= limit or i not in text_lines:
+                continue
+            indent = line[: len(line) - len(line.lstrip())]
+            comment = line.lstrip().startswith("#")
+            prefix = indent + ("# " if comment else "")
+            cut = line.rfind(" ", len(prefix) + 1, limit + 1)
+            if cut <= len(prefix):
+                continue
+            head, tail = line[:cut].rstrip(), line[cut + 1 :]
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            body = nxt[len(prefix) :]
+            joinable = (
+                i + 1 in text_lines
+                and nxt.startswith(prefix)
+                and body.strip()
+                and not body.startswith((" ", "-", "*", ">>>", '"""', "'''"))
+                and not (tail.endswith(('"""', "'''")))
+            )
+            if joinable:
+                lines[i : i + 2] = [head, prefix + tail + " " + body]
+            else:
+                lines[i : i + 1] = [head, prefix + tail]
+            break
+        else:
+            return "\n".join(lines)
+    return "\n".join(lines)
 
 
 def files(root: Path) -> list[Path]:
@@ -143,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     total = 0
     long_lines = []
     for path in files(args.root):
-        if path.resolve() == Path(__file__).resolve():
+        if path.resolve() == Path(__file__).resolve() or path.name == "test_docs_refs.py":
             continue
         old = path.read_text()
         new, count = rewrite(old)
@@ -153,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         rel = path.relative_to(args.root)
         print(f"{rel}: {count}")
         if path.suffix == ".py":
+            new = rewrap(new)
             old_long = {line for line in old.splitlines() if len(line) > LINE_LIMIT}
             for number, line in enumerate(new.splitlines(), start=1):
                 if len(line) > LINE_LIMIT and line not in old_long:
