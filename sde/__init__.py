@@ -8,16 +8,22 @@ integrates many paths into the shared covariance Dataset (``shapedtx.results``).
 
 from .coefficients import SDEConstants, arccos_kernel, diffusion, drift, nu, sde_constants
 from .noise import psd_factor, sample_noise
+from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
 from .solve import METHODS, solve
-from .solvers import EulerMaruyama, FactoredEuler, integrate
+from .solvers import integrate
+from .time_grid import TimeGrid, time_grid
 from .torchsde_solver import CovarianceSDE, solve_torchsde
 
 __all__ = [
     "METHODS",
+    "SOLVERS",
     "CovarianceSDE",
     "EulerMaruyama",
     "FactoredEuler",
     "SDEConstants",
+    "Solver",
+    "TimeGrid",
+    "TorchSDE",
     "arccos_kernel",
     "diffusion",
     "drift",
@@ -28,4 +34,5 @@ __all__ = [
     "sde_constants",
     "solve",
     "solve_torchsde",
+    "time_grid",
 ]

@@ -9,16 +9,21 @@ import torch
 import xarray as xr
 from torch import Tensor
 
+from shapedtx._validation import check_device, check_dtype
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import check_covariance
 from shapedtx.results import covariance_dataset
 
 from .coefficients import sde_constants
-from .solvers import STEPPERS, gaussian_noise, integrate, save_steps
+from .options import SOLVERS, Solver
+from .solvers import STEPPERS, gaussian_noise, integrate
+from .time_grid import time_grid
 from .torchsde_solver import solve_torchsde
 
-METHODS: tuple[str, ...] = ("euler", "em", "torchsde")
+METHODS: tuple[str, ...] = tuple(SOLVERS)
+"""Solver names accepted by :func:`solve` (see :mod:`sde.options`)."""
 DEFAULT_BOUND = 1e8
+"""Default blow-up bound: a path beyond ``DEFAULT_BOUND * max_a V0^{aa}`` is flagged."""
 
 
 def _check_positive(name: str, value: object, kind: type = float) -> None:
@@ -36,8 +41,8 @@ def solve(
     samples: int,
     *,
     T: float | None = None,
-    dt: float = 0.01,
-    method: str = "euler",
+    dt: float | None = None,
+    method: str | Solver = "euler",
     seed: int = 0,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
@@ -53,9 +58,12 @@ def solve(
         V0: (m, m) positive-definite initial covariance.
         samples: number of independent paths.
         T: time horizon (default ``config.T = depth / width``).
-        dt: step size; the actual step is ``T / ceil(T / dt)`` (stored in attrs).
-        method: ``"euler"`` (PSD-safe factored Euler, weak order 1), ``"em"`` (plain
-            Euler-Maruyama, may leave the PSD cone: flagged) or ``"torchsde"``.
+        dt: largest step (default 0.01, or the solver object's); the actual step is
+            ``T / ceil(T / dt)`` (:func:`sde.time_grid`; stored in attrs).
+        method: a solver object (:class:`sde.FactoredEuler`, :class:`sde.EulerMaruyama`,
+            :class:`sde.TorchSDE`, each with its ``dt``) or its name: ``"euler"`` (PSD-safe
+            factored Euler, weak order 1), ``"em"`` (plain Euler-Maruyama, may leave the PSD
+            cone: flagged) or ``"torchsde"``.
         save_every: save every this many steps (default: about 200 saved times) and at T.
         bound: a path exceeding ``bound * max_a V0^{aa}`` (or non-finite) is frozen and flagged.
         progress: tqdm progress bar (None: automatic, False: off).
@@ -66,28 +74,37 @@ def solve(
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
         ``steps``, ``bound`` and ``exploded_fraction``.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if isinstance(method, Solver):
+        if dt is not None and dt != method.dt:
+            raise ValueError(f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one")
+        solver = method
+    elif method in SOLVERS:
+        solver = SOLVERS[method](0.01 if dt is None else dt)
+    else:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, METHODS))} or a solver object "
+            f"(sde.FactoredEuler, ...), got {method!r}"
+        )
+    method = solver.name
     _check_positive("samples", samples, int)
-    _check_positive("dt", dt)
     _check_positive("bound", bound)
-    T = config.T if T is None else T
-    _check_positive("T", T)
-    if save_every is not None:
-        _check_positive("save_every", save_every, int)
+    check_dtype(dtype)
+    device = check_device(device) if device is not None else None
+    grid = time_grid(config, solver.dt, T=T, save_every=save_every)
+    T, steps, step, every, saved = grid.T, grid.steps, grid.dt, grid.save_every, grid.saved
     V0 = check_covariance(torch.as_tensor(V0).to(dtype=dtype, device=device))
     m = V0.shape[-1]
     sde_constants(config, m)  # raises for configurations without an SDE limit
-    steps = max(1, math.ceil(T / dt - 1e-9))
-    step = T / steps
-    every = save_every or max(1, steps // 200)
-    saved = save_steps(steps, every)
-    times = torch.tensor(saved, dtype=dtype) * step
+    times = torch.as_tensor(grid.times, dtype=dtype)
     V0s = V0.expand(samples, m, m).contiguous()
     if method == "torchsde":
+        # every step is evaluated (blow-ups are dated on the step grid, as for the other
+        # solvers); the saved steps are kept
+        all_times = torch.arange(steps + 1, dtype=dtype, device=V0.device) * step
         V, exploded, t_explode = solve_torchsde(
-            config, V0s, times.to(V0.device), dt=step, bound=bound, seed=seed
+            config, V0s, all_times, dt=step, bound=bound, seed=seed
         )
+        V = V[:, list(saved)]
     else:
         generator = torch.Generator(device=V0.device).manual_seed(seed)
         noise = gaussian_noise((samples, 2, m, m), generator, dtype, V0.device)

@@ -44,6 +44,7 @@ from .coefficients import (
     sde_constants,
 )
 from .noise import attention_noise_factor, noise_increment, psd_factor
+from .time_grid import save_steps
 
 NoiseSource = Callable[[int], Tensor]
 """``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
@@ -74,7 +75,7 @@ def _jittered_cholesky(V: Tensor) -> Tensor:
     return torch.where((info == 0)[:, None, None], L, torch.full_like(L, math.nan))
 
 
-class FactoredEuler:
+class FactoredEulerStep:
     """PSD-safe weak-order-1 Euler step ``V -> F F^T`` (module docstring).
 
     By default the state is the factor ``F`` itself (``V = F F^T``): any square root gives the
@@ -140,7 +141,7 @@ class FactoredEuler:
         return factor, new, None
 
 
-class EulerMaruyama:
+class EulerMaruyamaStep:
     """Plain Euler-Maruyama step ``V + b dt + sqrt(dt) Sigma^{1/2} xi`` (not PSD-safe)."""
 
     name = "em"
@@ -166,7 +167,7 @@ class EulerMaruyama:
         return new, new, ok
 
 
-STEPPERS = {"euler": FactoredEuler, "em": EulerMaruyama}
+STEPPERS = {"euler": FactoredEulerStep, "em": EulerMaruyamaStep}
 
 
 class Solution(NamedTuple):
@@ -179,16 +180,8 @@ class Solution(NamedTuple):
     steps: list[int]
 
 
-def save_steps(steps: int, save_every: int) -> list[int]:
-    """Saved step indices: 0, save_every, 2 save_every, ... and always the last step."""
-    out = list(range(0, steps + 1, save_every))
-    if out[-1] != steps:
-        out.append(steps)
-    return out
-
-
 def integrate(
-    stepper: FactoredEuler | EulerMaruyama,
+    stepper: FactoredEulerStep | EulerMaruyamaStep,
     V0: Tensor,
     *,
     steps: int,

@@ -236,12 +236,7 @@ def _plan(point: Point) -> Point:
 
 
 def _sde_times(config: ModelConfig, p: Mapping[str, Any]) -> int:
-    """Number of times ``sde.solve`` saves (its step rule; checked against the result)."""
-    from sde.solvers import save_steps
+    """Number of times ``sde.solve`` saves (:func:`sde.time_grid`, its one rule)."""
+    from sde import time_grid
 
-    T = p.get("T", config.T)
-    if not (p["dt"] > 0 and T > 0):
-        raise ValueError(f"dt and T must be > 0, got dt={p['dt']}, T={T}")
-    steps = max(1, math.ceil(T / p["dt"] - 1e-9))
-    every = p.get("save_every") or max(1, steps // 200)
-    return len(save_steps(steps, every))
+    return len(time_grid(config, p["dt"], T=p.get("T"), save_every=p.get("save_every")).saved)

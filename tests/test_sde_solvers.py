@@ -13,7 +13,7 @@ import torchsde
 from scipy import stats
 
 import sde
-from sde.solvers import EulerMaruyama, FactoredEuler, integrate
+from sde.solvers import EulerMaruyamaStep, FactoredEulerStep, integrate
 from shapedtx import ModelConfig, config_of, equicorrelated, load_dataset, save_dataset
 
 from mc_stats import assert_mean_within_se
@@ -57,7 +57,11 @@ def test_dataset_contract_and_reproducibility(tmp_path):
         ({"save_every": 0}, "save_every must be"),
         ({"bound": float("nan")}, "bound must be"),
         ({"V0": torch.tensor([[1.0, 2.0], [2.0, 1.0]])}, "positive definite"),
-    ],
+        ({"dtype": torch.float16}, "dtype must be"),
+        ({"device": "tpu"}, "device"),
+        ({"method": sde.FactoredEuler(0.01), "dt": 0.02}, "conflicts"),
+    ]
+    + ([] if torch.cuda.is_available() else [({"device": "cuda"}, "CUDA is not available")]),
 )
 def test_bad_input(kwargs, match):
     args = {"V0": equicorrelated(2, 0.1), "samples": 2}
@@ -190,7 +194,7 @@ def test_euler_and_torchsde_converge_under_same_brownian_motion():
         ref, exploded, _ = sde.solve_torchsde(cfg, V0, ts, dt=dt, bound=1e8, bm=bm)
         assert not exploded.any()
         own = {}
-        for stepper in (FactoredEuler(cfg, m, canonical=True), EulerMaruyama(cfg, m)):
+        for stepper in (FactoredEulerStep(cfg, m, canonical=True), EulerMaruyamaStep(cfg, m)):
             sol = integrate(
                 stepper,
                 V0,
@@ -223,7 +227,7 @@ def test_factored_step_moments_match_drift_and_diffusion():
     g = torch.Generator().manual_seed(3)
     X = torch.randn(m, m + 1, generator=g, dtype=torch.float64)
     V = X @ X.T / (m + 1) + 0.3 * torch.eye(m, dtype=torch.float64)
-    stepper = FactoredEuler(cfg, m, canonical=True)
+    stepper = FactoredEulerStep(cfg, m, canonical=True)
     L = stepper.init(V.expand(N, m, m))
     normals = torch.randn(N, 2, m, m, generator=g, dtype=torch.float64)
     _, plus, _ = stepper.step(L, normals, dt)
@@ -255,3 +259,26 @@ def test_jittered_cholesky_factor_of_collapsed_and_invalid_matrices():
     indefinite = torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))[None]
     assert torch.isnan(_jittered_cholesky(torch.cat([collapsed, indefinite]))[1]).all()
     assert torch.isfinite(_jittered_cholesky(torch.cat([collapsed, indefinite]))[0]).all()
+
+
+def test_solver_objects_and_names_agree():
+    """``method=FactoredEuler(dt)`` is ``method="euler", dt=dt`` exactly; every solver object
+    reaches the same law (KS on rho and V^aa at T), and blow-up dates are on the step grid."""
+    from scipy import stats
+
+    V0 = equicorrelated(3, 0.2)
+    a = sde.solve(ATT, V0, 400, method=sde.FactoredEuler(0.02), seed=3)
+    b = sde.solve(ATT, V0, 400, method="euler", dt=0.02, seed=3)
+    assert np.array_equal(a["V"].values, b["V"].values)
+    grid = sde.time_grid(ATT, 0.02)
+    assert np.allclose(a["t"].values, grid.times) and a.attrs["steps"] == grid.steps
+    em = sde.solve(ATT, V0, 400, method=sde.EulerMaruyama(0.02), seed=4)
+    ts = sde.solve(ATT, V0, 400, method=sde.TorchSDE(0.02), seed=5)
+    for other in (em, ts):
+        for stat in (lambda d: d["V"].values[:, -1, 0, 0], lambda d: d["V"].values[:, -1, 0, 1]):
+            assert stats.ks_2samp(stat(a), stat(other)).pvalue > 1e-3
+    strong = ATT.replace(tau0=0.1, gamma=0.9)
+    for method in (sde.FactoredEuler(0.05), sde.TorchSDE(0.05)):
+        out = sde.solve(strong, equicorrelated(3, 0.2, 4.0), 64, method=method, seed=0, bound=50.0)
+        t = out["t_explode"].values[out["exploded"].values]
+        assert t.size and np.allclose(t / 0.05, np.round(t / 0.05))  # step times

@@ -18,7 +18,7 @@ import torch
 import torchsde
 
 import sde
-from sde.solvers import EulerMaruyama, FactoredEuler, integrate
+from sde.solvers import EulerMaruyamaStep, FactoredEulerStep, integrate
 from sde.torchsde_solver import CovarianceSDE, pack, unpack
 from shapedtx import ModelConfig, equicorrelated
 
@@ -92,9 +92,9 @@ def one_step(name: str, config: ModelConfig, V: torch.Tensor, normals: torch.Ten
     if name == "torchsde":
         return torchsde_step(config, V, normals, dt)
     stepper = {
-        "euler": FactoredEuler(config, m),
-        "euler_canonical": FactoredEuler(config, m, canonical=True),
-        "em": EulerMaruyama(config, m),
+        "euler": FactoredEulerStep(config, m),
+        "euler_canonical": FactoredEulerStep(config, m, canonical=True),
+        "em": EulerMaruyamaStep(config, m),
     }[name]
     return stepper.step(stepper.init(V), normals, dt)[1]
 
@@ -175,7 +175,7 @@ def test_weak_order_one_against_fine_reference(causal):
     for steps in (4, 8, 16, fine_steps):
         k = fine_steps // steps
         sol = integrate(
-            FactoredEuler(config, m),
+            FactoredEulerStep(config, m),
             V0,
             steps=steps,
             dt=T / steps,
@@ -219,7 +219,7 @@ def test_causal_factored_euler_step_has_no_host_sync(mlp):
     cfg = STRONG.replace(causal=True, mlp=mlp, c_minus=-4.0)
     m, device = 4, torch.device("cuda")
     V = fixed_V(m).to(device).expand(64, m, m).contiguous()
-    stepper = FactoredEuler(cfg, m)
+    stepper = FactoredEulerStep(cfg, m)
     L = stepper.init(V)
     normals = torch.randn(64, 2, m, m, dtype=torch.float64, device=device)
     torch.cuda.synchronize()

@@ -1,0 +1,64 @@
+"""The one time-grid rule of the covariance SDE: steps, step size and saved times for a
+horizon ``T`` (default ``depth / width``; THEORY section 1), used by :func:`sde.solve`, the
+sweeps and the comparison with finite networks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shapedtx.config import ModelConfig
+
+MAX_SAVED = 200
+"""Default number of saved times (about; the last step is always saved)."""
+
+
+def save_steps(steps: int, save_every: int) -> list[int]:
+    """Saved step indices: 0, save_every, 2 save_every, ... and always the last step."""
+    out = list(range(0, steps + 1, save_every))
+    if out[-1] != steps:
+        out.append(steps)
+    return out
+
+
+@dataclass(frozen=True)
+class TimeGrid:
+    """``steps`` steps of size ``dt = T / steps``; states saved at the step indices ``saved``.
+
+    ``times`` are the saved times ``saved * dt`` (0 and T included).
+    """
+
+    T: float
+    steps: int
+    dt: float
+    save_every: int
+    saved: tuple[int, ...]
+
+    @property
+    def times(self) -> np.ndarray:
+        return np.asarray(self.saved, dtype=np.float64) * self.dt
+
+
+def time_grid(
+    config: ModelConfig, dt: float, *, T: float | None = None, save_every: int | None = None
+) -> TimeGrid:
+    """The SDE's time grid: ``steps = ceil(T / dt)`` (so the step ``T / steps`` is at most
+    ``dt`` and the grid ends exactly at T), saving every ``save_every`` steps (default about
+    :data:`MAX_SAVED` times) and at T. ValueError names a bad argument."""
+    T = config.T if T is None else T
+    for name, value in (("dt", dt), ("T", T)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value > 0)
+        ):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if save_every is not None and (
+        isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1
+    ):
+        raise ValueError(f"save_every must be an integer > 0, got {save_every!r}")
+    steps = max(1, math.ceil(T / dt - 1e-9))
+    every = save_every or max(1, steps // MAX_SAVED)
+    return TimeGrid(float(T), steps, T / steps, every, tuple(save_steps(steps, every)))
