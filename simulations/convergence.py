@@ -66,11 +66,14 @@ def convergence(
     Returns a Dataset over ``width`` with the distances ``w1_rho``, ``ks_rho``,
     ``ks_rho_pvalue``, ``w1_logVaa``, ``ks_logVaa``, the ``rho_quantile`` of both sources
     (width, source, quantile) and the median gap with its standard error. ``attrs`` hold, per
-    distance, the least-squares fit ``log d = intercept + slope log n`` (``<stat>_slope``,
-    ``<stat>_slope_se``, ``<stat>_intercept``) and ``<stat>_noise_floor``: the distance
-    expected from Monte Carlo noise alone (between two halves of the SDE sample, rescaled to
-    the compared sample sizes; averaged over 16 fixed-seed splits). Distances near the floor
-    flatten the fitted slope.
+    distance, ``<stat>_noise_floor``: the distance expected from Monte Carlo noise alone
+    (between two halves of the SDE sample, rescaled to the compared sample sizes; mean over
+    16 fixed-seed splits) and ``<stat>_noise_sd`` (its spread over the splits, the error bar
+    of one distance), and the least-squares fit ``log d = intercept + slope log n``
+    (``<stat>_slope``, ``<stat>_slope_se``, ``<stat>_intercept``) through the widths whose
+    distance is above ``floor + 2 sd`` only (``<stat>_fit_widths``; a slope through points at
+    the floor measures the noise, not the convergence). With fewer than 2 such widths the slope
+    is NaN: no slope can be fitted.
     """
     widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
     if len(widths) < 2 or len(set(widths)) != len(widths):
@@ -118,12 +121,25 @@ def convergence(
         {"T": T, "n_limit": rows[0].attrs["n_limit"],
          "n_excluded_limit": rows[0].attrs["n_excluded_limit"]}
     )  # fmt: skip
-    floors = _noise_floor(lim_T, int(np.min(out["n_network"].values)))
-    logn = np.log(np.asarray(list(configs), dtype=np.float64))
+    floors, spreads = _noise_floor(lim_T, int(np.min(out["n_network"].values)))
+    n = np.asarray(list(configs), dtype=np.float64)
     for s in STATISTICS:
-        out.attrs.update(_fit(logn, out[s].values, s))
+        d = out[s].values
+        above = np.isfinite(d) & (d > floors[s] + 2 * spreads[s])
+        out.attrs.update(_fit(np.log(n[above]), d[above], s))
         out.attrs[f"{s}_noise_floor"] = floors[s]
+        out.attrs[f"{s}_noise_sd"] = spreads[s]
+        out.attrs[f"{s}_fit_widths"] = [int(w) for w in n[above]]
+        out[s].attrs.update(long_name=_LONG_NAMES[s], units="1")
     return out
+
+
+_LONG_NAMES = {
+    "w1_rho": "Wasserstein-1 distance of rho at T, network vs SDE",
+    "ks_rho": "Kolmogorov-Smirnov statistic of rho at T, network vs SDE",
+    "w1_logVaa": "Wasserstein-1 distance of log V^aa at T, network vs SDE",
+    "ks_logVaa": "Kolmogorov-Smirnov statistic of log V^aa at T, network vs SDE",
+}
 
 
 def _fit(logn: np.ndarray, d: np.ndarray, name: str) -> dict[str, float]:
@@ -145,23 +161,26 @@ def _fit(logn: np.ndarray, d: np.ndarray, name: str) -> dict[str, float]:
             f"{name}_intercept": float(coef[0])}  # fmt: skip
 
 
-def _noise_floor(limit_T: xr.Dataset, n_network: int, splits: int = 16) -> dict[str, float]:
-    """Mean distance between two random halves of the SDE sample over ``splits`` fixed-seed
-    splits, rescaled by ``sqrt(1/n_network + 1/n_limit) / sqrt(1/h + 1/(N - h))`` to the
-    compared sample sizes."""
+def _noise_floor(
+    limit_T: xr.Dataset, n_network: int, splits: int = 16
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean and standard deviation of the distance between two random halves of the SDE
+    sample over ``splits`` fixed-seed splits, rescaled by ``sqrt(1/n_network + 1/n_limit) /
+    sqrt(1/h + 1/(N - h))`` to the compared sample sizes."""
     ok = limit_T.isel(sample=valid_samples(limit_T))
     N = ok.sizes["sample"]
     h = N // 2
     if h < 2:
-        return {s: math.nan for s in STATISTICS}
+        return {s: math.nan for s in STATISTICS}, {s: math.nan for s in STATISTICS}
     vals = token_values(ok)
     scale = math.sqrt(1 / n_network + 1 / N) / math.sqrt(1 / h + 1 / (N - h))
     rng = np.random.default_rng(0)
-    out = {f"{stat}_{var}": 0.0 for stat in ("w1", "ks") for var in ("rho", "logVaa")}
+    draws: dict[str, list[float]] = {s: [] for s in STATISTICS}
     for _ in range(splits):
         perm = rng.permutation(N)
         for var in ("rho", "logVaa"):
             d = distances(vals[var][perm[:h]], vals[var][perm[h:]])
-            out[f"w1_{var}"] += float(d["w1"][0]) * scale / splits
-            out[f"ks_{var}"] += float(d["ks"][0]) * scale / splits
-    return out
+            draws[f"w1_{var}"].append(float(d["w1"][0]) * scale)
+            draws[f"ks_{var}"].append(float(d["ks"][0]) * scale)
+    means = {s: float(np.mean(v)) for s, v in draws.items()}
+    return means, {s: float(np.std(v, ddof=1)) for s, v in draws.items()}

@@ -255,30 +255,49 @@ def plot_convergence(
     path: str | os.PathLike | None = None,
 ) -> Figure:
     """Distance between network and SDE at time T vs width on log-log axes (output of
-    :func:`simulations.convergence`), with the fitted power law, the n^(-1/2) reference
-    and the Monte Carlo noise floor of the distance."""
+    :func:`simulations.convergence`): error bars of one Monte Carlo spread, the noise floor
+    (line and 2-spread band), the power-law fit through the widths above the band only (or
+    a note that none can be fitted) and an n^(-1/2) reference."""
     if statistic not in convergence:
         raise ValueError(f"statistic must be a variable of the convergence Dataset, "
                          f"got {statistic!r}")  # fmt: skip
     fig, ax = _axes(ax)
     n = convergence["width"].values.astype(np.float64)
     d = convergence[statistic].values
-    ax.loglog(n, d, "o-", color="tab:blue", lw=1.5, label=f"{statistic} (network vs SDE)")
-    fit_key = f"{statistic}_slope"
-    if fit_key in convergence.attrs:
-        slope = convergence.attrs[fit_key]
+    label = _STAT_LABELS.get(statistic, statistic)
+    sd = convergence.attrs.get(f"{statistic}_noise_sd", np.nan)
+    ax.errorbar(n, d, yerr=sd if np.isfinite(sd) else None, fmt="o", color="tab:blue",
+                capsize=3, label=f"{label}, network vs SDE (bars: MC spread)")  # fmt: skip
+    floor = convergence.attrs.get(f"{statistic}_noise_floor", np.nan)
+    if np.isfinite(floor):
+        ax.axhline(floor, color="k", ls=":", lw=1.5, label="Monte Carlo noise floor")
+        if np.isfinite(sd):
+            ax.axhspan(max(floor - 2 * sd, 1e-12), floor + 2 * sd, color="k", alpha=0.08, lw=0)
+    slope = convergence.attrs.get(f"{statistic}_slope", np.nan)
+    fitted = np.asarray(convergence.attrs.get(f"{statistic}_fit_widths", []), dtype=np.float64)
+    if np.isfinite(slope) and fitted.size >= 2:
         intercept = convergence.attrs[f"{statistic}_intercept"]
-        ax.loglog(n, np.exp(intercept) * n**slope, color="tab:red", lw=1,
-                  label=f"fit: slope {slope:.2f}")  # fmt: skip
+        se = convergence.attrs.get(f"{statistic}_slope_se", np.nan)
+        ax.loglog(fitted, np.exp(intercept) * fitted**slope, color="tab:red", lw=1.5,
+                  label=f"fit above the floor: slope {slope:.2f} ± {se:.2f}")  # fmt: skip
+    else:
+        ax.text(0.02, 0.04, "no slope fitted: fewer than 2 widths above the noise floor",
+                transform=ax.transAxes, fontsize="small")  # fmt: skip
     ref = d[0] * (n / n[0]) ** -0.5
-    ax.loglog(n, ref, color="gray", ls="--", lw=1, label="n^(-1/2) reference")
-    floor_key = f"{statistic}_noise_floor"
-    if floor_key in convergence.attrs:
-        ax.axhline(convergence.attrs[floor_key], color="k", ls=":", lw=1,
-                   label="Monte Carlo noise floor")  # fmt: skip
-    ax.set_xlabel("width n (depth = T n)")
-    ax.set_ylabel(statistic)
-    ax.set_title(f"Convergence to the SDE at fixed T = {convergence.attrs.get('T', np.nan):.3g}")
+    ax.loglog(n, ref, color="gray", ls="--", lw=1, label=r"$n^{-1/2}$ reference")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("width $n$ (depth $= T n$)")
+    ax.set_ylabel(label)
+    ax.set_title(f"Convergence to the SDE at fixed $T = {convergence.attrs.get('T', np.nan):.3g}$")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3, which="both")
     return _finish(fig, path)
+
+
+_STAT_LABELS = {
+    "w1_rho": r"$W_1(\rho_T)$",
+    "ks_rho": r"KS$(\rho_T)$",
+    "w1_logVaa": r"$W_1(\log V^{aa}_T)$",
+    "ks_logVaa": r"KS$(\log V^{aa}_T)$",
+}
