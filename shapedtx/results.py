@@ -75,7 +75,24 @@ def covariance_dataset(
     all_attrs.update(attrs or {})
     variables: dict[str, Any] = {"V": (DIMS, V.detach().cpu().numpy())}
     variables.update(data_vars or {})
-    return xr.Dataset(variables, coords=coords, attrs=all_attrs)
+    ds = xr.Dataset(variables, coords=coords, attrs=all_attrs)
+    for name, (long_name, units) in VARIABLE_ATTRS.items():
+        if name in ds.variables:
+            ds[name].attrs.update(long_name=long_name, units=units)
+    return ds
+
+
+VARIABLE_ATTRS: dict[str, tuple[str, str]] = {
+    "V": ("token covariance V = X X^T / n", "squared activation"),
+    "t": ("depth time t = layer / width", "1"),
+    "layer": ("number of residual blocks applied", "1"),
+    "sample": ("independent network or SDE path", "1"),
+    "token_a": ("token index (0-based)", "1"),
+    "token_b": ("token index (0-based)", "1"),
+    "exploded": ("path flagged as blown up (non-finite or beyond the bound)", "1"),
+    "t_explode": ("depth time of the blow-up (NaN if none)", "1"),
+}
+"""``long_name`` and ``units`` of every variable of the covariance Dataset contract."""
 
 
 def config_of(ds: xr.Dataset) -> ModelConfig:
