@@ -3,6 +3,7 @@
 from shapedtx.covariance import equicorrelated
 from shapedtx.results import with_metrics, with_rho
 
+from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
 from .compare import QUANTILES, align_times, collapse_report, compare
 from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, simulate
@@ -25,14 +26,19 @@ __all__ = [
     "PRESETS",
     "QUANTILES",
     "SAMPLERS",
+    "Advice",
+    "Candidate",
+    "Criteria",
     "ExactSampler",
     "GramSampler",
     "GroupedNormal",
+    "Measurement",
     "Preset",
     "Sampler",
     "SweepSummary",
     "TokenSampler",
     "WeightsSampler",
+    "advise",
     "align_times",
     "at_width",
     "baselines",
@@ -41,6 +47,8 @@ __all__ = [
     "convergence",
     "equicorrelated",
     "group_seed",
+    "measure",
+    "measure_dataset",
     "open_point",
     "open_sweep",
     "plot_convergence",
