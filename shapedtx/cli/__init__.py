@@ -10,13 +10,21 @@ from .. import __version__
 from ._common import ArgumentParser, UsageError
 
 # Subcommand modules of this package, in --help order.
-SUBCOMMANDS: tuple[str, ...] = ("simulate", "sde", "train", "design", "sweep", "compare")
+SUBCOMMANDS: tuple[str, ...] = (
+    "simulate",
+    "sde",
+    "train",
+    "design",
+    "advise",
+    "sweep",
+    "compare",
+)
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="shapedtx",
-        description="Shaped Transformers: simulate, solve the SDE, compare, train, design.",
+        description="Shaped Transformers: simulate, solve the SDE, compare, train, design, advise.",
     )
     parser.add_argument("--version", action="version", version=f"shapedtx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
