@@ -194,13 +194,15 @@ def _order_stat(sorted_values: np.ndarray, q: float) -> float:
 
 def measure_dataset(ds: Any, criteria: Criteria = Criteria()) -> Measurement:
     """:func:`measure` on a covariance Dataset (``shapedtx.results``): V at its first and last
-    time; the ``exploded`` variable if present (SDE), else non-finite paths."""
+    time; the ``exploded`` variable if present (SDE), else paths that are non-finite or exceed
+    ``DEFAULT_BOUND * max V0^{aa}`` at some time (finite networks)."""
     V = torch.as_tensor(ds["V"].values)
-    exploded = (
-        torch.as_tensor(ds["exploded"].values)
-        if "exploded" in ds
-        else ~torch.isfinite(V).flatten(1).all(1)
-    )
+    if "exploded" in ds:
+        exploded = torch.as_tensor(ds["exploded"].values)
+    else:  # the SDE solver's rule: non-finite or above DEFAULT_BOUND * max V0^{aa} at any time
+        limit = DEFAULT_BOUND * torch.diagonal(V[:, 0], dim1=-2, dim2=-1).amax(-1)
+        big = V.abs().flatten(1).amax(1) > limit
+        exploded = big | ~torch.isfinite(V).flatten(1).all(1)
     return measure(V[:, 0], V[:, -1], exploded, criteria)
 
 
