@@ -18,8 +18,8 @@ Usage::
 
     python examples/advise/predict.py --quick --out /tmp/predict     # < 1 min, tiny sizes
     python examples/advise/predict.py                                 # the study (hours, CPU)
-    python examples/advise/predict.py --depths 64 --gammas 0.05 0.1 0.2 0.35 0.5 \\
-        --tau0s 0.5 1 2 --out examples/advise/depth64                  # the width-64 depth-64 check
+    python examples/advise/predict.py --device cuda                   # the same on a GPU
+    python examples/advise/predict.py --report                        # results from finished runs
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ REJECTED = (1.0, 0.2)
 @dataclass(frozen=True)
 class Setup:
     width: int = 64
-    depths: tuple[int, ...] = (16, 32)
+    depths: tuple[int, ...] = (16, 32, 64)
     gammas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.35, 0.6, 0.9)
     tau0s: tuple[float, ...] = (0.25, 1.0)
-    lrs: tuple[float, ...] = (3e-3, 1e-2)
+    lrs: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
     heads: int = 4
     steps: int = 1000
     batch_size: int = 16
@@ -241,9 +241,28 @@ def report(s: Setup, out: Path, rows) -> dict[str, Any]:
             value, ci = _bootstrap_spearman(score, loss, seed=s.seed)
             per_score[name] = {"value": value, "ci": ci, "runs": len(table)}
         result["scores"] = per_score
+        by_depth = {}
+        for depth in s.depths:
+            at = [i for i, t in enumerate(table) if t["depth"] == depth]
+            if len(at) >= 3:
+                by_depth[str(depth)] = {
+                    name: float(
+                        spearmanr(
+                            [table[i][name] if table[i][name] is not None else math.inf
+                             for i in at],
+                            [loss[i] for i in at],
+                        ).statistic
+                    )
+                    for name in SCORES
+                }  # fmt: skip
+        result["scores_by_depth"] = by_depth
         result["spearman"] = {**per_score[RANKING_SCORE], "score": RANKING_SCORE}
         finite = {k: v for k, v in per_score.items() if math.isfinite(v["value"])}
-        result["best_predictor"] = max(finite, key=lambda k: finite[k]["value"]) if finite else None
+        # the score with the strongest rank correlation either way; every score is meant as
+        # "higher is worse", so a negative value means the score predicts the wrong way round
+        result["best_predictor"] = (
+            max(finite, key=lambda k: abs(finite[k]["value"])) if finite else None
+        )
     checks = []
     for depth in s.depths:
         at = [t for t in table if t["depth"] == depth]
