@@ -245,7 +245,8 @@ def ranking_score(m: Measurement) -> float:
 def rank_key(c: Candidate, spread_target: float) -> tuple:
     """Sort key of the ranking rule (smallest first; see the module docstring).
 
-    Safe candidates first; among them those with ``score <= spread_target``, largest gamma
+    Safe candidates first; among them those with ``score <= spread_target`` (for screened
+    candidates: within 2 standard errors of it, so that confirmation decides), largest gamma
     first, then smallest tau0 (the pilot: smaller tau0 helped a little; tau0 barely changes
     the spread); then the other safe candidates by smallest score. Rejected
     candidates last (fewest violations, then smallest score). Remaining ties: smaller gamma,
@@ -254,7 +255,9 @@ def rank_key(c: Candidate, spread_target: float) -> tuple:
     score = c.score if math.isfinite(c.score) else math.inf
     if not c.passed:
         return (2, len(c.violations), score, c.gamma, c.tau0)
-    if score <= spread_target:
+    # a screened candidate within 2 SE of the target may meet it: confirmation decides
+    se = c.measurement.rho_spread_se if c.stage == "screen" else 0.0
+    if score - 2 * (se if math.isfinite(se) else 0.0) <= spread_target:
         return (0, -c.gamma, c.tau0, score)
     return (1, score, c.gamma, c.tau0)
 
