@@ -28,7 +28,8 @@ spread. Since the spread of every candidate grows with T, a deeper network gets 
 equal gamma (monotone in depth by construction, up to Monte Carlo error). If no safe candidate
 meets the target, the safe candidate with the smallest spread is chosen.
 
-Sampling: every candidate is first screened with ``screen_samples`` paths; candidates are then
+Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only
+for a violation beyond 2 standard errors; others stay unresolved); candidates are then
 confirmed with ``samples`` fresh paths in ranking order until one passes (the confirmed numbers
 replace the screening ones). All candidates are integrated together as one batch (float32
 factored Euler, ``dt = min(T / 50, 0.02)``), so the cost is independent of the width.
@@ -109,17 +110,20 @@ class Measurement:
     rho_spread_se: float
     rho_mean: float
 
-    def violations(self, criteria: Criteria) -> tuple[str, ...]:
-        """Names of the criteria this measurement violates, with the numbers."""
+    def violations(self, criteria: Criteria, z: float = 0.0) -> tuple[str, ...]:
+        """The criteria this measurement violates, with the numbers. ``z > 0``: only those
+        violated significantly, ``estimate - z SE >= threshold`` (used to screen)."""
         out = []
-        if not self.collapse < criteria.collapse:
-            out.append(f"collapse {self.collapse:.3g} >= {criteria.collapse:g}")
-        if not self.exploded < criteria.exploded:
-            out.append(f"exploded {self.exploded:.3g} >= {criteria.exploded:g}")
-        if not self.norm < criteria.norm_ratio:
-            out.append(
-                f"norm q{100 * criteria.norm_quantile:g} {self.norm:.3g} >= {criteria.norm_ratio:g}"
-            )
+        checks = (
+            ("collapse", self.collapse, self.collapse_se, criteria.collapse),
+            ("exploded", self.exploded, self.exploded_se, criteria.exploded),
+            (f"norm q{100 * criteria.norm_quantile:g}", self.norm, self.norm_se,
+             criteria.norm_ratio),
+        )  # fmt: skip
+        for name, value, se, threshold in checks:
+            low = value - z * se if z else value
+            if not low < threshold:
+                out.append(f"{name} {value:.3g} >= {threshold:g}")
         return tuple(out)
 
 
@@ -215,10 +219,19 @@ class Candidate:
     measurement: Measurement
     violations: tuple[str, ...]
     stage: str  # "screen" or "confirmed"
+    significant: tuple[str, ...] = ()  # violations beyond 2 SE (decide the screen)
 
     @property
     def passed(self) -> bool:
+        """Every criterion's point estimate is below its threshold."""
         return not self.violations
+
+    @property
+    def plausible(self) -> bool:
+        """May be safe: confirmed and passed, or screened without a significant violation
+        (a screened candidate with only non-significant violations is unresolved until it
+        is confirmed)."""
+        return self.passed if self.stage == "confirmed" else not self.significant
 
     @property
     def score(self) -> float:
@@ -230,7 +243,9 @@ class Candidate:
             "gamma": self.gamma,
             "tau0": self.tau0,
             "passed": self.passed,
+            "plausible": self.plausible,
             "violations": list(self.violations),
+            "significant_violations": list(self.significant),
             "score": _json_float(self.score),
             "stage": self.stage,
             **{k: _json_float(v) for k, v in asdict(self.measurement).items()},
@@ -245,15 +260,16 @@ def ranking_score(m: Measurement) -> float:
 def rank_key(c: Candidate, spread_target: float) -> tuple:
     """Sort key of the ranking rule (smallest first; see the module docstring).
 
-    Safe candidates first; among them those with ``score <= spread_target`` (for screened
-    candidates: within 2 standard errors of it, so that confirmation decides), largest gamma
+    Plausibly safe candidates first (:attr:`Candidate.plausible`); among them those with
+    ``score <= spread_target`` (for screened candidates: within 2 standard errors of it, so
+    that confirmation decides), largest gamma
     first, then smallest tau0 (the pilot: smaller tau0 helped a little; tau0 barely changes
     the spread); then the other safe candidates by smallest score. Rejected
     candidates last (fewest violations, then smallest score). Remaining ties: smaller gamma,
     smaller tau0.
     """
     score = c.score if math.isfinite(c.score) else math.inf
-    if not c.passed:
+    if not c.plausible:
         return (2, len(c.violations), score, c.gamma, c.tau0)
     # a screened candidate within 2 SE of the target may meet it: confirmation decides
     se = c.measurement.rho_spread_se if c.stage == "screen" else 0.0
@@ -556,12 +572,14 @@ def advise(
     cands = []
     for (g, t), (VT, ex) in zip(grid, results, strict=True):
         meas = measure(V0, VT, ex, criteria)
-        cands.append(Candidate(g, t, meas, meas.violations(criteria), "screen"))
+        cands.append(
+            Candidate(g, t, meas, meas.violations(criteria), "screen", meas.violations(criteria, 2))
+        )
 
     chosen = None
     for attempt in range(max_confirm):
         order = sorted(range(len(cands)), key=lambda i: rank_key(cands[i], spread_target))
-        todo = [i for i in order if cands[i].passed and cands[i].stage == "screen"]
+        todo = [i for i in order if cands[i].plausible and cands[i].stage == "screen"]
         if not todo:
             break
         i = todo[0]
@@ -571,7 +589,11 @@ def advise(
         )
         meas = measure(V0, VT, ex, criteria)
         cands[i] = replace(
-            cands[i], measurement=meas, violations=meas.violations(criteria), stage="confirmed"
+            cands[i],
+            measurement=meas,
+            violations=meas.violations(criteria),
+            stage="confirmed",
+            significant=meas.violations(criteria, 2),
         )
         # accept when it still passes and keeps its tier (below/above the spread target)
         if cands[i].passed and rank_key(cands[i], spread_target)[0] == old_key[0]:

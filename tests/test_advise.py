@@ -61,7 +61,7 @@ def test_ranking_prefers_the_largest_gamma_within_the_spread_target():
     base = measure(V0, VT[:30], exploded[:30])
 
     def cand(g, t, spread, violations=()):
-        return Candidate(g, t, replace(base, rho_spread=spread), violations, "screen")
+        return Candidate(g, t, replace(base, rho_spread=spread), violations, "screen", violations)
 
     cands = [
         cand(0.1, 1, 0.05),
@@ -105,7 +105,7 @@ def test_advised_config_passes_on_the_finite_network_and_a_rejected_one_fails():
     ds = simulate(a.config, V0, 256, seed=3, progress=False)
     assert not measure_dataset(ds).violations(a.criteria)
     bad = a.config.replace(gamma=1.0, tau0=0.5)
-    assert not next(c for c in a.candidates if (c.gamma, c.tau0) == (1.0, 0.5)).passed
+    assert not next(c for c in a.candidates if (c.gamma, c.tau0) == (1.0, 0.5)).plausible
     with warnings.catch_warnings():  # blown-up networks warn about non-finite samples
         warnings.simplefilter("ignore", RuntimeWarning)
         ds = simulate(bad, V0, 256, seed=3, progress=False)

@@ -38,7 +38,7 @@ def check(width: int, depth: int, tokens: int, samples: int, seed: int) -> dict:
         return {"size": [width, depth, tokens], "advice": None}
     table = {(c.gamma, c.tau0): c for c in advice.candidates}
     rejected = sorted(
-        (c for c in advice.candidates if not c.passed and c.tau0 == advice.tau0),
+        (c for c in advice.candidates if not c.plausible and c.tau0 == advice.tau0),
         key=lambda c: c.gamma,
     )
     configs = {"advised": (advice.gamma, advice.tau0)}

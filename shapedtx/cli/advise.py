@@ -36,7 +36,8 @@ the spread of that best pilot configuration, gamma 0.15 at T = 0.25), with the s
 tau0 for it; if none meets the target, the safe candidate with the smallest spread. A deeper
 network therefore gets a smaller or equal gamma (roughly gamma^2 T constant).
 
-Every candidate is screened with --screen-samples paths; candidates are then confirmed with
+Every candidate is screened with --screen-samples paths (rejected there only for a violation
+beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
 --samples fresh paths in ranking order until one passes. Monte Carlo standard errors are
 shown (binomial for fractions, order-statistic for the quantile, batch means for the spread).
 The [LW] depth/width check and the [BH] head-size check (key size per head >= m - 1) are
@@ -184,7 +185,10 @@ def format_advice(advice, *, every: bool = False) -> str:
                 f"{m.exploded:.4f}+-{m.exploded_se:.4f}",
                 f"{_fmt(m.norm)}+-{_fmt(m.norm_se, 2)}",
                 f"{m.rho_spread:.3f}+-{m.rho_spread_se:.3f}",
-                "pass" if c.passed else "; ".join(c.violations),
+                "pass"
+                if c.passed
+                else ("unresolved (within 2 SE): " if c.plausible else "")
+                + "; ".join(c.violations),
             )
         )
     lines.append(
@@ -221,9 +225,9 @@ def format_advice(advice, *, every: bool = False) -> str:
 def _summary(cands):
     """The best candidate, the best few others, and one row per gamma's first failure."""
     out = list(cands[:6])
-    seen = {c.gamma for c in out if not c.passed}
+    seen = {c.gamma for c in out if not c.plausible}
     for c in cands[6:]:
-        if not c.passed and c.gamma not in seen:
+        if not c.plausible and c.gamma not in seen:
             out.append(c)
             seen.add(c.gamma)
     return out
