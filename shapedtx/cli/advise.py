@@ -19,9 +19,9 @@ covariance SDE is solved to T = d/n for every (gamma, tau0) of the grid (cost in
 the width); each candidate's predicted law at T must meet the safety criteria:
 
   collapse  fraction of paths with an off-diagonal correlation rho_T > --rho-max (0.99) must be
-            below --max-collapse (1%%): tokens that align cannot be told apart by attention and
+            below --max-collapse (1%): tokens that align cannot be told apart by attention and
             their query/key gradients vanish (rank collapse); exploded paths count as collapsed.
-  exploded  fraction of paths that blow up before T must be below --max-exploded (0.1%%): the
+  exploded  fraction of paths that blow up before T must be below --max-exploded (0.1%): the
             attention drift is cubic in the covariance, so the SDE (and the network) can
             diverge in finite depth for large gamma or small tau0.
   norm      the --norm-quantile (99th) percentile of V^{aa}_T / V^{aa}_0 must be below
