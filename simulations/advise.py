@@ -321,6 +321,18 @@ class Advice:
         return self.candidates[0] if self.gamma is not None else None
 
     @property
+    def mc_se(self) -> dict[str, float]:
+        """Binomial SE of each fraction criterion at its threshold, for the confirmed and the
+        screening sample sizes (how finely the verdicts resolve the thresholds)."""
+        c = self.criteria
+        return {
+            "collapse_confirm": _binomial_se(c.collapse, self.samples),
+            "exploded_confirm": _binomial_se(c.exploded, self.samples),
+            "collapse_screen": _binomial_se(c.collapse, self.screen_samples),
+            "exploded_screen": _binomial_se(c.exploded, self.screen_samples),
+        }
+
+    @property
     def config(self) -> ModelConfig | None:
         """The advised ModelConfig (None when nothing passes)."""
         if self.gamma is None or self.tau0 is None:
@@ -353,6 +365,7 @@ class Advice:
             "steps": self.steps,
             "screen_samples": self.screen_samples,
             "samples": self.samples,
+            "mc_se_at_thresholds": self.mc_se,
             "seconds": self.seconds,
             "notes": list(self.notes),
         }

@@ -150,6 +150,7 @@ def _fmt(x: float, digits: int = 3) -> str:
 def format_advice(advice, *, every: bool = False) -> str:
     """The human-readable report of an :class:`simulations.Advice`."""
     cr = advice.criteria
+    se = advice.mc_se
     lines = [
         f"shapedtx advise: width {advice.width}, depth {advice.depth}, tokens {advice.tokens}, "
         f"heads {advice.heads}, mlp {advice.mlp}, causal {advice.causal}: T = d/n = "
@@ -169,6 +170,9 @@ def format_advice(advice, *, every: bool = False) -> str:
         "smallest tau0; else smallest rho_spread",
         f"sampling: {advice.steps} Euler steps, screen {advice.screen_samples} paths, confirm "
         f"{advice.samples} paths; {advice.seconds:.1f} s",
+        f"Monte Carlo SE at the thresholds (confirmed): collapse {se['collapse_confirm']:.2g}, "
+        f"exploded {se['exploded_confirm']:.2g} (screen: {se['collapse_screen']:.2g}, "
+        f"{se['exploded_screen']:.2g}); rows show each estimate's SE",
         "",
     ]
     rows = []
