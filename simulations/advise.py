@@ -109,6 +109,7 @@ class Measurement:
     rho_spread: float
     rho_spread_se: float
     rho_mean: float
+    norm_low: float = math.nan  # lower 2-SE order-statistic bound of the norm quantile
 
     def violations(self, criteria: Criteria, z: float = 0.0) -> tuple[str, ...]:
         """The criteria this measurement violates, with the numbers. ``z > 0``: only those
@@ -122,6 +123,8 @@ class Measurement:
         )  # fmt: skip
         for name, value, se, threshold in checks:
             low = value - z * se if z else value
+            if z and name.startswith("norm"):  # the order-statistic bound, not value - z SE
+                low = self.norm_low
             if not low < threshold:
                 out.append(f"{name} {value:.3g} >= {threshold:g}")
         return tuple(out)
@@ -144,6 +147,8 @@ def measure(
     SEs: binomial ``sqrt(p (1 - p) / N)`` for the fractions; for the quantile, half the width
     of the distribution-free 68% order-statistic interval with N (paths, not path-tokens);
     for the spread, the batch-means SE over :data:`SPREAD_BATCHES` batches of paths.
+    ``norm_low`` is the order statistic at ``q - 2 sqrt(q (1 - q) / N)``: a significant norm
+    violation (:meth:`Measurement.violations` with ``z = 2``) needs ``norm_low >= threshold``.
     """
     VT = torch.as_tensor(VT).double()
     N, m = VT.shape[0], VT.shape[-1]
@@ -167,6 +172,7 @@ def measure(
     norm = _order_stat(ratio, q)
     half = math.sqrt(q * (1 - q) / N)
     norm_se = (_order_stat(ratio, min(q + half, 1.0)) - _order_stat(ratio, max(q - half, 0))) / 2
+    norm_low = _order_stat(ratio, max(q - 2 * half, 0))
     good = off[~bad].numpy()
     spread = float(good.std()) if good.size > 1 else math.nan
     batches = np.array_split(good, SPREAD_BATCHES) if good.shape[0] >= 2 * SPREAD_BATCHES else []
@@ -186,6 +192,7 @@ def measure(
         rho_spread=spread,
         rho_spread_se=spread_se,
         rho_mean=float(good.mean()) if good.size else math.nan,
+        norm_low=norm_low,
     )
 
 

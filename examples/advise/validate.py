@@ -4,8 +4,10 @@ For each (width, depth, tokens) the advisor (``simulations.advise``, default gri
 is run, then finite networks are sampled with the exact sampler (THEORY section 5,
 ``simulations.simulate``) at the advised configuration and at configurations the advisor
 rejects: the least-rejected one next to the advice (the smallest rejected gamma at the advised
-tau0) and an extreme one (gamma 1, tau0 0.25). The same criteria are measured on the networks'
-covariances at the last layer (``simulations.measure_dataset``). Writes ``finite_network.json``.
+tau0) and an extreme one (gamma 1, tau0 0.25), and, if there is one, the smallest gamma left
+unresolved by the screening (violations within 2 SE). The same criteria are measured on the
+networks' covariances at the last layer (``simulations.measure_dataset``). Writes
+``finite_network.json``.
 
 Usage::
 
@@ -41,7 +43,13 @@ def check(width: int, depth: int, tokens: int, samples: int, seed: int) -> dict:
         (c for c in advice.candidates if not c.plausible and c.tau0 == advice.tau0),
         key=lambda c: c.gamma,
     )
+    unresolved = sorted(
+        (c for c in advice.candidates if c.plausible and not c.passed and c.tau0 == advice.tau0),
+        key=lambda c: c.gamma,
+    )
     configs = {"advised": (advice.gamma, advice.tau0)}
+    if unresolved:
+        configs["unresolved at screening (nearest)"] = (unresolved[0].gamma, unresolved[0].tau0)
     if rejected:
         configs["rejected (nearest)"] = (rejected[0].gamma, rejected[0].tau0)
     configs["rejected (gamma 1, tau0 0.25)"] = (1.0, 0.25)
@@ -63,6 +71,7 @@ def check(width: int, depth: int, tokens: int, samples: int, seed: int) -> dict:
             "network_passes": not meas.violations(advice.criteria),
             "sde": asdict(sde_cand.measurement) if sde_cand else None,
             "sde_violations": list(sde_cand.violations) if sde_cand else None,
+            "sde_significant_violations": list(sde_cand.significant) if sde_cand else None,
             "seconds": time.perf_counter() - t0,
         }
         print(
