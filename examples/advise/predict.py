@@ -61,6 +61,7 @@ class Setup:
     max_bytes: int = 8_000_000
     sde_tokens: int = 8
     sde_samples: int = 2048
+    advise_samples: int = 4096
     seed: int = 0
 
 
@@ -77,6 +78,7 @@ QUICK = Setup(
     max_bytes=200_000,
     sde_tokens=4,
     sde_samples=128,
+    advise_samples=256,
 )
 
 
@@ -114,7 +116,9 @@ def configurations(s: Setup, out: Path) -> list[tuple[int, float, float, str]]:
         if path.exists():
             adv = json.loads(path.read_text())
         else:
-            a = advise(s.width, d, s.sde_tokens, heads=s.heads, seed=s.seed)
+            a = advise(
+                s.width, d, s.sde_tokens, heads=s.heads, samples=s.advise_samples, seed=s.seed
+            )
             adv = {"gamma": a.gamma, "tau0": a.tau0, "T": a.T, "seconds": a.seconds}
             _write_json(adv, path)
         if adv["gamma"] is not None:
