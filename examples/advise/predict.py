@@ -175,15 +175,17 @@ def run_one(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr: floa
         return json.loads((folder / "result.json").read_text())
     torch.set_num_threads(1)
     data = load_corpus(max_bytes=s.max_bytes)
+    log_every = max(1, s.steps // 20)
+    eval_every = log_every * 5 if s.steps >= 100 else log_every
     tc = TrainConfig(
         steps=s.steps,
         batch_size=s.batch_size,
         seq_len=s.seq_len,
         lr=lr,
         warmup_steps=max(1, s.steps // 20),
-        log_interval=max(1, s.steps // 20),
-        eval_interval=max(1, s.steps // 20) * 5 if s.steps >= 100 else max(1, s.steps // 20),
-        checkpoint_interval=0,
+        log_interval=log_every,
+        eval_interval=eval_every,
+        checkpoint_interval=eval_every,  # an interrupted run resumes from here
         seed=s.seed,
     )
     result: dict[str, Any] = {"depth": depth, "gamma": gamma, "tau0": tau0, "lr": lr}
