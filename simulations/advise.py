@@ -626,7 +626,13 @@ def advise(
     ranked = tuple(cands[i] for i in order)
     notes = []
     if chosen is None:
-        notes.append("no candidate passes the criteria at full sample size")
+        confirmed = sum(c.stage == "confirmed" for c in cands)
+        notes.append(
+            "no candidate passed: every one violates a criterion significantly at screening"
+            if not confirmed
+            else f"no candidate passed: {confirmed} confirmed with {samples} paths failed"
+            + (f" (max_confirm={max_confirm})" if confirmed == max_confirm else "")
+        )
     elif rank_key(cands[chosen], spread_target)[0] == 1:
         notes.append(f"no safe candidate has rho_spread <= {spread_target:g}: smallest spread")
     best = cands[chosen] if chosen is not None else None

@@ -41,7 +41,8 @@ beyond 2 standard errors; others are "unresolved"); candidates are then confirme
 --samples fresh paths in ranking order until one passes. Monte Carlo standard errors are
 shown (binomial for fractions, order-statistic for the quantile, batch means for the spread).
 The [LW] depth/width check and the [BH] head-size check (key size per head >= m - 1) are
-printed alongside. Example: shapedtx advise --width 1024 --depth 1024 --tokens 8"""
+printed alongside. Exit code 0 with an advice, 1 when no candidate passes, 2 on bad input.
+Example: shapedtx advise --width 1024 --depth 1024 --tokens 8"""
 
 
 def _floats(text: str) -> list[float]:
