@@ -220,3 +220,11 @@ def test_batched_solver_matches_sde_solve_in_law():
         se = math.hypot(a.rho_spread_se, b.rho_spread_se)
         assert abs(a.rho_spread - b.rho_spread) < 4 * se + 0.005, (a, b)
         assert abs(a.rho_mean - b.rho_mean) < 0.02
+
+
+def test_nothing_passes_gives_no_advice_and_exit_1(capsys):
+    a = advise(64, 64, 4, gammas=(0.9, 1.0), tau0s=(0.25,), samples=64, screen_samples=64)
+    assert a.gamma is None and a.config is None and a.best is None and a.notes
+    argv = ["advise", "--width", "64", "--depth", "64", "--tokens", "4", "--gammas", "0.9,1"]
+    assert main([*argv, "--tau0s", "0.25", "--samples", "64", "--screen-samples", "64"]) == 1
+    assert "NO candidate" in capsys.readouterr().out
