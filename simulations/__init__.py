@@ -3,6 +3,7 @@
 from shapedtx.covariance import equicorrelated
 from shapedtx.results import with_metrics, with_rho
 
+from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
 from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, simulate
@@ -36,16 +37,21 @@ __all__ = [
     "PRESETS",
     "QUANTILES",
     "SAMPLERS",
+    "Advice",
+    "Candidate",
     "Comparison",
+    "Criteria",
     "ExactSampler",
     "Experiment",
     "GramSampler",
     "GroupedNormal",
+    "Measurement",
     "Preset",
     "Sampler",
     "SweepSummary",
     "TokenSampler",
     "WeightsSampler",
+    "advise",
     "align_times",
     "at_width",
     "baselines",
@@ -56,6 +62,8 @@ __all__ = [
     "equicorrelated",
     "format_summary",
     "group_seed",
+    "measure",
+    "measure_dataset",
     "open_point",
     "open_sweep",
     "plot_collapse_metrics",

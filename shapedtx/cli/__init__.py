@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "train",
     "probe",
     "design",
+    "advise",
     "sweep",
     "compare",
 )
@@ -24,7 +25,7 @@ SUBCOMMANDS: tuple[str, ...] = (
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="shapedtx",
-        description="Shaped Transformers: simulate, solve the SDE, compare, train, design.",
+        description="Shaped Transformers: simulate, solve the SDE, compare, train, design, advise.",
     )
     parser.add_argument("--version", action="version", version=f"shapedtx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)

@@ -1,0 +1,665 @@
+"""Choose the branch weight gamma and the temperature tau0 of a shaped Transformer from its SDE.
+
+For a network of width n, depth d and m tokens, :func:`advise` solves the covariance SDE
+(THEORY section 3) up to ``T = d / n`` for every (gamma, tau0) of a grid, measures the predicted
+law of ``V_T`` against safety criteria (:class:`Criteria`), ranks the safe candidates with
+:func:`rank_key` and returns the best with the whole table (:class:`Advice`).
+
+Safety criteria (each a threshold of :class:`Criteria`; a candidate passes when every point
+estimate is below its threshold; the Monte Carlo standard error is reported with each):
+
+- ``collapse``: fraction of paths with some off-diagonal correlation ``rho^{ab}_T > rho_max``
+  (rank collapse, THEORY section 4; exploded paths count as collapsed), below 1%;
+- ``exploded``: fraction of paths that blow up before T (the attention drift is cubic in V, so
+  the SDE can explode in finite time; THEORY section 3), below 0.1%;
+- ``norm``: the 99th percentile of ``V^{aa}_T / V^{aa}_0`` over paths and tokens (token norms
+  act as an inverse temperature of the attention), below 10.
+
+Ranking (:func:`rank_key`, provisional until ``examples/advise/predict.py`` has been run at
+full size): score = ``rho_spread``, the standard deviation of the off-diagonal ``rho_T`` over
+paths and token pairs. A pilot (width 64, depth 16, causal byte LM, 300 steps, lr 1e-2, one
+seed) found less spread of ``rho_T`` at initialisation went with lower loss (Spearman +0.88 over
+12 configurations) and its smallest branch weight (gamma 0.15) trained best. Minimising the
+spread outright would always return the smallest gamma of the grid (gamma -> 0 is the identity
+network), which the pilot did not test; so the advisor picks the *largest* gamma whose spread
+stays within ``spread_target`` (default: the spread of the pilot's best configuration,
+gamma 0.15 at T = 0.25, :data:`DEFAULT_SPREAD_TARGET`), and among those tau0 with the smallest
+spread. Since the spread of every candidate grows with T, a deeper network gets a smaller or
+equal gamma (monotone in depth by construction, up to Monte Carlo error). If no safe candidate
+meets the target, the safe candidate with the smallest spread is chosen.
+
+Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only
+for a violation beyond 2 standard errors; others stay unresolved); candidates are then
+confirmed with ``samples`` fresh paths in ranking order until one passes (the confirmed numbers
+replace the screening ones). All candidates are integrated together as one batch (float32
+factored Euler, ``dt = min(T / 50, 0.02)``), so the cost is independent of the width.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+import sde
+from sde.coefficients import (
+    arccos_kernel,
+    attention_auxiliaries,
+    attention_drift_factor,
+    centering,
+    sde_constants,
+)
+from sde.solve import DEFAULT_BOUND
+from sde.solvers import _jittered_cholesky, gaussian_noise, integrate
+from shapedtx import ModelConfig
+from shapedtx.covariance import equicorrelated
+from shapedtx.design import allocation, depth_threshold, head_size_report, regime
+
+DEFAULT_GAMMAS: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+DEFAULT_TAU0S: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+DEFAULT_SPREAD_TARGET = 0.145
+"""The sd of the off-diagonal rho_T of the pilot's best configuration (gamma 0.15, T = 16/64,
+shaped ReLU MLP, 1 head, m = 8, rho0 = 0.2), 0.1415 +- 0.0002 with this module (16000 paths,
+100 steps; the same at tau0 0.5 and 1), rounded up to 0.145 so that the pilot's configuration
+itself is accepted despite Monte Carlo error."""
+
+SPREAD_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """Safety thresholds on the predicted law at T (see the module docstring)."""
+
+    rho_max: float = 0.99
+    collapse: float = 0.01
+    exploded: float = 0.001
+    norm_quantile: float = 0.99
+    norm_ratio: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("rho_max", "collapse", "exploded", "norm_quantile"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value < 1:
+                raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+        if not _is_number(self.norm_ratio) or not self.norm_ratio > 1:
+            raise ValueError(f"norm_ratio must be a finite number > 1, got {self.norm_ratio!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The criteria measured on one sample of the law at T, with Monte Carlo SEs."""
+
+    samples: int
+    collapse: float
+    collapse_se: float
+    exploded: float
+    exploded_se: float
+    norm: float
+    norm_se: float
+    rho_spread: float
+    rho_spread_se: float
+    rho_mean: float
+    norm_low: float = math.nan  # lower 2-SE order-statistic bound of the norm quantile
+
+    def violations(self, criteria: Criteria, z: float = 0.0) -> tuple[str, ...]:
+        """The criteria this measurement violates, with the numbers. ``z > 0``: only those
+        violated significantly, ``estimate - z SE >= threshold`` (used to screen)."""
+        out = []
+        checks = (
+            ("collapse", self.collapse, self.collapse_se, criteria.collapse),
+            ("exploded", self.exploded, self.exploded_se, criteria.exploded),
+            (f"norm q{100 * criteria.norm_quantile:g}", self.norm, self.norm_se,
+             criteria.norm_ratio),
+        )  # fmt: skip
+        for name, value, se, threshold in checks:
+            low = value - z * se if z else value
+            if z and name.startswith("norm"):  # the order-statistic bound, not value - z SE
+                low = self.norm_low
+            if not low < threshold:
+                out.append(f"{name} {value:.3g} >= {threshold:g}")
+        return tuple(out)
+
+
+def _binomial_se(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+def measure(
+    V0: Tensor, VT: Tensor, exploded: Tensor, criteria: Criteria = Criteria()
+) -> Measurement:
+    """The criteria of :class:`Criteria` and the ranking score on a sample of ``V_T``.
+
+    Args:
+        V0: (m, m) or (N, m, m) initial covariance(s).
+        VT: (N, m, m) covariances at T (exploded paths may hold anything).
+        exploded: (N,) bool, paths that blew up before T.
+
+    SEs: binomial ``sqrt(p (1 - p) / N)`` for the fractions; for the quantile, half the width
+    of the distribution-free 68% order-statistic interval with N (paths, not path-tokens);
+    for the spread, the batch-means SE over :data:`SPREAD_BATCHES` batches of paths.
+    ``norm_low`` is the order statistic at ``q - 2 sqrt(q (1 - q) / N)``: a significant norm
+    violation (:meth:`Measurement.violations` with ``z = 2``) needs ``norm_low >= threshold``.
+    """
+    VT = torch.as_tensor(VT).double()
+    N, m = VT.shape[0], VT.shape[-1]
+    exploded = torch.as_tensor(exploded, dtype=torch.bool).reshape(N)
+    finite = torch.isfinite(VT).flatten(1).all(1)
+    bad = exploded | ~finite
+    d = torch.diagonal(VT, dim1=-2, dim2=-1)
+    bad = bad | ~(d > 0).all(-1)
+    Vs = torch.where(bad[:, None, None], torch.eye(m, dtype=VT.dtype), VT)
+    ds = torch.diagonal(Vs, dim1=-2, dim2=-1).sqrt()
+    rho = Vs / (ds[:, :, None] * ds[:, None, :])
+    iu = torch.triu_indices(m, m, 1)
+    off = rho[:, iu[0], iu[1]]  # (N, pairs)
+    collapsed = bad | (off > criteria.rho_max).any(-1)
+    p_col = float(collapsed.double().mean())
+    p_exp = float(bad.double().mean())
+    d0 = torch.diagonal(torch.as_tensor(V0).double(), dim1=-2, dim2=-1).expand(N, m)
+    ratio = torch.where(bad[:, None], torch.full_like(d0, math.inf), d / d0).flatten().numpy()
+    ratio = np.sort(ratio)
+    q = criteria.norm_quantile
+    norm = _order_stat(ratio, q)
+    half = math.sqrt(q * (1 - q) / N)
+    norm_se = (_order_stat(ratio, min(q + half, 1.0)) - _order_stat(ratio, max(q - half, 0))) / 2
+    norm_low = _order_stat(ratio, max(q - 2 * half, 0))
+    good = off[~bad].numpy()
+    spread = float(good.std()) if good.size > 1 else math.nan
+    batches = np.array_split(good, SPREAD_BATCHES) if good.shape[0] >= 2 * SPREAD_BATCHES else []
+    spread_se = (
+        float(np.std([b.std() for b in batches], ddof=1) / math.sqrt(len(batches)))
+        if batches
+        else math.nan
+    )
+    return Measurement(
+        samples=N,
+        collapse=p_col,
+        collapse_se=_binomial_se(p_col, N),
+        exploded=p_exp,
+        exploded_se=_binomial_se(p_exp, N),
+        norm=norm,
+        norm_se=norm_se if math.isfinite(norm_se) else math.inf,
+        rho_spread=spread,
+        rho_spread_se=spread_se,
+        rho_mean=float(good.mean()) if good.size else math.nan,
+        norm_low=norm_low,
+    )
+
+
+def _order_stat(sorted_values: np.ndarray, q: float) -> float:
+    """The ceil(q n)-th smallest value (inverse empirical CDF)."""
+    n = sorted_values.size
+    k = min(max(math.ceil(q * n) - 1, 0), n - 1)
+    return float(sorted_values[k])
+
+
+def measure_dataset(ds: Any, criteria: Criteria = Criteria()) -> Measurement:
+    """:func:`measure` on a covariance Dataset (``shapedtx.results``): V at its first and last
+    time; the ``exploded`` variable if present (SDE), else paths that are non-finite or exceed
+    ``DEFAULT_BOUND * max V0^{aa}`` at some time (finite networks)."""
+    V = torch.as_tensor(ds["V"].values)
+    if "exploded" in ds:
+        exploded = torch.as_tensor(ds["exploded"].values)
+    else:  # the SDE solver's rule: non-finite or above DEFAULT_BOUND * max V0^{aa} at any time
+        limit = DEFAULT_BOUND * torch.diagonal(V[:, 0], dim1=-2, dim2=-1).amax(-1)
+        big = V.abs().flatten(1).amax(1) > limit
+        exploded = big | ~torch.isfinite(V).flatten(1).all(1)
+    return measure(V[:, 0], V[:, -1], exploded, criteria)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (gamma, tau0) with its measurement at T, verdict and ranking score."""
+
+    gamma: float
+    tau0: float
+    measurement: Measurement
+    violations: tuple[str, ...]
+    stage: str  # "screen" or "confirmed"
+    significant: tuple[str, ...] = ()  # violations beyond 2 SE (decide the screen)
+
+    @property
+    def passed(self) -> bool:
+        """Every criterion's point estimate is below its threshold."""
+        return not self.violations
+
+    @property
+    def plausible(self) -> bool:
+        """May be safe: confirmed and passed, or screened without a significant violation
+        (a screened candidate with only non-significant violations is unresolved until it
+        is confirmed)."""
+        return self.passed if self.stage == "confirmed" else not self.significant
+
+    @property
+    def score(self) -> float:
+        """The ranking score (lower is better): :func:`ranking_score`."""
+        return ranking_score(self.measurement)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gamma": self.gamma,
+            "tau0": self.tau0,
+            "passed": self.passed,
+            "plausible": self.plausible,
+            "violations": list(self.violations),
+            "significant_violations": list(self.significant),
+            "score": _json_float(self.score),
+            "stage": self.stage,
+            **{k: _json_float(v) for k, v in asdict(self.measurement).items()},
+        }
+
+
+def ranking_score(m: Measurement) -> float:
+    """The score the ranking uses (lower is better): the spread (sd) of off-diagonal rho_T."""
+    return m.rho_spread
+
+
+def rank_key(c: Candidate, spread_target: float) -> tuple:
+    """Sort key of the ranking rule (smallest first; see the module docstring).
+
+    Plausibly safe candidates first (:attr:`Candidate.plausible`); among them those with
+    ``score <= spread_target`` (for screened candidates: within 2 standard errors of it, so
+    that confirmation decides), largest gamma
+    first, then smallest tau0 (the pilot: smaller tau0 helped a little; tau0 barely changes
+    the spread); then the other safe candidates by smallest score. Rejected
+    candidates last (fewest violations, then smallest score). Remaining ties: smaller gamma,
+    smaller tau0.
+    """
+    score = c.score if math.isfinite(c.score) else math.inf
+    if not c.plausible:
+        return (2, len(c.violations), score, c.gamma, c.tau0)
+    # a screened candidate within 2 SE of the target may meet it: confirmation decides
+    se = c.measurement.rho_spread_se if c.stage == "screen" else 0.0
+    if score - 2 * (se if math.isfinite(se) else 0.0) <= spread_target:
+        return (0, -c.gamma, c.tau0, score)
+    return (1, score, c.gamma, c.tau0)
+
+
+@dataclass(frozen=True)
+class DesignChecks:
+    """The [LW] depth/width check and the [BH] head-size check (THEORY sections 7, 8)."""
+
+    depth_threshold: float
+    regime: str
+    allocation: str
+    key_dim: int
+    head_dim: int
+    head_size_ok: bool  # key_dim >= m - 1 (THEORY section 8)
+    bh_bottleneck: bool  # key_dim < m ([BH]'s recommendation d_p >= m)
+    max_unbottlenecked_heads: int
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Result of :func:`advise`. ``gamma``/``tau0`` are None when no candidate passes."""
+
+    gamma: float | None
+    tau0: float | None
+    T: float
+    width: int
+    depth: int
+    tokens: int
+    heads: int
+    mlp: str
+    causal: bool
+    rho0: float
+    criteria: Criteria
+    spread_target: float
+    candidates: tuple[Candidate, ...]
+    design: DesignChecks
+    steps: int
+    screen_samples: int
+    samples: int
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.gamma is not None else None
+
+    @property
+    def mc_se(self) -> dict[str, float]:
+        """Binomial SE of each fraction criterion at its threshold, for the confirmed and the
+        screening sample sizes (how finely the verdicts resolve the thresholds)."""
+        c = self.criteria
+        return {
+            "collapse_confirm": _binomial_se(c.collapse, self.samples),
+            "exploded_confirm": _binomial_se(c.exploded, self.samples),
+            "collapse_screen": _binomial_se(c.collapse, self.screen_samples),
+            "exploded_screen": _binomial_se(c.exploded, self.screen_samples),
+        }
+
+    @property
+    def config(self) -> ModelConfig | None:
+        """The advised ModelConfig (None when nothing passes)."""
+        if self.gamma is None or self.tau0 is None:
+            return None
+        return _config(
+            self.width, self.depth, self.heads, self.mlp, self.causal, self.gamma, self.tau0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gamma": self.gamma,
+            "tau0": self.tau0,
+            "T": self.T,
+            "width": self.width,
+            "depth": self.depth,
+            "tokens": self.tokens,
+            "heads": self.heads,
+            "mlp": self.mlp,
+            "causal": self.causal,
+            "rho0": self.rho0,
+            "criteria": asdict(self.criteria),
+            "ranking": {
+                "score": "rho_spread (sd of off-diagonal rho_T)",
+                "spread_target": self.spread_target,
+                "rule": "largest safe gamma with score <= spread_target (then smallest "
+                "tau0); else the safe candidate with the smallest score",
+            },
+            "candidates": [c.to_dict() for c in self.candidates],
+            "design": asdict(self.design),
+            "steps": self.steps,
+            "screen_samples": self.screen_samples,
+            "samples": self.samples,
+            "mc_se_at_thresholds": self.mc_se,
+            "seconds": self.seconds,
+            "notes": list(self.notes),
+        }
+
+
+def _json_float(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _config(width, depth, heads, mlp, causal, gamma, tau0) -> ModelConfig:
+    return ModelConfig(
+        width=width,
+        depth=depth,
+        attention="shaped",
+        mlp=mlp,
+        heads=heads,
+        out_proj=heads > 1,
+        causal=causal,
+        gamma=gamma,
+        tau0=tau0,
+    )
+
+
+class _BatchedEuler:
+    """:class:`sde.FactoredEuler` with per-row constants: many configurations in one batch.
+
+    Row i of the batch belongs to configuration ``owner[i]``; the step is the same formula
+    with the scalar constants replaced by (B, 1, 1) tensors.
+    """
+
+    def __init__(self, configs: Sequence[ModelConfig], counts: Sequence[int], m: int, dtype):
+        consts = [sde_constants(c, m) for c in configs]
+
+        def col(name):
+            values = [
+                getattr(k, name) for k, n in zip(consts, counts, strict=True) for _ in range(n)
+            ]
+            return torch.tensor(values, dtype=dtype)[:, None, None]
+
+        self.k_lin, self.k_att, self.a_att, self.k_mlp = (
+            col(n) for n in ("k_lin", "k_att", "a_att", "k_mlp")
+        )
+        self.has_mlp = bool((self.k_mlp > 0).any())
+        self.has_att = bool((self.a_att > 0).any())
+        self.m = m
+
+    def init(self, V0: Tensor) -> Tensor:
+        return sde.psd_factor(V0)[0]
+
+    def step(self, L: Tensor, normals: Tensor, dt: float):
+        m = self.m
+        V = L @ L.transpose(-1, -2)
+        if self.has_mlp:
+            V = V + (-torch.expm1(-self.k_mlp * dt)) * (arccos_kernel(V) - V)
+            L = _jittered_cholesky(V)
+        eye = torch.eye(m, dtype=V.dtype)
+        eps2 = self.k_lin * dt / 2
+        left = eye * (1 - eps2 * m / 2)
+        if self.has_att:
+            aux = attention_auxiliaries(V)
+            P = centering(m, dtype=V.dtype, device=V.device)
+            G = (self.k_att * dt).sqrt() * (L @ normals[:, 1] @ L.transpose(-1, -2) @ P)
+            ito = (self.k_att * dt / 2) * aux[1][:, None, None] * eye
+            left = left + dt * attention_drift_factor(V, self.a_att, aux) + G - ito
+        F = left @ L @ (eye + eps2.sqrt() * normals[:, 0])
+        Vn = F @ F.transpose(-1, -2)
+        return F, (Vn + Vn.transpose(-1, -2)) / 2, None
+
+
+def solve_batch(
+    configs: Sequence[ModelConfig],
+    V0: Tensor,
+    samples: int,
+    *,
+    T: float,
+    steps: int,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> list[tuple[Tensor, Tensor]]:
+    """``(V_T (samples, m, m), exploded (samples,))`` for every config, solved together.
+
+    Non-causal configurations are integrated as one batch (:class:`_BatchedEuler`); causal
+    ones with :func:`sde.solve` each (they need the causal SDE of THEORY section 3b).
+    """
+    m = V0.shape[-1]
+    out: list[tuple[Tensor, Tensor] | None] = [None] * len(configs)
+    batch = [i for i, c in enumerate(configs) if not c.causal]
+    for i, c in enumerate(configs):
+        if c.causal:
+            ds = sde.solve(
+                c, V0, samples, T=T, dt=T / steps, seed=seed + i, dtype=dtype, progress=False
+            )
+            out[i] = (
+                torch.as_tensor(ds["V"].values[:, -1]),
+                torch.as_tensor(ds["exploded"].values),
+            )
+    if batch:
+        stepper = _BatchedEuler([configs[i] for i in batch], [samples] * len(batch), m, dtype)
+        B = samples * len(batch)
+        V0s = V0.to(dtype).expand(B, m, m).contiguous()
+        gen = torch.Generator().manual_seed(seed)
+        sol = integrate(
+            stepper,
+            V0s,
+            steps=steps,
+            dt=T / steps,
+            save_every=steps,
+            noise=gaussian_noise((B, 2, m, m), gen, dtype, V0s.device),
+            bound=DEFAULT_BOUND,
+        )
+        VT = sol.V[:, -1].reshape(len(batch), samples, m, m)
+        ex = sol.exploded.reshape(len(batch), samples)
+        for j, i in enumerate(batch):
+            out[i] = (VT[j], ex[j])
+    return out  # type: ignore[return-value]
+
+
+def _check_grid(name: str, values: Sequence[float], low: float, high: float) -> tuple[float, ...]:
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    for v in values:
+        if not _is_number(v) or not (low < v <= high):
+            raise ValueError(f"{name} values must be numbers in ({low:g}, {high:g}], got {v!r}")
+    return tuple(sorted(set(float(v) for v in values)))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def design_checks(config: ModelConfig, tokens: int) -> DesignChecks:
+    """[LW] depth threshold/regime/allocation and [BH] head size for ``config`` at m tokens."""
+    report = head_size_report(config, tokens)
+    return DesignChecks(
+        depth_threshold=depth_threshold(config.width),
+        regime=regime(config.depth, config.width),
+        allocation=allocation(config.depth, config.width),
+        key_dim=config.key_dim,
+        head_dim=config.head_dim,
+        head_size_ok=config.key_dim >= tokens - 1,
+        bh_bottleneck=report.bottleneck,
+        max_unbottlenecked_heads=report.max_unbottlenecked_heads,
+    )
+
+
+def advise(
+    width: int,
+    depth: int,
+    tokens: int,
+    *,
+    heads: int = 1,
+    mlp: str = "shaped_relu",
+    causal: bool = False,
+    gammas: Sequence[float] = DEFAULT_GAMMAS,
+    tau0s: Sequence[float] = DEFAULT_TAU0S,
+    criteria: Criteria = Criteria(),
+    spread_target: float = DEFAULT_SPREAD_TARGET,
+    rho0: float = 0.2,
+    samples: int = 4096,
+    screen_samples: int = 128,
+    steps: int | None = None,
+    max_confirm: int = 8,
+    seed: int = 0,
+) -> Advice:
+    """Advised (gamma, tau0) for a shaped Transformer of ``width``, ``depth`` and ``tokens``.
+
+    Args:
+        width, depth, tokens: n, d and m (T = d / n); ``tokens >= 2``.
+        heads: attention heads (with W^O when > 1); mlp: ``"shaped_relu"`` or ``"none"``.
+        causal: the causal variant (needs the causal SDE; passed through to :mod:`sde`).
+        gammas, tau0s: the grid, gamma in (0, 1], tau0 > 0.
+        criteria: safety thresholds; spread_target: see :func:`rank_key`.
+        rho0: the input covariance is equicorrelated with correlation rho0 and V^{aa} = 1.
+        samples: paths per confirmed candidate; screen_samples: paths per screened candidate.
+        steps: Euler steps to T (default ``max(50, ceil(50 T))``: dt <= min(T/50, 0.02)).
+        max_confirm: at most this many candidates are confirmed.
+        seed: seeds the screening (confirmation i uses ``seed + 1 + i``).
+
+    Returns:
+        :class:`Advice`; its ``candidates`` are sorted by :func:`rank_key` (best first).
+    """
+    start = time.perf_counter()
+    width = _check_int("width", width, 1)
+    depth = _check_int("depth", depth, 1)
+    tokens = _check_int("tokens", tokens, 2)
+    heads = _check_int("heads", heads, 1)
+    samples = _check_int("samples", samples, 16)
+    screen_samples = _check_int("screen_samples", screen_samples, 16)
+    max_confirm = _check_int("max_confirm", max_confirm, 1)
+    seed = _check_int("seed", seed, 0)
+    if mlp not in ("shaped_relu", "none"):
+        raise ValueError(f"mlp must be 'shaped_relu' or 'none', got {mlp!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if width < tokens:
+        raise ValueError(f"width must be >= tokens, got width={width}, tokens={tokens}")
+    if not _is_number(rho0) or not -1 / (tokens - 1) < rho0 < 1:
+        raise ValueError(f"rho0 must be in (-1/(tokens-1), 1), got {rho0!r}")
+    if not _is_number(spread_target) or spread_target <= 0:
+        raise ValueError(f"spread_target must be a finite number > 0, got {spread_target!r}")
+    gammas = _check_grid("gammas", gammas, 0.0, 1.0)
+    tau0s = _check_grid("tau0s", tau0s, 0.0, math.inf)
+    T = depth / width
+    if steps is None:
+        steps = max(50, math.ceil(50 * T))
+    steps = _check_int("steps", steps, 1)
+    grid = [(g, t) for g in gammas for t in tau0s]
+    configs = [_config(width, depth, heads, mlp, causal, g, t) for g, t in grid]
+    V0 = equicorrelated(tokens, rho0, 1.0)
+
+    results = solve_batch(configs, V0, screen_samples, T=T, steps=steps, seed=seed)
+    cands = []
+    for (g, t), (VT, ex) in zip(grid, results, strict=True):
+        meas = measure(V0, VT, ex, criteria)
+        cands.append(
+            Candidate(g, t, meas, meas.violations(criteria), "screen", meas.violations(criteria, 2))
+        )
+
+    chosen = None
+    for attempt in range(max_confirm):
+        order = sorted(range(len(cands)), key=lambda i: rank_key(cands[i], spread_target))
+        todo = [i for i in order if cands[i].plausible and cands[i].stage == "screen"]
+        if not todo:
+            break
+        i = todo[0]
+        old_key = rank_key(cands[i], spread_target)
+        ((VT, ex),) = solve_batch(
+            [configs[i]], V0, samples, T=T, steps=steps, seed=seed + 1 + attempt
+        )
+        meas = measure(V0, VT, ex, criteria)
+        cands[i] = replace(
+            cands[i],
+            measurement=meas,
+            violations=meas.violations(criteria),
+            stage="confirmed",
+            significant=meas.violations(criteria, 2),
+        )
+        # accept when it still passes and keeps its tier (below/above the spread target)
+        if cands[i].passed and rank_key(cands[i], spread_target)[0] == old_key[0]:
+            chosen = i
+            break
+    order = sorted(range(len(cands)), key=lambda i: rank_key(cands[i], spread_target))
+    if chosen is not None:
+        order.remove(chosen)
+        order.insert(0, chosen)
+    ranked = tuple(cands[i] for i in order)
+    notes = []
+    if chosen is None:
+        confirmed = sum(c.stage == "confirmed" for c in cands)
+        notes.append(
+            "no candidate passed: every one violates a criterion significantly at screening"
+            if not confirmed
+            else f"no candidate passed: {confirmed} confirmed with {samples} paths failed"
+            + (f" (max_confirm={max_confirm})" if confirmed == max_confirm else "")
+        )
+    elif rank_key(cands[chosen], spread_target)[0] == 1:
+        notes.append(f"no safe candidate has rho_spread <= {spread_target:g}: smallest spread")
+    best = cands[chosen] if chosen is not None else None
+    design = design_checks(configs[0], tokens)
+    if not design.head_size_ok:
+        notes.append(
+            f"head size {design.key_dim} < m - 1 = {tokens - 1}: heads cannot express "
+            "every attention pattern [BH]"
+        )
+    return Advice(
+        gamma=best.gamma if best else None,
+        tau0=best.tau0 if best else None,
+        T=T,
+        width=width,
+        depth=depth,
+        tokens=tokens,
+        heads=heads,
+        mlp=mlp,
+        causal=causal,
+        rho0=float(rho0),
+        criteria=criteria,
+        spread_target=float(spread_target),
+        candidates=ranked,
+        design=design,
+        steps=steps,
+        screen_samples=screen_samples,
+        samples=samples,
+        seconds=time.perf_counter() - start,
+        notes=tuple(notes),
+    )
