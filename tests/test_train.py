@@ -211,3 +211,70 @@ def test_dtype_argument(corpus, dtype):
     assert result.log.attrs["dtype"] == str(dtype).removeprefix("torch.")
     assert np.isfinite(result.log["train_loss"].values[1:]).all()
     assert np.isfinite(result.log["mean_rho"].values).all()
+
+
+# --------------------------------------------------------------------------------------------
+# The objective and the optimiser, pinned by their contracts
+# --------------------------------------------------------------------------------------------
+def test_loss_is_next_byte_cross_entropy():
+    """For a window w (m + 1 bytes) the loss is the mean over positions i = 0..m-1 of
+    -log softmax(logits(w[:m]))_i[w[i + 1]]: the logit at position i predicts byte i + 1."""
+    torch.manual_seed(1)
+    model = LanguageModel(MODEL, 8)
+    batch = torch.randint(0, 256, (3, 9))
+    logits = model(batch[:, :-1]).double()
+    assert logits.shape == (3, 8, 256)
+    logp = logits.log_softmax(-1)
+    by_hand = -np.mean([logp[b, i, batch[b, i + 1]].item() for b in range(3) for i in range(8)])
+    assert model.loss(batch).item() == pytest.approx(by_hand, rel=1e-5)
+    current = -np.mean([logp[b, i, batch[b, i]].item() for b in range(3) for i in range(8)])
+    assert abs(by_hand - current) > 1e-3  # the check tells next from current byte
+
+
+def _optimizer_grad_norms(monkeypatch) -> list[float]:
+    """Record the global gradient norm the optimiser sees at every step."""
+    norms: list[float] = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(torch.stack([gr.norm() for gr in grads]).norm().item())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return norms
+
+
+def test_gradient_clipping_bounds_the_norm_the_optimiser_sees(corpus, monkeypatch):
+    """grad_clip c: every optimiser step sees a global gradient norm <= c (= c when the raw
+    norm, logged as ``grad_norm``, exceeds it); grad_clip 0: the raw gradient."""
+    config = TRAIN.replace(steps=4, warmup_steps=1, log_interval=1, eval_interval=4,
+                           checkpoint_interval=0, grad_clip=0.05)  # fmt: skip
+    norms = _optimizer_grad_norms(monkeypatch)
+    log = train(MODEL, corpus, config, progress=False).log
+    raw = log["grad_norm"].values[1:]
+    assert len(norms) == 4 and (raw > 0.05).all()
+    np.testing.assert_allclose(norms, np.minimum(raw, 0.05), rtol=1e-4)
+    norms.clear()
+    log = train(MODEL, corpus, config.replace(grad_clip=0.0), progress=False).log
+    np.testing.assert_allclose(norms, log["grad_norm"].values[1:], rtol=1e-4)
+
+
+def test_weight_decay_applies_to_weight_matrices_only():
+    """Decoupled weight decay on the linear maps' weights and the token embedding; never on
+    biases, gains or the position embeddings."""
+    from shapedtx.training.trainer import _make_optimizer
+
+    model = LanguageModel(MODEL.replace(norm="pre"), 16)
+    optimizer = _make_optimizer(model, TRAIN.replace(weight_decay=0.1))
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert len(decay) == len(names)  # every parameter is optimised, once
+    linear = {
+        f"{name}.weight"
+        for name, mod in model.named_modules()
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding))
+    }
+    assert "embed.weight" in linear and "unembed.bias" in names and "position" in names
+    for name, p in names.items():
+        assert decay[id(p)] == (0.1 if name in linear else 0.0), name
