@@ -228,3 +228,103 @@ def test_plot_functions_write_png_and_pdf(tmp_path):
         assert (tmp_path / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     with pytest.raises(ValueError, match="quantiles"):
         plots.plot_quantile_bands(compare(net, lim, quantiles=(0.5,)))
+
+
+def test_collapse_report_final_mean_rho_is_at_the_last_time_over_finite_samples():
+    """final_mean_rho: the mean over samples of the mean off-diagonal correlation at the last
+    recorded time; samples whose V is not finite there are left out, and count as collapsed."""
+    N, nt = 6, 4
+    rng = np.random.default_rng(2)
+    r = rng.uniform(-0.5, 0.9, size=(N, nt))
+    V = _two_token(r, scale=rng.uniform(0.5, 2.0, size=(N, nt)))
+    V[5, 2:] = np.inf  # overflowed from index 2 on
+    rep = collapse_report({"m": _dataset(V)}, threshold=0.95)
+    assert rep["final_mean_rho"].item() == pytest.approx(r[:5, -1].mean(), rel=1e-12)
+    assert rep["samples"].item() == N
+    expected_hits = ((r[:5] > 0.95).any(axis=1)).sum() + 1
+    assert rep["fraction_collapsed"].item() == pytest.approx(expected_hits / N)
+
+
+@pytest.mark.parametrize(("collapsing", "median"), [(5, 5.0), (4, np.inf), (1, np.inf)])
+def test_collapse_report_median_counts_never_collapsed_as_infinite(collapsing, median):
+    """Lower median over all 10 samples, never-collapsed ones = +inf: finite iff at least
+    half collapse (sample s collapses at layer s + 1)."""
+    N, nt = 10, 8
+    r = np.full((N, nt), 0.2)
+    for s in range(collapsing):
+        r[s, s + 1 :] = 0.999
+    rep = collapse_report({"m": _dataset(_two_token(r), layer=np.arange(nt))})
+    assert rep["median_collapse_layer"].item() == median
+
+
+def _shifted_networks(config, widths, r_T, r_0, shift, n_valid):
+    """Networks at t = 0 and T whose rho_T is ``r_T + shift(n)`` (two tokens); at t = 0 all
+    sources agree with ``r_0``. ``n_valid[n]`` samples are finite, the rest NaN."""
+    from simulations.convergence import at_width
+
+    networks = {}
+    for n in widths:
+        cfg = at_width(config, n)
+        r = np.stack([r_0, r_T + shift(n)], axis=1)
+        V = _two_token(r)
+        V[n_valid[n] :] = np.nan
+        networks[n] = covariance_dataset(V, [0.0, cfg.T], cfg, source="network", method="x",
+                                         seed=0)  # fmt: skip
+    return networks
+
+
+def test_convergence_compares_at_T_not_at_the_start():
+    """At t = 0 networks and limit are identical; at T they differ by 0.2 / n: the distances
+    are those at T (W1 = 0.2 / n exactly, slope -1)."""
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)
+    rng = np.random.default_rng(3)
+    r_T, r_0 = rng.uniform(-0.5, 0.5, 300), rng.uniform(-0.9, 0.9, 300)
+    limit = _dataset(_two_token(np.stack([r_0, r_T], axis=1)), t=[0.0, config.T])
+    widths = (8, 16, 64)
+    networks = _shifted_networks(config, widths, r_T, r_0, lambda n: 0.2 / n,
+                                 dict.fromkeys(widths, 300))  # fmt: skip
+    out = convergence(config, widths, torch.eye(2), 300, limit=limit, networks=networks)
+    np.testing.assert_allclose(out["w1_rho"].values, 0.2 / np.array(widths), rtol=1e-9)
+    assert out.attrs["w1_rho_slope"] == pytest.approx(-1.0, abs=1e-9)
+
+
+def test_convergence_slope_standard_error_and_noise_floor_by_hand():
+    """The fit equals scipy.stats.linregress of log d on log n (slope, its standard error,
+    intercept); the noise floor is the mean over the 16 seeded half-splits of the SDE sample
+    of scipy's W1 / KS distances, times sqrt(1/n_net + 1/N) / sqrt(1/h + 1/(N - h)) with
+    n_net the *smallest* number of usable network samples and N the usable SDE samples."""
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)
+    rng = np.random.default_rng(4)
+    N = 301  # odd: h = 150, N - h = 151
+    r_T, r_0 = rng.uniform(-0.5, 0.5, N), np.zeros(N)
+    scale_T = rng.uniform(0.5, 2.0, N)
+    V_lim = _two_token(np.stack([r_0, r_T], axis=1), scale=np.stack([np.ones(N), scale_T], 1))
+    limit = _dataset(V_lim, t=[0.0, config.T])
+    widths = (8, 16, 32, 64)
+    shift = {8: 0.3, 16: 0.1, 32: 0.08, 64: 0.02}  # not a power law: residuals are non-zero
+    n_valid = {8: 250, 16: 120, 32: 200, 64: 301}
+    networks = _shifted_networks(config, widths, r_T, r_0, shift.get, n_valid)
+    out = convergence(config, widths, torch.eye(2), N, limit=limit, networks=networks)
+    assert out["n_network"].values.tolist() == [250, 120, 200, 301]
+    fit = stats.linregress(np.log(widths), np.log(out["w1_rho"].values))
+    assert out.attrs["w1_rho_slope"] == pytest.approx(fit.slope, rel=1e-9)
+    assert out.attrs["w1_rho_slope_se"] == pytest.approx(fit.stderr, rel=1e-9)
+    assert out.attrs["w1_rho_intercept"] == pytest.approx(fit.intercept, rel=1e-9)
+
+    values = {"rho": r_T, "logVaa": np.log(scale_T)}
+    h = N // 2
+    scale = np.sqrt(1 / 120 + 1 / N) / np.sqrt(1 / h + 1 / (N - h))
+    split_rng = np.random.default_rng(0)
+    perms = [split_rng.permutation(N) for _ in range(16)]
+    for var, x in values.items():
+        pooled = {"rho": lambda ix, x=x: x[ix], "logVaa": lambda ix, x=x: np.repeat(x[ix], 2)}
+        w1 = np.mean([stats.wasserstein_distance(pooled[var](p[:h]), pooled[var](p[h:]))
+                      for p in perms])  # fmt: skip
+        ks = np.mean([stats.ks_2samp(pooled[var](p[:h]), pooled[var](p[h:])).statistic
+                      for p in perms])  # fmt: skip
+        assert out.attrs[f"w1_{var}_noise_floor"] == pytest.approx(w1 * scale, rel=1e-9)
+        assert out.attrs[f"ks_{var}_noise_floor"] == pytest.approx(ks * scale, rel=1e-9)

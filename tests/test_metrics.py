@@ -53,3 +53,15 @@ def test_detect_collapse_first_index_per_sample():
     assert detect_collapse(V, threshold=0.45).first_index.tolist() == [1, 3]
     with pytest.raises(ValueError, match="threshold"):
         detect_collapse(V, threshold=1.5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_overflowed_covariance_counts_as_collapsed(bad):
+    """A non-finite V at some time is a degenerate representation: collapsed from there on,
+    even if the finite times were far from the threshold."""
+    V = torch.stack([equicorrelated(3, 0.1)] * 4).unsqueeze(0).repeat(2, 1, 1, 1)
+    V[0, 2] = bad
+    V[1, 3, 0, 1] = V[1, 3, 1, 0] = bad
+    result = detect_collapse(V, threshold=0.99)
+    assert result.collapsed.tolist() == [True, True]
+    assert result.first_index.tolist() == [2, 3]
