@@ -164,3 +164,23 @@ def test_invalid_inputs_raise_naming_the_parameter(call, name):
 
 def test_lw_fit_constants():
     assert (LW_FIT.a, LW_FIT.b) == (5.039, 0.0555)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "key_dim", "seq_len", "bottleneck", "rank"),
+    [(128, 64, 128, True, 64), (64, 128, 128, False, 128), (16, 128, 128, False, 128),
+     (128, 127, 128, True, 127), (128, 128, 128, False, 128), (64, 200, 128, False, 128)],
+)  # fmt: skip
+def test_head_size_bottleneck_is_set_by_the_query_key_size(
+    head_dim, key_dim, seq_len, bottleneck, rank
+):
+    """The logits q k^T of a head have rank <= min(key_dim, m, n): the bottleneck is
+    key_dim < seq_len whatever the value size head_dim."""
+    config = ModelConfig(width=256, depth=1, heads=4, head_dim=head_dim, key_dim=key_dim,
+                         out_proj=True)  # fmt: skip
+    report = head_size_report(config, seq_len=seq_len)
+    assert (report.bottleneck, report.max_logit_rank) == (bottleneck, rank)
+    assert (report.head_dim, report.key_dim) == (head_dim, key_dim)
+    # per layer: W^Q, W^K (n x 4 key_dim), W^V (n x 4 head_dim), W^O (4 head_dim x n)
+    assert report.params_actual == 256 * 4 * (2 * key_dim + 2 * head_dim)
+    assert head_size_report(config.replace(width=512), seq_len).max_logit_rank == rank

@@ -98,6 +98,37 @@ def test_point_seeds_are_deterministic_distinct_and_type_normalised():
     assert other.seed != seeds[0]
 
 
+SEED_BASE = {"width": 8, "T": 0.5, "tokens": 3, "rho0": 0.2, "scale": 1.0, "tau0": 1.0, "seed": 3}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("T", 0.75), ("tokens", 4), ("rho0", 0.3), ("scale", 2.0), ("width", 16), ("tau0", 0.5),
+     ("seed", 4), ("heads", 2), ("mlp", "relu"), ("causal", True), ("key_dim", 4)],
+)  # fmt: skip
+def test_point_seed_depends_on_every_parameter_defining_the_model_and_input(name, value):
+    """Two points differing in one model or input parameter never share a random stream."""
+    base = point_seed(SEED_BASE)
+    assert point_seed({**SEED_BASE, name: value}) != base
+    # also through the grid: the points of a dimension over that parameter differ
+    if name in SEED_BASE:
+        points = list(make_grid({**SEED_BASE, name: [SEED_BASE[name], value]}).points())
+        assert points[0].seed == base != points[1].seed
+    else:
+        assert next(make_grid({**SEED_BASE, name: [value]}).points()).seed != base
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [("samples", 7, "network"), ("method", "weights", "network"), ("dt", 0.02, "sde"),
+     ("sde_method", "milstein", "sde"), ("save_every", 3, "sde")],
+)  # fmt: skip
+def test_point_seed_ignores_sample_count_and_solver(name, value, kind):
+    base = next(make_grid(SEED_BASE, kind).points()).seed
+    assert next(make_grid({**SEED_BASE, name: value}, kind).points()).seed == base
+    assert [p.seed for p in make_grid(SEED_BASE, "both").points()] == [base, base]
+
+
 # --------------------------------------------------------------------------------------------
 # Same numbers as direct calls, one readable store
 # --------------------------------------------------------------------------------------------
@@ -328,3 +359,20 @@ def test_a_task_lost_on_the_cluster_is_recorded_by_the_client(client, tmp_path, 
     monkeypatch.setattr(sweep_module, "_task", real)
     again = sweep(grid, store=store, client=client, progress=False)
     assert (again.computed, again.skipped, again.failed) == (1, 1, {})
+
+
+def test_no_retry_still_runs_points_that_never_finished(client, tmp_path):
+    """retry_failed=False keeps *failed* points as they are; a pending point (never finished,
+    e.g. its worker was killed) is computed all the same."""
+    store = tmp_path / "pending.zarr"
+    grid = {"width": [2, 8, 16], "depth": 2, "tokens": 3, "samples": 2}  # width 2 fails
+    first = sweep(grid, store=store, client=client, progress=False)
+    assert (first.computed, len(first.failed)) == (2, 1)
+    failed_run = read_records(store)["p0_0"]["run_id"]
+    zarr.open_group(store, mode="r+")["status"][2, 0] = 0  # width 16 back to pending
+    again = sweep(grid, store=store, client=client, retry_failed=False, progress=False)
+    assert (again.computed, again.skipped, list(again.failed)) == (
+        1, 1, ["width=2, source=network"]
+    )  # fmt: skip
+    assert open_sweep(store)["status"].values.ravel().tolist() == ["failed", "done", "done"]
+    assert read_records(store)["p0_0"]["run_id"] == failed_run
