@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shapedtx import detect_collapse
 from shapedtx.metrics import (
@@ -11,6 +13,8 @@ from shapedtx.metrics import (
     stable_rank,
     token_residual,
 )
+
+from strategies import covariances
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 
@@ -65,3 +69,41 @@ def test_overflowed_covariance_counts_as_collapsed(bad):
     result = detect_collapse(V, threshold=0.99)
     assert result.collapsed.tolist() == [True, True]
     assert result.first_index.tolist() == [2, 3]
+
+
+# Laws for every input (property-based) ---------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(covariances(max_m=8), st.integers(0, 2**31 - 1))
+def test_metric_ranges_and_invariances(V, seed):
+    """rho in [-1, 1] with unit diagonal; stable rank in [1, m]; eigenvalue ratio in [0, 1];
+    correlations and mean correlation invariant under positive rescaling of the tokens
+    (D V D) and equivariant under permuting them; stable rank invariant under c V."""
+    m = V.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    rho = correlation(V)
+    assert ((rho >= -1 - 1e-12) & (rho <= 1 + 1e-12)).all()
+    torch.testing.assert_close(torch.diagonal(rho), torch.ones(m))
+    r = stable_rank(V).item()
+    assert 1 - 1e-9 <= r <= m + 1e-9
+    assert -1e-12 <= eigenvalue_ratio(V).item() <= 1 + 1e-12
+    assert -1 / (m - 1) - 1e-9 <= mean_correlation(V).item() <= 1 + 1e-9
+    d = torch.rand(m, generator=g, dtype=V.dtype) * 10 + 0.1
+    scaled = d[:, None] * V * d[None, :]
+    torch.testing.assert_close(correlation(scaled), rho)
+    torch.testing.assert_close(mean_correlation(scaled), mean_correlation(V))
+    perm = torch.randperm(m, generator=g)
+    torch.testing.assert_close(correlation(V[perm][:, perm]), rho[perm][:, perm])
+    torch.testing.assert_close(stable_rank(3.7 * V), stable_rank(V))
+    assert 0 <= covariance_residual(V).item() <= 1 + 1e-12
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_stable_rank_bounds_are_attained_only_by_rank_one_and_isotropic(m, n, seed):
+    """stable rank = m for V = c I, = 1 for rank one, and <= rank(V) always."""
+    X = torch.randn(m, n, generator=torch.Generator().manual_seed(seed))
+    V = covariance(X)
+    rank = torch.linalg.matrix_rank(V).item()
+    assert stable_rank(V).item() <= rank + 1e-9
+    assert stable_rank(2.5 * torch.eye(m)).item() == pytest.approx(m)
+    assert stable_rank(covariance(X[:, :1])).item() == pytest.approx(1.0)
