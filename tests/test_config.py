@@ -1,6 +1,5 @@
-import math
-
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -103,5 +102,5 @@ def test_every_config_round_trips_through_attrs_cli_and_grid(config):
 @given(model_configs(), st.integers(1, 8))
 def test_replace_keeps_unchanged_fields_and_validates(config, depth):
     changed = config.replace(depth=depth)
-    assert changed.depth == depth and changed.T == depth / config.width
+    assert changed.depth == depth and depth / config.width == changed.T
     assert dataclasses.replace(changed, depth=config.depth) == config
