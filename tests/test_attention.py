@@ -103,7 +103,7 @@ def test_fixed_head_size_limits_logit_rank():
 
 
 # Laws for every input (property-based) ---------------------------------------------------------
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.integers(1, 12), st.integers(0, 2**31 - 1), st.floats(0.05, 20.0))
 def test_causal_centring_rows_sum_to_one_and_never_look_ahead(m, seed, tau):
     """C: row i holds 1/(i+1) on j <= i (rows sum to one, zero above the diagonal); the causal

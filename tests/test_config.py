@@ -70,7 +70,7 @@ def test_attrs_round_trip():
 
 
 # Round trips for every valid config (property-based) -----------------------------------------
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(model_configs(max_width=64, max_depth=300))
 def test_every_config_round_trips_through_attrs_cli_and_grid(config):
     attrs = config.to_attrs()
@@ -98,7 +98,7 @@ def test_every_config_round_trips_through_attrs_cli_and_grid(config):
     assert next(listed).config == config
 
 
-@settings(max_examples=50, deadline=None)
+@settings(deadline=None)
 @given(model_configs(), st.integers(1, 8))
 def test_replace_keeps_unchanged_fields_and_validates(config, depth):
     changed = config.replace(depth=depth)

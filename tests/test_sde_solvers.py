@@ -261,7 +261,7 @@ def test_jittered_cholesky_factor_of_collapsed_and_invalid_matrices():
 
 
 # Laws for every input (property-based) ---------------------------------------------------------
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(model_configs(min_width=4, max_width=64, sde=True), covariances(max_m=4),
        st.sampled_from(["euler", "em"]), st.floats(0.01, 0.2), st.integers(0, 1000))  # fmt: skip
 def test_every_sde_covariance_is_psd(config, V0, method, dt, seed):

@@ -226,7 +226,7 @@ def _assert_psd(V: np.ndarray, rel: float = 1e-9) -> None:
     assert (eig >= -rel * trace[..., None]).all(), eig.min()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(model_configs(min_width=4, max_width=12, max_depth=3), covariances(max_m=4),
        st.sampled_from(sorted(SAMPLERS)), st.integers(0, 1000))  # fmt: skip
 def test_every_simulated_covariance_is_psd(config, V0, method, seed):
