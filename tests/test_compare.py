@@ -328,3 +328,116 @@ def test_convergence_slope_standard_error_and_noise_floor_by_hand():
                       for p in perms])  # fmt: skip
         assert out.attrs[f"w1_{var}_noise_floor"] == pytest.approx(w1 * scale, rel=1e-9)
         assert out.attrs[f"ks_{var}_noise_floor"] == pytest.approx(ks * scale, rel=1e-9)
+
+
+# Exact values of the statistics (hand-computed small cases) -----------------------------------
+def test_hall_sheather_bandwidth_by_hand():
+    from simulations.compare import _hall_sheather
+
+    z = 1.959963984540054  # Phi^{-1}(0.975)
+    h = 100 ** (-1 / 3) * z ** (2 / 3) * (1.5 / (2 * np.pi)) ** (1 / 3)  # p = 1/2: z_p = 0
+    assert _hall_sheather(100, np.array([0.5]))[0] == pytest.approx(h, rel=1e-12)
+    zp = stats.norm.ppf(0.9)
+    h9 = (
+        1000 ** (-1 / 3)
+        * z ** (2 / 3)
+        * (1.5 * stats.norm.pdf(zp) ** 2 / (2 * zp**2 + 1)) ** (1 / 3)
+    )
+    assert _hall_sheather(1000, np.array([0.9]))[0] == pytest.approx(h9, rel=1e-12)
+    # never reaches past 0 or 1: capped at 0.999 min(p, 1 - p)
+    assert _hall_sheather(5, np.array([0.01]))[0] == pytest.approx(0.00999, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.95])
+def test_quantile_se_one_value_per_sample_is_the_classical_formula(p):
+    """x_s = s / (N - 1): the empirical quantile function is the identity, so q_p = p, the
+    sparsity 1/f is exactly 1 and se = sqrt(F (1 - F) / (N - 1)) with F = #{x <= q_p} / N
+    (the ddof-1 variance of the indicators over N)."""
+    N = 201
+    x = (np.arange(N) / (N - 1))[:, None, None]
+    q, se = quantiles_with_se(x, (p,))
+    assert q[0, 0] == pytest.approx(p, abs=1e-12)
+    F = np.count_nonzero(x.ravel() <= q[0, 0] + 1e-15) / N
+    assert se[0, 0] == pytest.approx(np.sqrt(F * (1 - F) / (N - 1)), rel=1e-9)
+
+
+def test_quantile_se_treats_a_sample_as_one_observation():
+    """k identical copies of each sample's value carry no more information than one: the
+    indicator fractions g_s are the same 0/1 values, so the SE is the k = 1 one (the
+    sparsity of the pooled and unpooled empirical quantile functions agree up to O(1/N))."""
+    N = 401
+    x1 = (np.arange(N) / (N - 1))[:, None, None]
+    x4 = np.repeat(x1, 4, axis=2)
+    _, se1 = quantiles_with_se(x1, (0.5,))
+    _, se4 = quantiles_with_se(x4, (0.5,))
+    assert se4[0, 0] == pytest.approx(se1[0, 0], rel=0.02)
+
+
+def test_moments_with_se_by_hand():
+    x = np.array([0.0, 0.0, 0.0, 4.0])[:, None]
+    mo = moments_with_se(np.concatenate([x, 2 * x], axis=1))
+    # mean 1, var (1 + 1 + 1 + 9) / 3 = 4, mu_4 = (1 + 1 + 1 + 81) / 4 = 21
+    np.testing.assert_allclose(mo["mean"], [1.0, 2.0])
+    np.testing.assert_allclose(mo["var"], [4.0, 16.0])
+    np.testing.assert_allclose(mo["mean_se"], [1.0, 2.0])  # sqrt(4 / 4)
+    np.testing.assert_allclose(mo["var_se"], [np.sqrt(5 / 4), 4 * np.sqrt(5 / 4)])
+    flat = moments_with_se(np.array([1.0, 2.0, 3.0, 4.0]))  # mu_4 < var^2: clipped to 0
+    assert flat["var_se"] == 0.0 and flat["var"] == pytest.approx(5 / 3)
+    with pytest.raises(ValueError, match="2 samples"):
+        moments_with_se(np.ones((1, 3)))
+
+
+def test_distances_pool_values_per_time_and_count_samples_for_the_pvalue():
+    """a: 3 samples x 2 values, b: 5 samples x 1 value, two times: KS and W1 of the pooled
+    values (scipy), p-value of kstwo at n = round(3 * 5 / 8) = 2."""
+    rng = np.random.default_rng(9)
+    a, b = rng.normal(size=(3, 2, 2)), rng.normal(size=(5, 2, 1)) + 0.5
+    d = distances(a, b)
+    for i in range(2):
+        u, v = a[:, i].ravel(), b[:, i].ravel()
+        ks = stats.ks_2samp(u, v).statistic
+        assert d["ks"][i] == pytest.approx(ks, abs=1e-14)
+        assert d["w1"][i] == pytest.approx(stats.wasserstein_distance(u, v), rel=1e-12)
+        assert d["ks_pvalue"][i] == pytest.approx(stats.kstwo.sf(ks, 2), rel=1e-12)
+    # values equal up to rounding are ties (a point mass computed twice): KS 0, not 1
+    one = np.full((4, 1, 1), 0.3)
+    assert distances(one, one * (1 + 1e-15))["ks"][0] == 0.0
+    assert distances(one, one + 1e-9)["ks"][0] == 1.0
+
+
+def test_compare_mean_rho_and_token_values_by_hand():
+    """m = 3: rho pools the pairs (0,1), (0,2), (1,2) of each sample; mean_rho is the mean
+    over samples of their average, with se = sd / sqrt(N); Vaa the diagonal."""
+    from simulations.compare import token_values
+
+    V = _random_V(5, 2, 3, 11)
+    ds = _dataset(V)
+    vals = token_values(ds)
+    Vn = V.numpy()
+    d = np.sqrt(np.diagonal(Vn, axis1=-2, axis2=-1))
+    rho = Vn / (d[..., :, None] * d[..., None, :])
+    np.testing.assert_allclose(vals["rho"], rho[..., [0, 0, 1], [1, 2, 2]], rtol=1e-12)
+    np.testing.assert_allclose(vals["logVaa"], np.log(d**2), rtol=1e-12)
+    out = compare(ds, ds)
+    per_sample = rho[..., [0, 0, 1], [1, 2, 2]].mean(-1)  # (N, t)
+    np.testing.assert_allclose(out["mean_rho"].values[0], per_sample.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(out["mean_rho_se"].values[0],
+                               per_sample.std(0, ddof=1) / np.sqrt(5), rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(out["V_var"].values[0], Vn.var(0, ddof=1), rtol=1e-12)
+
+
+def test_align_times_explicit_tolerance_and_one_pair_per_time():
+    """The grid with fewer points in the common range is the reference, whichever argument it
+    is; each of its times pairs with the nearest other time if within ``tolerance``."""
+    a, b = [0.0, 0.1, 0.2, 0.3, 0.4], [0.0, 0.12, 0.29, 0.4]
+    ia, ib = align_times(a, b, tolerance=0.015)
+    assert ia.tolist() == [0, 3, 4] and ib.tolist() == [0, 2, 3]
+    ia, ib = align_times(a, b, tolerance=0.025)
+    assert ia.tolist() == [0, 1, 3, 4] and ib.tolist() == [0, 1, 2, 3]
+    ib2, ia2 = align_times(b, a, tolerance=0.025)
+    assert (ia2.tolist(), ib2.tolist()) == (ia.tolist(), ib.tolist())
+    # default tolerance: half the largest spacing of the other grid (any in-range time)
+    ia, ib = align_times(a, b)
+    assert ia.tolist() == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="no common times"):
+        align_times([0.0, 0.25, 0.5], [0.2, 0.3], tolerance=0.01)
