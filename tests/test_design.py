@@ -184,3 +184,86 @@ def test_head_size_bottleneck_is_set_by_the_query_key_size(
     # per layer: W^Q, W^K (n x 4 key_dim), W^V (n x 4 head_dim), W^O (4 head_dim x n)
     assert report.params_actual == 256 * 4 * (2 * key_dim + 2 * head_dim)
     assert head_size_report(config.replace(width=512), seq_len).max_logit_rank == rank
+
+
+# Rounding rules (hand-computed) -----------------------------------------------------------------
+FIT = DepthWidthFit(a=1.0, b=0.5)  # ln d*(L) = 1 + L / 2: small numbers, exact inverses
+
+
+@pytest.mark.parametrize(
+    ("L", "multiple", "depth_rounded"),
+    [(2.4, 1, 2), (2.6, 4, 3), (0.3, 1, 1), (7.49, 8, 7), (7.51, 3, 8)],
+)
+def test_optimal_shape_rounding_by_hand(L, multiple, depth_rounded):
+    """Budget N = 12 L exp(2a + 2bL) has optimum exactly L; the rounded depth is the nearest
+    integer >= 1 and the rounded width sqrt(N / (12 L_r)) to the nearest multiple."""
+    N = 12 * L * math.exp(2 * (FIT.a + FIT.b * L))
+    shape = optimal_shape(N, multiple=multiple, fit=FIT)
+    assert shape.depth == pytest.approx(L, rel=1e-12)
+    assert shape.width == pytest.approx(math.exp(FIT.a + FIT.b * L), rel=1e-12)
+    assert shape.depth_rounded == depth_rounded
+    budget = math.sqrt(N / (12 * depth_rounded))
+    assert shape.width_rounded == multiple * round(budget / multiple)
+    assert shape.params_rounded == 12 * depth_rounded * shape.width_rounded**2
+    assert shape.multiple == multiple
+
+
+def test_rounded_width_is_never_below_one_multiple():
+    shape = optimal_shape(12 * 0.3 * math.exp(2 * (1 + 0.15)), multiple=64, fit=FIT)
+    assert (shape.depth_rounded, shape.width_rounded) == (1, 64)  # budget width ~ 1.7
+
+
+def test_allocation_tolerance_bounds_are_relative_to_the_optimal_depth():
+    """Too deep iff L > L*(1 + tol), too shallow iff L < L*(1 - tol), with L* the optimum at
+    the shape's own size 12 L d^2."""
+    L = 10.0
+    d = optimal_width(L, fit=FIT)  # (L, d) is optimal for its size
+    assert allocation(L, d, tolerance=0.0, fit=FIT) == "near optimal"
+    for width_factor in (0.9, 1.1):
+        best = optimal_shape(12 * L * (width_factor * d) ** 2, fit=FIT).depth
+        rel = L / best - 1  # the relative depth excess of this shape
+        verdict = "too deep" if rel > 0 else "too shallow"
+        assert allocation(L, width_factor * d, tolerance=abs(rel) * 0.99, fit=FIT) == verdict
+        assert allocation(L, width_factor * d, tolerance=abs(rel) * 1.01, fit=FIT) == (
+            "near optimal"
+        )
+
+
+def test_head_size_report_counts_by_hand():
+    """width 96, 3 heads of 32, seq_len 40: bottleneck (32 < 40), logit rank 32, 96 // 40 = 2
+    unbottlenecked standard heads; W^Q, W^K, W^V, W^O = 4 * 96 * 96 actual, 4 * 3 * 40 * 96
+    with head size 40."""
+    report = head_size_report(ModelConfig(width=96, depth=1, heads=3, out_proj=True), 40)
+    assert (report.width, report.heads, report.seq_len) == (96, 3, 40)
+    assert report.bottleneck and report.max_logit_rank == 32
+    assert report.max_unbottlenecked_heads == 2 and report.recommended_head_dim == 40
+    assert (report.params_actual, report.params_standard) == (4 * 96 * 96, 4 * 96 * 96)
+    assert report.params_fixed == 4 * 3 * 40 * 96
+    no_out = head_size_report(ModelConfig(width=96, depth=1, heads=3), 40)
+    assert no_out.params_actual == 3 * 96 * 96
+    long = head_size_report(ModelConfig(width=96, depth=1, heads=3), 97)
+    assert long.max_unbottlenecked_heads == 0
+
+
+def test_param_count_by_hand_with_biases():
+    """width 12, 3 heads of key size 5 and value size 8, W^O, shaped MLP, biases, depth 2:
+    per block Q, K: 12 * 15 + 15 each; V: 12 * 24 + 24; O: 24 * 12 + 12; MLP 2 (144 + 12)."""
+    config = ModelConfig(width=12, depth=2, heads=3, head_dim=8, key_dim=5, out_proj=True,
+                         mlp="shaped_relu")  # fmt: skip
+    counted = param_count(config, bias=True)
+    assert counted.attention == 2 * (2 * (180 + 15) + (288 + 24) + (288 + 12))
+    assert counted.mlp == 2 * 2 * (144 + 12)
+    assert counted.convention == 12 * 2 * 144
+    assert param_count(config).attention == 2 * (2 * 180 + 288 + 288)
+
+
+def test_design_row_and_gpt3_table_pass_multiple_and_fit():
+    row = design_row("x", 12, 768, 12, 64, 2048, multiple=128, fit=FIT)
+    assert row.recommended == optimal_shape(12 * 12 * 768**2, multiple=128, fit=FIT)
+    assert row.allocation == allocation(12, 768, fit=FIT)
+    assert row.params == 12 * 12 * 768**2 and row.bottleneck
+    assert not design_row("y", 2, 64, 1, 64, 64).bottleneck  # head size = seq_len
+    table = gpt3_table(multiple=64, fit=FIT)
+    assert all(r.recommended.multiple == 64 and r.recommended.width_rounded % 64 == 0
+               for r in table)  # fmt: skip
+    assert table[0].recommended == optimal_shape(12 * 12 * 768**2, multiple=64, fit=FIT)
