@@ -278,3 +278,65 @@ def test_weight_decay_applies_to_weight_matrices_only():
     assert "embed.weight" in linear and "unembed.bias" in names and "position" in names
     for name, p in names.items():
         assert decay[id(p)] == (0.1 if name in linear else 0.0), name
+
+
+def test_log_rows_hold_the_mean_loss_the_lr_used_and_the_final_evaluation(corpus):
+    """train_loss of a row = mean of the step losses since the previous row; lr = the rate
+    the optimiser used at that step (lr * lr_factor(step - 1)); the last val_loss = the mean
+    loss of the final model over the fixed validation windows; the block gradient norms are
+    parts of the global one."""
+    from shapedtx.training.data import fixed_windows
+    from shapedtx.training.trainer import evaluate
+
+    losses: dict[int, float] = {}
+
+    def record(step, loss):
+        losses[step] = loss.item()
+        return loss
+
+    config = TRAIN.replace(steps=6, log_interval=3, eval_interval=3, checkpoint_interval=0)
+    result = train(MODEL, corpus, config, progress=False, loss_hook=record)
+    log = result.log
+    assert log["step"].values.tolist() == [0, 3, 6]
+    np.testing.assert_allclose(log["train_loss"].values[1:],
+                               [np.mean([losses[s] for s in (1, 2, 3)]),
+                                np.mean([losses[s] for s in (4, 5, 6)])], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(log["lr"].values[1:], [TRAIN.lr * lr_factor(s - 1, config)
+                                                      for s in (3, 6)], rtol=1e-12)  # fmt: skip
+    val = fixed_windows(corpus.val, config.eval_batches * config.batch_size, config.seq_len)
+    expected = evaluate(result.model, list(val.split(config.batch_size)))
+    assert log["val_loss"].values[-1] == pytest.approx(expected.item(), rel=1e-6)
+    blocks = log["grad_norm_block"].values[1:]
+    assert (np.sqrt((blocks**2).sum(-1)) <= log["grad_norm"].values[1:] * (1 + 1e-6)).all()
+
+
+def test_evaluate_is_the_mean_batch_loss_and_restores_the_mode():
+    from shapedtx.training.trainer import evaluate
+
+    torch.manual_seed(2)
+    model = LanguageModel(MODEL, 8)
+    batches = [torch.randint(0, 256, (2, 9)) for _ in range(3)]
+    model.train()
+    value = evaluate(model, batches)
+    assert model.training
+    assert value.item() == pytest.approx(np.mean([model.loss(b).item() for b in batches]))
+
+
+def test_covariance_metrics_average_the_metrics_over_the_batch():
+    """Per layer: the batch mean of each shapedtx.metrics function of V = h h^T / n; a
+    non-finite hidden state makes that layer's value NaN, not the others'."""
+    from shapedtx import metrics
+    from shapedtx.training.log import covariance_metrics
+
+    g = torch.Generator().manual_seed(3)
+    hidden = [torch.randn(3, 4, 6, generator=g) for _ in range(3)]
+    hidden[2][1, 0, 0] = math.inf
+    out = covariance_metrics(hidden)
+    for name, fn in (("mean_rho", metrics.mean_correlation), ("stable_rank", metrics.stable_rank),
+                     ("eigenvalue_ratio", metrics.eigenvalue_ratio),
+                     ("residual", metrics.covariance_residual)):  # fmt: skip
+        assert out[name].shape == (3,)
+        for layer in range(2):
+            V = metrics.covariance(hidden[layer].double())
+            assert out[name][layer] == pytest.approx(fn(V).mean().item(), rel=1e-12)
+        assert np.isnan(out[name][2])
