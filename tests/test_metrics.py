@@ -159,3 +159,14 @@ def test_detect_collapse_batches_over_leading_dimensions_and_uses_the_default_th
             detect_collapse(V, threshold=bad)
     with pytest.raises(ValueError, match="shape"):
         detect_collapse(V[0, 0, 0])
+
+
+def test_residual_of_nearly_collapsed_tokens():
+    """Tokens 1e-3 apart: residual ~ 1e-3 from X and from V alike (the centred trace is
+    tiny, not clamped to anything but 0)."""
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(1, 40, generator=g) + 1e-3 * torch.randn(5, 40, generator=g)
+    r = token_residual(X).item()
+    assert 1e-4 < r < 1e-2
+    assert covariance_residual(covariance(X)).item() == pytest.approx(r, rel=1e-6)
+    assert covariance_residual(torch.ones(3, 3)).item() == 0.0
