@@ -267,3 +267,30 @@ def test_design_row_and_gpt3_table_pass_multiple_and_fit():
     assert all(r.recommended.multiple == 64 and r.recommended.width_rounded % 64 == 0
                for r in table)  # fmt: skip
     assert table[0].recommended == optimal_shape(12 * 12 * 768**2, multiple=64, fit=FIT)
+
+
+def test_gpt3_models_are_table_2_1_of_brown_et_al():
+    """n_layers, d_model, n_heads, d_head of the eight GPT-3 sizes (arXiv 2005.14165, Table
+    2.1), context 2048; heads x head size = width except the 13B row's printed 5140."""
+    from shapedtx.design import GPT3_CONTEXT
+
+    assert GPT3_CONTEXT == 2048
+    assert [m[1:] for m in GPT3_MODELS] == [
+        (12, 768, 12, 64), (24, 1024, 16, 64), (24, 1536, 16, 96), (24, 2048, 24, 128),
+        (32, 2560, 32, 80), (32, 4096, 32, 128), (40, 5140, 40, 128), (96, 12288, 96, 128),
+    ]  # fmt: skip
+    assert GPT3_MODELS[0][0] == "GPT-3 Small (125M)"
+    rows = gpt3_table()
+    assert [(r.heads, r.head_dim, r.seq_len) for r in rows] == [(m[3], m[4], 2048)
+                                                                for m in GPT3_MODELS]  # fmt: skip
+
+
+def test_default_multiple_is_one():
+    from shapedtx.design import Shape
+
+    assert Shape(1.0, 1.0, 1.0, 1, 1).multiple == 1
+    N = 12 * 2.6 * math.exp(2 * (1 + 0.5 * 2.6))
+    shape = optimal_shape(N, fit=FIT)
+    assert shape.multiple == 1 and shape.width_rounded == round(math.sqrt(N / 36))
+    assert design_row("x", 3, 10, 1, 10, 8).recommended.multiple == 1
+    assert all(r.recommended.multiple == 1 for r in gpt3_table())
