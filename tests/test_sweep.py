@@ -3,6 +3,7 @@ kill without recomputing finished points, failing points recorded while the othe
 
 import importlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -376,3 +377,22 @@ def test_no_retry_still_runs_points_that_never_finished(client, tmp_path):
     )  # fmt: skip
     assert open_sweep(store)["status"].values.ravel().tolist() == ["failed", "done", "done"]
     assert read_records(store)["p0_0"]["run_id"] == failed_run
+
+
+@pytest.mark.parametrize(
+    ("T", "width", "depth"), [(0.26, 10, 3), (0.24, 10, 2), (1.0, 8, 8), (0.5, 3, 2)]
+)
+def test_grid_T_gives_depth_round_T_width_and_sde_save_times(T, width, depth):
+    """depth = round(T * width) for a network point (depth + 1 saved times); the SDE point
+    runs to T exactly with ceil(T / dt) steps, saving every save_every steps and at T."""
+    grid = {"T": T, "width": width, "dt": 0.1, "save_every": 2}
+    net, sde_point = make_grid(grid, "both").points()
+    assert net.config.depth == depth == sde_point.config.depth
+    assert net.n_t == depth + 1 and sde_point.T == T
+    steps = math.ceil(T / 0.1 - 1e-9)
+    assert sde_point.n_t == len(range(0, steps + 1, 2)) + (steps % 2 != 0)
+    # default stride: steps // 200 (at least 1): 300 steps -> every step, 500 -> every 2nd
+    assert next(make_grid({"T": 3.0, "width": 8, "dt": 0.01}, "sde").points()).n_t == 301
+    assert next(make_grid({"T": 5.0, "width": 8, "dt": 0.01}, "sde").points()).n_t == 251
+    bad = next(make_grid({"T": 0.04, "width": 10}).points())
+    assert bad.config is None and "depth >= 1" in bad.error
