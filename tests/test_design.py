@@ -294,3 +294,15 @@ def test_default_multiple_is_one():
     assert shape.multiple == 1 and shape.width_rounded == round(math.sqrt(N / 36))
     assert design_row("x", 3, 10, 1, 10, 8).recommended.multiple == 1
     assert all(r.recommended.multiple == 1 for r in gpt3_table())
+
+
+def test_threshold_domain_includes_width_one_and_results_are_immutable():
+    import dataclasses
+
+    assert depth_threshold(1) == 0.0 and depth_threshold(3) == pytest.approx(1.0)
+    config = ModelConfig(width=8, depth=1, heads=2)
+    for value in (optimal_shape(1e9), param_count(config), head_size_report(config, 4),
+                  design_row("x", 2, 8, 2, 4, 4), LW_FIT):  # fmt: skip
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, 0)
