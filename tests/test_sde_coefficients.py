@@ -133,6 +133,7 @@ def _flat_cov(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return prod.mean(0), prod.std(0) / math.sqrt(x.shape[0])
 
 
+@pytest.mark.slow
 def test_noise_covariance_equals_diffusion():
     """The structured sampler has covariance diffusion(config, V); a wrong k_att is rejected."""
     cfg = ModelConfig(width=2048, gamma=1.0, tau0=0.5, heads=2, out_proj=True)

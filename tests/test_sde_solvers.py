@@ -108,6 +108,7 @@ def test_mlp_diagonal_is_lognormal():
     assert stats.kstest(zw.numpy(), "norm").pvalue < 1e-6
 
 
+@pytest.mark.slow
 def test_weak_order_one_on_known_mean():
     """MLP diagonal: E[V^aa_T] = V0^aa exactly. The factored scheme's mean error is O(dt)
     (per step factor (1 - x/2)^2 (1 + x), x = k_lin m dt / 2): it halves with dt and equals
@@ -174,6 +175,7 @@ def _brownian_noise(bm, dt: float, B: int, m: int):
     return noise
 
 
+@pytest.mark.slow
 def test_euler_and_torchsde_converge_under_same_brownian_motion():
     """Own EM equals torchsde's Euler (same scheme, same increments) to rounding on every path
     EM keeps PSD; the factored scheme converges to torchsde strongly as dt -> 0 (strong order
