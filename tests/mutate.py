@@ -3,6 +3,7 @@
     python tests/mutate.py simulations/compare.py                 # every mutant
     python tests/mutate.py simulations/compare.py --max-mutants 40 --seed 1
     python tests/mutate.py shapedtx/metrics.py --lines 60-85 --tests tests/test_metrics.py
+    python tests/mutate.py shapedtx/design.py --survivors design.log   # after adding tests
 
 The module is parsed with ``ast``; one mutation at a time (arithmetic operator swap, comparison
 flip, ``and``/``or`` swap, ``not``/unary minus dropped, numeric constant +1 or x1.1, ``True``/
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample")
     parser.add_argument("--lines", help="only mutants on lines A-B (or one line A)")
     parser.add_argument("--timeout", type=float, help="per mutant (default 3 x baseline + 10 s)")
+    parser.add_argument(
+        "--survivors", help="re-run only the mutants printed as SURVIVED in this earlier log"
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("-m", "--marker", default="not slow", help="pytest -m expression")
     args = parser.parse_args(argv)
@@ -313,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = _parse_lines(args.lines)
     if lines:
         mutants = [m for m in mutants if lines[0] <= m.line <= lines[1]]
+    if args.survivors:
+        wanted = set()
+        for row in Path(args.survivors).read_text().splitlines():
+            if row.strip().startswith("SURVIVED"):
+                where, _, rest = row.strip().removeprefix("SURVIVED ").partition(": ")
+                wanted.add((int(where.rsplit(":", 1)[1]), rest.split("   | ")[0]))
+        mutants = [m for m in mutants if (m.line, m.description) in wanted]
     if args.max_mutants is not None and len(mutants) > args.max_mutants:
         mutants = sorted(
             random.Random(args.seed).sample(mutants, args.max_mutants), key=lambda m: m.index
