@@ -441,3 +441,12 @@ def test_align_times_explicit_tolerance_and_one_pair_per_time():
     assert ia.tolist() == [0, 1, 3, 4]
     with pytest.raises(ValueError, match="no common times"):
         align_times([0.0, 0.25, 0.5], [0.2, 0.3], tolerance=0.01)
+    # only times in the common range count: a has 6 times but 3 in [0, 0.4], so it is the
+    # reference, and b's extra times are skipped
+    ia, ib = align_times([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [0.0, 0.1, 0.2, 0.3, 0.4])
+    assert ia.tolist() == [0, 1, 2] and ib.tolist() == [0, 2, 4]
+    for bad in ([], [[0.0, 0.1]]):
+        with pytest.raises(ValueError, match="non-empty 1-d"):
+            align_times(bad, [0.0, 0.1])
+        with pytest.raises(ValueError, match="non-empty 1-d"):
+            align_times([0.0, 0.1], bad)
