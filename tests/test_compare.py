@@ -450,3 +450,18 @@ def test_align_times_explicit_tolerance_and_one_pair_per_time():
             align_times(bad, [0.0, 0.1])
         with pytest.raises(ValueError, match="non-empty 1-d"):
             align_times([0.0, 0.1], bad)
+
+
+def test_two_usable_samples_are_enough_and_one_is_not():
+    V = _random_V(3, 2, 2, 12)
+    q, se = quantiles_with_se(np.array([[[0.0]], [[1.0]]]), (0.5,))
+    assert q[0, 0] == 0.5 and np.isfinite(se).all()
+    with pytest.raises(ValueError, match="N >= 2"):
+        quantiles_with_se(np.zeros((1, 1, 3)))
+    two = V.clone()
+    two[0] = float("nan")
+    out = compare(_dataset(two), _dataset(V))
+    assert out.attrs["n_network"] == 2 and out.attrs["n_excluded_network"] == 1
+    two[1] = float("nan")
+    with pytest.raises(ValueError, match="network: fewer than 2 usable samples"):
+        compare(_dataset(two), _dataset(V))
