@@ -345,7 +345,8 @@ def test_hall_sheather_bandwidth_by_hand():
     )
     assert _hall_sheather(1000, np.array([0.9]))[0] == pytest.approx(h9, rel=1e-12)
     # never reaches past 0 or 1: capped at 0.999 min(p, 1 - p)
-    assert _hall_sheather(5, np.array([0.01]))[0] == pytest.approx(0.00999, rel=1e-12)
+    capped = _hall_sheather(5, np.array([0.01, 0.99]))
+    np.testing.assert_allclose(capped, [0.00999, 0.00999], rtol=1e-9)
 
 
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.95])
