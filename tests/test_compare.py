@@ -165,8 +165,9 @@ def test_compare_rejects_bad_input():
     b = _dataset(_random_V(10, 2, 4, 0))
     with pytest.raises(ValueError, match="tokens"):
         compare(a, b)
-    with pytest.raises(ValueError, match="probs"):
-        quantiles_with_se(np.zeros((5, 1, 1)), (0.0, 0.5))
+    for probs in ((0.0, 0.5), (0.5, 1.0), ((0.5,),)):
+        with pytest.raises(ValueError, match="probs"):
+            quantiles_with_se(np.zeros((5, 1, 1)), probs)
 
 
 def test_collapse_report_known_layers():
@@ -466,3 +467,44 @@ def test_two_usable_samples_are_enough_and_one_is_not():
     two[1] = float("nan")
     with pytest.raises(ValueError, match="network: fewer than 2 usable samples"):
         compare(_dataset(two), _dataset(V))
+
+
+def test_at_width_keeps_T_and_rejects_widths_without_an_integer_depth():
+    from simulations.convergence import at_width
+
+    config = ModelConfig(width=8, depth=6, heads=2)  # T = 3/4, head_dim 4 derived
+    wide = at_width(config, 32)
+    assert (wide.width, wide.depth, wide.head_dim, wide.heads) == (32, 24, 16, 2)
+    fixed = at_width(config.replace(head_dim=3, out_proj=True), 16)
+    assert (fixed.depth, fixed.head_dim) == (12, 3)  # an explicit head size is kept
+    for bad in (0, -8, 8.0, True, "8"):
+        with pytest.raises(ValueError, match="integers >= 1"):
+            at_width(config, bad)
+    with pytest.raises(ValueError, match="positive integer"):
+        at_width(config, 10)  # depth 7.5
+    with pytest.raises(ValueError, match="positive integer"):
+        at_width(ModelConfig(width=8, depth=1), 4)  # depth 0.5
+
+
+def test_fit_uses_only_positive_finite_distances():
+    from simulations.convergence import _fit
+
+    logn = np.log([8.0, 16.0, 32.0, 64.0, 128.0])
+    d = np.array([0.3, 0.0, 0.11, np.nan, 0.04])
+    ref = stats.linregress(logn[[0, 2, 4]], np.log(d[[0, 2, 4]]))
+    out = _fit(logn, d, "x")
+    assert out["x_slope"] == pytest.approx(ref.slope, rel=1e-12)
+    assert out["x_slope_se"] == pytest.approx(ref.stderr, rel=1e-9)
+    two = _fit(logn[:2], np.array([0.2, 0.1]), "x")  # exact line, no degrees of freedom
+    assert two["x_slope"] == pytest.approx(-1.0) and np.isnan(two["x_slope_se"])
+    assert np.isnan(_fit(logn[:2], np.array([0.2, 0.0]), "x")["x_slope"])
+
+
+def test_noise_floor_needs_two_samples_per_half():
+    from simulations.convergence import _noise_floor
+
+    r = np.array([[0.1], [0.5], [-0.2], [0.3]])
+    ds = _dataset(_two_token(r), t=[0.0])
+    floors = _noise_floor(ds, 4)
+    assert np.isfinite(list(floors.values())).all()  # N = 4: halves of 2
+    assert all(np.isnan(v) for v in _noise_floor(ds.isel(sample=[0, 1, 2]), 4).values())
