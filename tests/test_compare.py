@@ -474,9 +474,14 @@ def test_at_width_keeps_T_and_rejects_widths_without_an_integer_depth():
 
     config = ModelConfig(width=8, depth=6, heads=2)  # T = 3/4, head_dim 4 derived
     wide = at_width(config, 32)
-    assert (wide.width, wide.depth, wide.head_dim, wide.heads) == (32, 24, 16, 2)
+    assert (wide.width, wide.depth, wide.head_dim, wide.key_dim, wide.heads) == (32, 24, 16, 16, 2)
     fixed = at_width(config.replace(head_dim=3, out_proj=True), 16)
-    assert (fixed.depth, fixed.head_dim) == (12, 3)  # an explicit head size is kept
+    assert (fixed.depth, fixed.head_dim, fixed.key_dim) == (12, 3, 4)  # explicit: kept
+    keys = at_width(config.replace(key_dim=5), 16)
+    assert (keys.head_dim, keys.key_dim) == (8, 5)
+    # 3 heads of size 2 = 8 // 3 on width 8 are a fixed head size (3 does not divide 8)
+    odd = at_width(ModelConfig(width=8, depth=4, heads=3, head_dim=2, out_proj=True), 16)
+    assert (odd.head_dim, odd.key_dim, odd.depth) == (2, 2, 8)
     for bad in (0, -8, 8.0, True, "8"):
         with pytest.raises(ValueError, match="integers >= 1"):
             at_width(config, bad)
