@@ -513,3 +513,13 @@ def test_noise_floor_needs_two_samples_per_half():
     floors = _noise_floor(ds, 4)
     assert np.isfinite(list(floors.values())).all()  # N = 4: halves of 2
     assert all(np.isnan(v) for v in _noise_floor(ds.isel(sample=[0, 1, 2]), 4).values())
+
+
+def test_convergence_needs_the_limit_at_T():
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)  # T = 0.5
+    r = np.random.default_rng(0).uniform(-0.5, 0.5, size=(20, 2))
+    limit = _dataset(_two_token(r), t=[0.0, 0.49])
+    with pytest.raises(ValueError, match="no time at T = 0.5"):
+        convergence(config, [8, 16], torch.eye(2), 20, limit=limit, networks={})
