@@ -521,5 +521,5 @@ def test_convergence_needs_the_limit_at_T():
     config = ModelConfig(width=8, depth=4)  # T = 0.5
     r = np.random.default_rng(0).uniform(-0.5, 0.5, size=(20, 2))
     limit = _dataset(_two_token(r), t=[0.0, 0.49])
-    with pytest.raises(ValueError, match="no time at T = 0.5"):
+    with pytest.raises(ValueError, match=r"no time at T = 0\.5"):
         convergence(config, [8, 16], torch.eye(2), 20, limit=limit, networks={})
