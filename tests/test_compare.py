@@ -523,3 +523,21 @@ def test_convergence_needs_the_limit_at_T():
     limit = _dataset(_two_token(r), t=[0.0, 0.49])
     with pytest.raises(ValueError, match=r"no time at T = 0\.5"):
         convergence(config, [8, 16], torch.eye(2), 20, limit=limit, networks={})
+
+
+def test_convergence_runs_the_direct_calls_it_documents():
+    """Without ``networks``/``limit`` it equals passing simulate(seed) at each width and
+    sde.solve(seed + 1) at T: runs are reproducible from the seed alone."""
+    import sde
+    from simulations import simulate
+    from simulations.convergence import at_width, convergence
+
+    config = ModelConfig(width=4, depth=2, mlp="shaped_relu")
+    V0 = torch.tensor([[1.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    kw = {"seed": 3, "dt": 0.1}
+    run = convergence(config, [4, 8], V0, 24, progress=False, **kw)
+    limit = sde.solve(config, V0, 24, T=config.T, dt=0.1, seed=4, progress=False)
+    nets = {w: simulate(at_width(config, w), V0, 24, seed=3, progress=False) for w in (4, 8)}
+    given = convergence(config, [4, 8], V0, 24, limit=limit, networks=nets, **kw)
+    np.testing.assert_array_equal(run["w1_rho"].values, given["w1_rho"].values)
+    np.testing.assert_array_equal(run["ks_logVaa"].values, given["ks_logVaa"].values)
