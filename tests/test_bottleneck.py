@@ -217,3 +217,28 @@ def test_counterexample_distance_and_rank_bound_by_hand():
             assert got == pytest.approx(expected, rel=1e-9, abs=1e-15)
         assert logit_rank(P3)[b].item() == 2
     assert logit_rank(torch.full((3, 3), 1 / 3, dtype=torch.float64)).item() == 0
+
+
+def test_logit_rank_tolerance_is_relative_to_log_p():
+    """Singular values of log(P) C below rtol * ||log P||_F count as zero."""
+    u, v = torch.tensor([1.0, -1.0, 0.0], dtype=F64), torch.tensor([1.0, 0.0, -1.0], dtype=F64)
+    w, z = torch.tensor([1.0, 1.0, -2.0], dtype=F64), torch.tensor([1.0, -2.0, 1.0], dtype=F64)
+    for eps, rank in ((1e-11, 1), (1e-6, 2)):
+        P = torch.softmax(10 * torch.outer(u, v) + eps * torch.outer(w, z), dim=-1)
+        assert logit_rank(P).item() == rank
+
+
+def test_rank_deficient_X_is_refused_and_batches_work():
+    gen = torch.Generator().manual_seed(8)
+    X = torch.randn(3, 5, generator=gen, dtype=F64)
+    X[2] = X[0] + X[1]  # n >= m but rank 2
+    P = torch.softmax(torch.randn(3, 3, generator=gen, dtype=F64), dim=-1)
+    with pytest.raises(ValueError, match="full row rank"):
+        realise_attention(X, P, 3)
+    with pytest.raises(ValueError, match="full row rank"):
+        realise_attention_low_rank(X, P, 2)
+    Xb = torch.randn(2, 3, 5, generator=gen, dtype=F64)
+    Pb = torch.softmax(torch.randn(2, 3, 3, generator=gen, dtype=F64), dim=-1)
+    W_Q, W_K = realise_attention_low_rank(Xb, Pb, 2)
+    assert W_Q.shape == (2, 5, 2)
+    torch.testing.assert_close(attention_of(Xb, W_Q, W_K), Pb)
