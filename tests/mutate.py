@@ -246,10 +246,15 @@ def _run_tests(workdir: Path, args: list[str], timeout: float) -> tuple[str, flo
         try:
             os.setpgid(0, 0)
             os.chdir(workdir)
-            sys.path.insert(0, str(workdir))
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            sys.path[:] = [str(workdir), *(p for p in sys.path if p != str(ROOT / "tests"))]
+            # subprocesses of the tests (CLI runs, Dask workers) import the copy too
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
+            if not os.environ.get("MUTATE_VERBOSE"):  # MUTATE_VERBOSE=1: show pytest output
+                log = os.open(workdir / "pytest.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
             import pytest
 
             code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *args])
@@ -346,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         status, base = _run_tests(work, pytest_args, timeout=1800)
         if status != "passed":
             print(f"the tests fail on the unmutated tree ({status}); fix them first")
+            log = work / "pytest.log"
+            print(log.read_text()[-3000:] if log.exists() else "")
             return 2
         timeout = args.timeout or 3 * base + 10
         print(f"{module}: {total} mutants, running {len(mutants)}; tests {' '.join(tests)} "
