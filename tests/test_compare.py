@@ -445,7 +445,7 @@ def test_align_times_explicit_tolerance_and_one_pair_per_time():
         align_times([0.0, 0.25, 0.5], [0.2, 0.3], tolerance=0.01)
     # only times in the common range count: a has 6 times but 3 in [0, 0.4], so it is the
     # reference, and b's extra times are skipped
-    ia, ib = align_times([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [0.0, 0.1, 0.2, 0.3, 0.4])
+    ia, ib = align_times([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [0.0, 0.11, 0.2, 0.31, 0.4])
     assert ia.tolist() == [0, 1, 2] and ib.tolist() == [0, 2, 4]
     for bad in ([], [[0.0, 0.1]]):
         with pytest.raises(ValueError, match="non-empty 1-d"):
