@@ -78,6 +78,8 @@ def test_resume_reproduces_uninterrupted_run_bitwise(corpus, tmp_path):
         train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False, loss_hook=interrupt)
     kept = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert kept["step"] == 4
+    assert load_dataset(tmp_path / "cut" / "log.nc").attrs["status"] == "running"
+    assert load_dataset(tmp_path / "full" / "log.nc").attrs["status"] == "finished"
     resumed = train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False)
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
