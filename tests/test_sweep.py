@@ -396,3 +396,20 @@ def test_grid_T_gives_depth_round_T_width_and_sde_save_times(T, width, depth):
     assert next(make_grid({"T": 5.0, "width": 8, "dt": 0.01}, "sde").points()).n_t == 251
     bad = next(make_grid({"T": 0.04, "width": 10}).points())
     assert bad.config is None and "depth >= 1" in bad.error
+
+
+@pytest.mark.parametrize(
+    ("grid", "kind", "error"),
+    [({"samples": 1}, "network", None), ({"samples": 0}, "network", "samples must be"),
+     ({"T": 0.125}, "network", None), ({"T": 0.05}, "network", "depth >= 1"),
+     ({"T": 0.125, "dt": 0.0}, "sde", "dt and T must be > 0"),
+     ({"T": 0.125, "dt": 0.125}, "sde", None)],
+)  # fmt: skip
+def test_point_validity_boundaries(grid, kind, error):
+    """samples >= 1, depth = round(T width) >= 1 and dt > 0 are the limits of a valid point
+    (width 8: T = 0.125 is exactly one block)."""
+    point = next(make_grid({"width": 8, **grid}, kind).points())
+    if error is None:
+        assert point.error is None and point.config is not None
+    else:
+        assert point.config is None and error in point.error
