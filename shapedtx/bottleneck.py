@@ -97,7 +97,8 @@ def realise_attention(
 
 
 def logit_rank(P: Tensor, *, rtol: float = 1e-10) -> Tensor:
-    """Numerical rank of the row-centred log target ``log(P) C``, ``C = I - 11^T/m``.
+    """Numerical rank of the row-centred log target ``log(P) C``, ``C = I - 11^T/m``
+    (singular values above ``rtol * ||log P||_F``).
 
     P: (..., m, m) -> (...) integers in [0, m - 1]. Softmax removes per-row constants, so for
     full-rank X this is the smallest head size that reaches P exactly: smaller heads cannot
@@ -108,8 +109,12 @@ def logit_rank(P: Tensor, *, rtol: float = 1e-10) -> Tensor:
     check_stochastic(P)
     m = P.shape[-1]
     C = torch.eye(m, dtype=P.dtype, device=P.device) - 1.0 / m
-    s = torch.linalg.svdvals(P.log() @ C)
-    return (s > rtol * s[..., :1].clamp(min=torch.finfo(P.dtype).tiny)).sum(-1)
+    log_p = P.log()
+    s = torch.linalg.svdvals(log_p @ C)
+    # relative to the size of log(P), not to s_1: a P whose centred log is zero up to
+    # round-off (uniform rows) has rank 0, not 1
+    scale = torch.linalg.matrix_norm(log_p).clamp(min=torch.finfo(P.dtype).tiny)
+    return (s > rtol * scale[..., None]).sum(-1)
 
 
 def realise_attention_low_rank(

@@ -33,7 +33,8 @@ def at_width(config: ModelConfig, width: int) -> ModelConfig:
             f"got width {width} (depth {depth:g})"
         )
     changes: dict = {"width": width, "depth": round(depth)}
-    if config.head_dim == config.width // config.heads:
+    derived = config.width % config.heads == 0 and config.head_dim == config.width // config.heads
+    if derived:
         changes["head_dim"] = None
         if config.key_dim == config.head_dim:
             changes["key_dim"] = None

@@ -1,7 +1,15 @@
 """Test-suite settings shared by every test file."""
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# Property-based tests: 100 examples each (hypothesis' default); the mutation script
+# (tests/mutate.py) selects the cheaper "mutate" profile.
+settings.register_profile("mutate", max_examples=10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shapedtx import Attention, ModelConfig, shaped_attention_matrix
-from shapedtx.attention import causal_uniform
+from shapedtx.attention import causal_uniform, shaped_attention, token_mean
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 
@@ -98,3 +100,27 @@ def test_fixed_head_size_limits_logit_rank():
     ranks = torch.linalg.matrix_rank(q @ k.transpose(-1, -2))
     assert ranks.tolist() == [3, 3, 3, 3]
     assert attn(X[None]).shape == (1, 10, 64)
+
+
+# Laws for every input (property-based) ---------------------------------------------------------
+@settings(deadline=None)
+@given(st.integers(1, 12), st.integers(0, 2**31 - 1), st.floats(0.05, 20.0))
+def test_causal_centring_rows_sum_to_one_and_never_look_ahead(m, seed, tau):
+    """C: row i holds 1/(i+1) on j <= i (rows sum to one, zero above the diagonal); the causal
+    shaped attention I + softmax_causal(Y / tau) - C then has rows summing to one, nothing
+    above the diagonal, and its fused form equals the matrix form."""
+    C = causal_uniform(m)
+    torch.testing.assert_close(C.sum(-1), torch.ones(m))
+    assert (C.triu(1) == 0).all()
+    for i in range(m):
+        torch.testing.assert_close(C[i, : i + 1], torch.full((i + 1,), 1.0 / (i + 1)))
+    g = torch.Generator().manual_seed(seed)
+    Y = torch.randn(m, m, generator=g) * 5
+    A = shaped_attention_matrix(Y, tau, causal=True)
+    torch.testing.assert_close(A.sum(-1), torch.ones(m))
+    assert (A.triu(1) == 0).all()
+    v = torch.randn(m, 3, generator=g)
+    torch.testing.assert_close(token_mean(v, causal=True), C @ v)
+    q, k = torch.randn(m, 2, generator=g), torch.randn(m, 2, generator=g)
+    fused = shaped_attention(q, k, v, tau, causal=True)
+    torch.testing.assert_close(fused, shaped_attention_matrix(q @ k.T, tau, causal=True) @ v)

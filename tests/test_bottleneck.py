@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -213,3 +214,59 @@ def test_invalid_inputs(call, match):
     X, P = _random_problem(3, 4, seed=0)
     with pytest.raises(ValueError, match=match):
         call(X, P)
+
+
+# Independent values (numpy / scipy, hand-computed) ---------------------------------------------
+def test_attention_of_is_the_scaled_softmax_by_hand():
+    from scipy.special import softmax
+
+    g = torch.Generator().manual_seed(4)
+    X, W_Q, W_K = (torch.randn(s, generator=g, dtype=torch.float64) for s in
+                   ((3, 5), (5, 2), (5, 2)))  # fmt: skip
+    x, wq, wk = X.numpy(), W_Q.numpy(), W_K.numpy()
+    logits = (x @ wq / np.sqrt(5)) @ (x @ wk / np.sqrt(5)).T / np.sqrt(2)
+    np.testing.assert_allclose(attention_of(X, W_Q, W_K).numpy(), softmax(logits, axis=1),
+                               rtol=1e-12)  # fmt: skip
+
+
+def test_counterexample_distance_and_rank_bound_by_hand():
+    P = torch.tensor([[0.7, 0.3], [0.2, 0.8]], dtype=torch.float64)
+    assert zero_token_distance(P).item() == pytest.approx(np.sqrt(0.09 + 0.09), rel=1e-12)
+    # m = 3: the bound is (min P / 2) min(1, ||tail of the singular values of log(P) C||)
+    g = torch.Generator().manual_seed(5)
+    P3 = torch.softmax(3 * torch.randn(2, 3, 3, generator=g, dtype=torch.float64), dim=-1)
+    C = np.eye(3) - 1 / 3
+    for b in range(2):
+        s = np.linalg.svd(np.log(P3[b].numpy()) @ C, compute_uv=False)
+        assert s[2] < 1e-12 * s[0]  # rank(log(P) C) <= m - 1
+        for rank, tail in ((0, np.hypot(s[0], s[1])), (1, s[1]), (2, 0.0)):
+            expected = 0.5 * P3[b].min().item() * min(1.0, tail)
+            got = rank_lower_bound(P3, rank)[b].item()
+            assert got == pytest.approx(expected, rel=1e-9, abs=1e-15)
+        assert logit_rank(P3)[b].item() == 2
+    assert logit_rank(torch.full((3, 3), 1 / 3, dtype=torch.float64)).item() == 0
+
+
+def test_logit_rank_tolerance_is_relative_to_log_p():
+    """Singular values of log(P) C below rtol * ||log P||_F count as zero."""
+    u, v = torch.tensor([1.0, -1.0, 0.0], dtype=F64), torch.tensor([1.0, 0.0, -1.0], dtype=F64)
+    w, z = torch.tensor([1.0, 1.0, -2.0], dtype=F64), torch.tensor([1.0, -2.0, 1.0], dtype=F64)
+    for eps, rank in ((1e-11, 1), (1e-6, 2)):
+        P = torch.softmax(10 * torch.outer(u, v) + eps * torch.outer(w, z), dim=-1)
+        assert logit_rank(P).item() == rank
+
+
+def test_rank_deficient_X_is_refused_and_batches_work():
+    gen = torch.Generator().manual_seed(8)
+    X = torch.randn(3, 5, generator=gen, dtype=F64)
+    X[2] = X[0] + X[1]  # n >= m but rank 2
+    P = torch.softmax(torch.randn(3, 3, generator=gen, dtype=F64), dim=-1)
+    with pytest.raises(ValueError, match="full row rank"):
+        realise_attention(X, P, 3)
+    with pytest.raises(ValueError, match="full row rank"):
+        realise_attention_low_rank(X, P, 2)
+    Xb = torch.randn(2, 3, 5, generator=gen, dtype=F64)
+    Pb = torch.softmax(torch.randn(2, 3, 3, generator=gen, dtype=F64), dim=-1)
+    W_Q, W_K = realise_attention_low_rank(Xb, Pb, 2)
+    assert W_Q.shape == (2, 5, 2)
+    torch.testing.assert_close(attention_of(Xb, W_Q, W_K), Pb)

@@ -165,8 +165,9 @@ def test_compare_rejects_bad_input():
     b = _dataset(_random_V(10, 2, 4, 0))
     with pytest.raises(ValueError, match="tokens"):
         compare(a, b)
-    with pytest.raises(ValueError, match="probs"):
-        quantiles_with_se(np.zeros((5, 1, 1)), (0.0, 0.5))
+    for probs in ((0.0, 0.5), (0.5, 1.0), ((0.5,),)):
+        with pytest.raises(ValueError, match="probs"):
+            quantiles_with_se(np.zeros((5, 1, 1)), probs)
 
 
 def test_collapse_report_known_layers():
@@ -228,3 +229,315 @@ def test_plot_functions_write_png_and_pdf(tmp_path):
         assert (tmp_path / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     with pytest.raises(ValueError, match="quantiles"):
         plots.plot_quantile_bands(compare(net, lim, quantiles=(0.5,)))
+
+
+def test_collapse_report_final_mean_rho_is_at_the_last_time_over_finite_samples():
+    """final_mean_rho: the mean over samples of the mean off-diagonal correlation at the last
+    recorded time; samples whose V is not finite there are left out, and count as collapsed."""
+    N, nt = 6, 4
+    rng = np.random.default_rng(2)
+    r = rng.uniform(-0.5, 0.9, size=(N, nt))
+    V = _two_token(r, scale=rng.uniform(0.5, 2.0, size=(N, nt)))
+    V[5, 2:] = np.inf  # overflowed from index 2 on
+    rep = collapse_report({"m": _dataset(V)}, threshold=0.95)
+    assert rep["final_mean_rho"].item() == pytest.approx(r[:5, -1].mean(), rel=1e-12)
+    assert rep["samples"].item() == N
+    expected_hits = ((r[:5] > 0.95).any(axis=1)).sum() + 1
+    assert rep["fraction_collapsed"].item() == pytest.approx(expected_hits / N)
+
+
+@pytest.mark.parametrize(("collapsing", "median"), [(5, 5.0), (4, np.inf), (1, np.inf)])
+def test_collapse_report_median_counts_never_collapsed_as_infinite(collapsing, median):
+    """Lower median over all 10 samples, never-collapsed ones = +inf: finite iff at least
+    half collapse (sample s collapses at layer s + 1)."""
+    N, nt = 10, 8
+    r = np.full((N, nt), 0.2)
+    for s in range(collapsing):
+        r[s, s + 1 :] = 0.999
+    rep = collapse_report({"m": _dataset(_two_token(r), layer=np.arange(nt))})
+    assert rep["median_collapse_layer"].item() == median
+
+
+def _shifted_networks(config, widths, r_T, r_0, shift, n_valid):
+    """Networks at t = 0 and T whose rho_T is ``r_T + shift(n)`` (two tokens); at t = 0 all
+    sources agree with ``r_0``. ``n_valid[n]`` samples are finite, the rest NaN."""
+    from simulations.convergence import at_width
+
+    networks = {}
+    for n in widths:
+        cfg = at_width(config, n)
+        r = np.stack([r_0, r_T + shift(n)], axis=1)
+        V = _two_token(r)
+        V[n_valid[n] :] = np.nan
+        networks[n] = covariance_dataset(V, [0.0, cfg.T], cfg, source="network", method="x",
+                                         seed=0)  # fmt: skip
+    return networks
+
+
+def test_convergence_compares_at_T_not_at_the_start():
+    """At t = 0 networks and limit are identical; at T they differ by 0.2 / n: the distances
+    are those at T (W1 = 0.2 / n exactly, slope -1)."""
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)
+    rng = np.random.default_rng(3)
+    r_T, r_0 = rng.uniform(-0.5, 0.5, 300), rng.uniform(-0.9, 0.9, 300)
+    limit = _dataset(_two_token(np.stack([r_0, r_T], axis=1)), t=[0.0, config.T])
+    widths = (8, 16, 64)
+    networks = _shifted_networks(config, widths, r_T, r_0, lambda n: 0.2 / n,
+                                 dict.fromkeys(widths, 300))  # fmt: skip
+    out = convergence(config, widths, torch.eye(2), 300, limit=limit, networks=networks)
+    np.testing.assert_allclose(out["w1_rho"].values, 0.2 / np.array(widths), rtol=1e-9)
+    assert out.attrs["w1_rho_slope"] == pytest.approx(-1.0, abs=1e-9)
+
+
+def test_convergence_slope_standard_error_and_noise_floor_by_hand():
+    """The fit equals scipy.stats.linregress of log d on log n (slope, its standard error,
+    intercept); the noise floor is the mean over the 16 seeded half-splits of the SDE sample
+    of scipy's W1 / KS distances, times sqrt(1/n_net + 1/N) / sqrt(1/h + 1/(N - h)) with
+    n_net the *smallest* number of usable network samples and N the usable SDE samples."""
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)
+    rng = np.random.default_rng(4)
+    N = 301  # odd: h = 150, N - h = 151
+    r_T, r_0 = rng.uniform(-0.5, 0.5, N), np.zeros(N)
+    scale_T = rng.uniform(0.5, 2.0, N)
+    V_lim = _two_token(np.stack([r_0, r_T], axis=1), scale=np.stack([np.ones(N), scale_T], 1))
+    limit = _dataset(V_lim, t=[0.0, config.T])
+    widths = (8, 16, 32, 64)
+    shift = {8: 0.3, 16: 0.1, 32: 0.08, 64: 0.02}  # not a power law: residuals are non-zero
+    n_valid = {8: 250, 16: 120, 32: 200, 64: 301}
+    networks = _shifted_networks(config, widths, r_T, r_0, shift.get, n_valid)
+    out = convergence(config, widths, torch.eye(2), N, limit=limit, networks=networks)
+    assert out["n_network"].values.tolist() == [250, 120, 200, 301]
+    fit = stats.linregress(np.log(widths), np.log(out["w1_rho"].values))
+    assert out.attrs["w1_rho_slope"] == pytest.approx(fit.slope, rel=1e-9)
+    assert out.attrs["w1_rho_slope_se"] == pytest.approx(fit.stderr, rel=1e-9)
+    assert out.attrs["w1_rho_intercept"] == pytest.approx(fit.intercept, rel=1e-9)
+
+    values = {"rho": r_T, "logVaa": np.log(scale_T)}
+    h = N // 2
+    scale = np.sqrt(1 / 120 + 1 / N) / np.sqrt(1 / h + 1 / (N - h))
+    split_rng = np.random.default_rng(0)
+    perms = [split_rng.permutation(N) for _ in range(16)]
+    for var, x in values.items():
+        pooled = {"rho": lambda ix, x=x: x[ix], "logVaa": lambda ix, x=x: np.repeat(x[ix], 2)}
+        w1 = np.mean([stats.wasserstein_distance(pooled[var](p[:h]), pooled[var](p[h:]))
+                      for p in perms])  # fmt: skip
+        ks = np.mean([stats.ks_2samp(pooled[var](p[:h]), pooled[var](p[h:])).statistic
+                      for p in perms])  # fmt: skip
+        assert out.attrs[f"w1_{var}_noise_floor"] == pytest.approx(w1 * scale, rel=1e-9)
+        assert out.attrs[f"ks_{var}_noise_floor"] == pytest.approx(ks * scale, rel=1e-9)
+
+
+# Exact values of the statistics (hand-computed small cases) -----------------------------------
+def test_hall_sheather_bandwidth_by_hand():
+    from simulations.compare import _hall_sheather
+
+    z = 1.959963984540054  # Phi^{-1}(0.975)
+    h = 100 ** (-1 / 3) * z ** (2 / 3) * (1.5 / (2 * np.pi)) ** (1 / 3)  # p = 1/2: z_p = 0
+    assert _hall_sheather(100, np.array([0.5]))[0] == pytest.approx(h, rel=1e-12)
+    zp = stats.norm.ppf(0.9)
+    h9 = (
+        1000 ** (-1 / 3)
+        * z ** (2 / 3)
+        * (1.5 * stats.norm.pdf(zp) ** 2 / (2 * zp**2 + 1)) ** (1 / 3)
+    )
+    assert _hall_sheather(1000, np.array([0.9]))[0] == pytest.approx(h9, rel=1e-12)
+    # never reaches past 0 or 1: capped at 0.999 min(p, 1 - p)
+    capped = _hall_sheather(5, np.array([0.01, 0.99]))
+    np.testing.assert_allclose(capped, [0.00999, 0.00999], rtol=1e-9)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.95])
+def test_quantile_se_one_value_per_sample_is_the_classical_formula(p):
+    """x_s = s / (N - 1): the empirical quantile function is the identity, so q_p = p, the
+    sparsity 1/f is exactly 1 and se = sqrt(F (1 - F) / (N - 1)) with F = #{x <= q_p} / N
+    (the ddof-1 variance of the indicators over N)."""
+    N = 201
+    x = (np.arange(N) / (N - 1))[:, None, None]
+    q, se = quantiles_with_se(x, (p,))
+    assert q[0, 0] == pytest.approx(p, abs=1e-12)
+    F = np.count_nonzero(x.ravel() <= q[0, 0] + 1e-15) / N
+    assert se[0, 0] == pytest.approx(np.sqrt(F * (1 - F) / (N - 1)), rel=1e-9)
+
+
+def test_quantile_se_treats_a_sample_as_one_observation():
+    """k identical copies of each sample's value carry no more information than one: the
+    indicator fractions g_s are the same 0/1 values, so the SE is the k = 1 one (the
+    sparsity of the pooled and unpooled empirical quantile functions agree up to O(1/N))."""
+    N = 401
+    x1 = (np.arange(N) / (N - 1))[:, None, None]
+    x4 = np.repeat(x1, 4, axis=2)
+    _, se1 = quantiles_with_se(x1, (0.5,))
+    _, se4 = quantiles_with_se(x4, (0.5,))
+    assert se4[0, 0] == pytest.approx(se1[0, 0], rel=0.02)
+
+
+def test_moments_with_se_by_hand():
+    x = np.array([0.0, 0.0, 0.0, 4.0])[:, None]
+    mo = moments_with_se(np.concatenate([x, 2 * x], axis=1))
+    # mean 1, var (1 + 1 + 1 + 9) / 3 = 4, mu_4 = (1 + 1 + 1 + 81) / 4 = 21
+    np.testing.assert_allclose(mo["mean"], [1.0, 2.0])
+    np.testing.assert_allclose(mo["var"], [4.0, 16.0])
+    np.testing.assert_allclose(mo["mean_se"], [1.0, 2.0])  # sqrt(4 / 4)
+    np.testing.assert_allclose(mo["var_se"], [np.sqrt(5 / 4), 4 * np.sqrt(5 / 4)])
+    flat = moments_with_se(np.array([1.0, 2.0, 3.0, 4.0]))  # mu_4 < var^2: clipped to 0
+    assert flat["var_se"] == 0.0 and flat["var"] == pytest.approx(5 / 3)
+    with pytest.raises(ValueError, match="2 samples"):
+        moments_with_se(np.ones((1, 3)))
+
+
+def test_distances_pool_values_per_time_and_count_samples_for_the_pvalue():
+    """a: 3 samples x 2 values, b: 5 samples x 1 value, two times: KS and W1 of the pooled
+    values (scipy), p-value of kstwo at n = round(3 * 5 / 8) = 2."""
+    rng = np.random.default_rng(9)
+    a, b = rng.normal(size=(3, 2, 2)), rng.normal(size=(5, 2, 1)) + 0.5
+    d = distances(a, b)
+    for i in range(2):
+        u, v = a[:, i].ravel(), b[:, i].ravel()
+        ks = stats.ks_2samp(u, v).statistic
+        assert d["ks"][i] == pytest.approx(ks, abs=1e-14)
+        assert d["w1"][i] == pytest.approx(stats.wasserstein_distance(u, v), rel=1e-12)
+        assert d["ks_pvalue"][i] == pytest.approx(stats.kstwo.sf(ks, 2), rel=1e-12)
+    # values equal up to rounding are ties (a point mass computed twice): KS 0, not 1
+    one = np.full((4, 1, 1), 0.3)
+    assert distances(one, one * (1 + 1e-15))["ks"][0] == 0.0
+    assert distances(one, one + 1e-9)["ks"][0] == 1.0
+
+
+def test_compare_mean_rho_and_token_values_by_hand():
+    """m = 3: rho pools the pairs (0,1), (0,2), (1,2) of each sample; mean_rho is the mean
+    over samples of their average, with se = sd / sqrt(N); Vaa the diagonal."""
+    from simulations.compare import token_values
+
+    V = _random_V(5, 2, 3, 11)
+    ds = _dataset(V)
+    vals = token_values(ds)
+    Vn = V.numpy()
+    d = np.sqrt(np.diagonal(Vn, axis1=-2, axis2=-1))
+    rho = Vn / (d[..., :, None] * d[..., None, :])
+    np.testing.assert_allclose(vals["rho"], rho[..., [0, 0, 1], [1, 2, 2]], rtol=1e-12)
+    np.testing.assert_allclose(vals["logVaa"], np.log(d**2), rtol=1e-12)
+    out = compare(ds, ds)
+    per_sample = rho[..., [0, 0, 1], [1, 2, 2]].mean(-1)  # (N, t)
+    np.testing.assert_allclose(out["mean_rho"].values[0], per_sample.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(out["mean_rho_se"].values[0],
+                               per_sample.std(0, ddof=1) / np.sqrt(5), rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(out["V_var"].values[0], Vn.var(0, ddof=1), rtol=1e-12)
+
+
+def test_align_times_explicit_tolerance_and_one_pair_per_time():
+    """The grid with fewer points in the common range is the reference, whichever argument it
+    is; each of its times pairs with the nearest other time if within ``tolerance``."""
+    a, b = [0.0, 0.1, 0.2, 0.3, 0.4], [0.0, 0.12, 0.29, 0.4]
+    ia, ib = align_times(a, b, tolerance=0.015)
+    assert ia.tolist() == [0, 3, 4] and ib.tolist() == [0, 2, 3]
+    ia, ib = align_times(a, b, tolerance=0.025)
+    assert ia.tolist() == [0, 1, 3, 4] and ib.tolist() == [0, 1, 2, 3]
+    ib2, ia2 = align_times(b, a, tolerance=0.025)
+    assert (ia2.tolist(), ib2.tolist()) == (ia.tolist(), ib.tolist())
+    # default tolerance: half the largest spacing of the other grid (any in-range time)
+    ia, ib = align_times(a, b)
+    assert ia.tolist() == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="no common times"):
+        align_times([0.0, 0.25, 0.5], [0.2, 0.3], tolerance=0.01)
+    # only times in the common range count: a has 6 times but 3 in [0, 0.4], so it is the
+    # reference, and b's extra times are skipped
+    ia, ib = align_times([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [0.0, 0.11, 0.2, 0.31, 0.4])
+    assert ia.tolist() == [0, 1, 2] and ib.tolist() == [0, 2, 4]
+    for bad in ([], [[0.0, 0.1]]):
+        with pytest.raises(ValueError, match="non-empty 1-d"):
+            align_times(bad, [0.0, 0.1])
+        with pytest.raises(ValueError, match="non-empty 1-d"):
+            align_times([0.0, 0.1], bad)
+
+
+def test_two_usable_samples_are_enough_and_one_is_not():
+    V = _random_V(3, 2, 2, 12)
+    q, se = quantiles_with_se(np.array([[[0.0]], [[1.0]]]), (0.5,))
+    assert q[0, 0] == 0.5 and np.isfinite(se).all()
+    with pytest.raises(ValueError, match="N >= 2"):
+        quantiles_with_se(np.zeros((1, 1, 3)))
+    two = V.clone()
+    two[0] = float("nan")
+    out = compare(_dataset(two), _dataset(V))
+    assert out.attrs["n_network"] == 2 and out.attrs["n_excluded_network"] == 1
+    two[1] = float("nan")
+    with pytest.raises(ValueError, match="network: fewer than 2 usable samples"):
+        compare(_dataset(two), _dataset(V))
+
+
+def test_at_width_keeps_T_and_rejects_widths_without_an_integer_depth():
+    from simulations.convergence import at_width
+
+    config = ModelConfig(width=8, depth=6, heads=2)  # T = 3/4, head_dim 4 derived
+    wide = at_width(config, 32)
+    assert (wide.width, wide.depth, wide.head_dim, wide.key_dim, wide.heads) == (32, 24, 16, 16, 2)
+    fixed = at_width(config.replace(head_dim=3, out_proj=True), 16)
+    assert (fixed.depth, fixed.head_dim, fixed.key_dim) == (12, 3, 4)  # explicit: kept
+    keys = at_width(config.replace(key_dim=5), 16)
+    assert (keys.head_dim, keys.key_dim) == (8, 5)
+    # 3 heads of size 2 = 8 // 3 on width 8 are a fixed head size (3 does not divide 8)
+    odd = at_width(ModelConfig(width=8, depth=4, heads=3, head_dim=2, out_proj=True), 16)
+    assert (odd.head_dim, odd.key_dim, odd.depth) == (2, 2, 8)
+    for bad in (0, -8, 8.0, True, "8"):
+        with pytest.raises(ValueError, match="integers >= 1"):
+            at_width(config, bad)
+    with pytest.raises(ValueError, match="positive integer"):
+        at_width(config, 10)  # depth 7.5
+    with pytest.raises(ValueError, match="positive integer"):
+        at_width(ModelConfig(width=8, depth=1), 4)  # depth 0.5
+
+
+def test_fit_uses_only_positive_finite_distances():
+    from simulations.convergence import _fit
+
+    logn = np.log([8.0, 16.0, 32.0, 64.0, 128.0])
+    d = np.array([0.3, 0.0, 0.11, np.nan, 0.04])
+    ref = stats.linregress(logn[[0, 2, 4]], np.log(d[[0, 2, 4]]))
+    out = _fit(logn, d, "x")
+    assert out["x_slope"] == pytest.approx(ref.slope, rel=1e-12)
+    assert out["x_slope_se"] == pytest.approx(ref.stderr, rel=1e-9)
+    two = _fit(logn[:2], np.array([0.2, 0.1]), "x")  # exact line, no degrees of freedom
+    assert two["x_slope"] == pytest.approx(-1.0) and np.isnan(two["x_slope_se"])
+    assert np.isnan(_fit(logn[:2], np.array([0.2, 0.0]), "x")["x_slope"])
+
+
+def test_noise_floor_needs_two_samples_per_half():
+    from simulations.convergence import _noise_floor
+
+    r = np.array([[0.1], [0.5], [-0.2], [0.3]])
+    ds = _dataset(_two_token(r), t=[0.0])
+    floors = _noise_floor(ds, 4)
+    assert np.isfinite(list(floors.values())).all()  # N = 4: halves of 2
+    assert all(np.isnan(v) for v in _noise_floor(ds.isel(sample=[0, 1, 2]), 4).values())
+
+
+def test_convergence_needs_the_limit_at_T():
+    from simulations.convergence import convergence
+
+    config = ModelConfig(width=8, depth=4)  # T = 0.5
+    r = np.random.default_rng(0).uniform(-0.5, 0.5, size=(20, 2))
+    limit = _dataset(_two_token(r), t=[0.0, 0.49])
+    with pytest.raises(ValueError, match=r"no time at T = 0\.5"):
+        convergence(config, [8, 16], torch.eye(2), 20, limit=limit, networks={})
+
+
+def test_convergence_runs_the_direct_calls_it_documents():
+    """Without ``networks``/``limit`` it equals passing simulate(seed) at each width and
+    sde.solve(seed + 1) at T: runs are reproducible from the seed alone."""
+    import sde
+    from simulations import simulate
+    from simulations.convergence import at_width, convergence
+
+    config = ModelConfig(width=4, depth=2, mlp="shaped_relu")
+    V0 = torch.tensor([[1.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    kw = {"seed": 3, "dt": 0.1}
+    run = convergence(config, [4, 8], V0, 24, progress=False, **kw)
+    limit = sde.solve(config, V0, 24, T=config.T, dt=0.1, seed=4, progress=False)
+    nets = {w: simulate(at_width(config, w), V0, 24, seed=3, progress=False) for w in (4, 8)}
+    given = convergence(config, [4, 8], V0, 24, limit=limit, networks=nets, **kw)
+    np.testing.assert_array_equal(run["w1_rho"].values, given["w1_rho"].values)
+    np.testing.assert_array_equal(run["ks_logVaa"].values, given["ks_logVaa"].values)

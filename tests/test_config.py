@@ -1,8 +1,16 @@
+import dataclasses
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shapedtx import ModelConfig
+from shapedtx.cli._common import ArgumentParser, add_config_arguments, config_from_args
+from simulations.grid import make_grid
+
+from strategies import model_configs
 
 
 def test_defaults_and_derived():
@@ -65,3 +73,40 @@ def test_attrs_round_trip():
     attrs = c.to_attrs()
     assert all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in attrs.values())
     assert ModelConfig.from_attrs(attrs) == c
+
+
+# Round trips for every valid config (property-based) -----------------------------------------
+@settings(deadline=None)
+@given(model_configs(max_width=64, max_depth=300))
+def test_every_config_round_trips_through_attrs_cli_and_grid(config):
+    attrs = config.to_attrs()
+    assert all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in attrs.values())
+    assert ModelConfig.from_attrs(attrs) == config
+    assert ModelConfig.from_attrs(config.to_attrs("x/"), "x/") == config
+    # the netCDF/xarray path hands back numpy scalars
+    assert ModelConfig.from_attrs({k: np.asarray(v)[()] for k, v in attrs.items()}) == config
+
+    parser = ArgumentParser(prog="test")
+    add_config_arguments(parser)
+    argv = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        argv += [flag if value else f"--no-{flag[2:]}"] if isinstance(value, bool) else [
+            f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}"
+        ]  # fmt: skip
+    assert config_from_args(parser.parse_args(argv)) == config
+
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    point = next(make_grid(fields).points())
+    assert point.error is None and point.config == config
+    listed = make_grid({**fields, "width": [config.width]}).points()
+    assert next(listed).config == config
+
+
+@settings(deadline=None)
+@given(model_configs(), st.integers(1, 8))
+def test_replace_keeps_unchanged_fields_and_validates(config, depth):
+    changed = config.replace(depth=depth)
+    assert changed.depth == depth and depth / config.width == changed.T
+    assert dataclasses.replace(changed, depth=config.depth) == config

@@ -168,3 +168,145 @@ def test_invalid_inputs_raise_naming_the_parameter(call, name):
 
 def test_lw_fit_constants():
     assert (LW_FIT.a, LW_FIT.b) == (5.039, 0.0555)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "key_dim", "seq_len", "bottleneck", "rank"),
+    [(128, 64, 128, True, 64), (64, 128, 128, False, 128), (16, 128, 128, False, 128),
+     (128, 127, 128, True, 127), (128, 128, 128, False, 128), (64, 200, 128, False, 128)],
+)  # fmt: skip
+def test_head_size_bottleneck_is_set_by_the_query_key_size(
+    head_dim, key_dim, seq_len, bottleneck, rank
+):
+    """The logits q k^T of a head have rank <= min(key_dim, m, n): the bottleneck is
+    key_dim < seq_len whatever the value size head_dim."""
+    config = ModelConfig(width=256, depth=1, heads=4, head_dim=head_dim, key_dim=key_dim,
+                         out_proj=True)  # fmt: skip
+    report = head_size_report(config, seq_len=seq_len)
+    assert (report.bottleneck, report.max_logit_rank) == (bottleneck, rank)
+    assert (report.head_dim, report.key_dim) == (head_dim, key_dim)
+    # per layer: W^Q, W^K (n x 4 key_dim), W^V (n x 4 head_dim), W^O (4 head_dim x n)
+    assert report.params_actual == 256 * 4 * (2 * key_dim + 2 * head_dim)
+    assert head_size_report(config.replace(width=512), seq_len).max_logit_rank == rank
+
+
+# Rounding rules (hand-computed) -----------------------------------------------------------------
+FIT = DepthWidthFit(a=1.0, b=0.5)  # ln d*(L) = 1 + L / 2: small numbers, exact inverses
+
+
+@pytest.mark.parametrize(
+    ("L", "multiple", "depth_rounded"),
+    [(2.4, 1, 2), (2.6, 4, 3), (0.3, 1, 1), (7.49, 8, 7), (7.51, 3, 8)],
+)
+def test_optimal_shape_rounding_by_hand(L, multiple, depth_rounded):
+    """Budget N = 12 L exp(2a + 2bL) has optimum exactly L; the rounded depth is the nearest
+    integer >= 1 and the rounded width sqrt(N / (12 L_r)) to the nearest multiple."""
+    N = 12 * L * math.exp(2 * (FIT.a + FIT.b * L))
+    shape = optimal_shape(N, multiple=multiple, fit=FIT)
+    assert shape.depth == pytest.approx(L, rel=1e-12)
+    assert shape.width == pytest.approx(math.exp(FIT.a + FIT.b * L), rel=1e-12)
+    assert shape.depth_rounded == depth_rounded
+    budget = math.sqrt(N / (12 * depth_rounded))
+    assert shape.width_rounded == multiple * round(budget / multiple)
+    assert shape.params_rounded == 12 * depth_rounded * shape.width_rounded**2
+    assert shape.multiple == multiple
+
+
+def test_rounded_width_is_never_below_one_multiple():
+    shape = optimal_shape(12 * 0.3 * math.exp(2 * (1 + 0.15)), multiple=64, fit=FIT)
+    assert (shape.depth_rounded, shape.width_rounded) == (1, 64)  # budget width ~ 1.7
+
+
+def test_allocation_tolerance_bounds_are_relative_to_the_optimal_depth():
+    """Too deep iff L > L*(1 + tol), too shallow iff L < L*(1 - tol), with L* the optimum at
+    the shape's own size 12 L d^2."""
+    L = 10.0
+    d = optimal_width(L, fit=FIT)  # (L, d) is optimal for its size
+    assert allocation(L, d, tolerance=0.0, fit=FIT) == "near optimal"
+    for width_factor in (0.9, 1.1):
+        best = optimal_shape(12 * L * (width_factor * d) ** 2, fit=FIT).depth
+        rel = L / best - 1  # the relative depth excess of this shape
+        verdict = "too deep" if rel > 0 else "too shallow"
+        assert allocation(L, width_factor * d, tolerance=abs(rel) * 0.99, fit=FIT) == verdict
+        assert allocation(L, width_factor * d, tolerance=abs(rel) * 1.01, fit=FIT) == (
+            "near optimal"
+        )
+
+
+def test_head_size_report_counts_by_hand():
+    """width 96, 3 heads of 32, seq_len 40: bottleneck (32 < 40), logit rank 32, 96 // 40 = 2
+    unbottlenecked standard heads; W^Q, W^K, W^V, W^O = 4 * 96 * 96 actual, 4 * 3 * 40 * 96
+    with head size 40."""
+    report = head_size_report(ModelConfig(width=96, depth=1, heads=3, out_proj=True), 40)
+    assert (report.width, report.heads, report.seq_len) == (96, 3, 40)
+    assert report.bottleneck and report.max_logit_rank == 32
+    assert report.max_unbottlenecked_heads == 2 and report.recommended_head_dim == 40
+    assert (report.params_actual, report.params_standard) == (4 * 96 * 96, 4 * 96 * 96)
+    assert report.params_fixed == 4 * 3 * 40 * 96
+    no_out = head_size_report(ModelConfig(width=96, depth=1, heads=3), 40)
+    assert no_out.params_actual == 3 * 96 * 96
+    long = head_size_report(ModelConfig(width=96, depth=1, heads=3), 97)
+    assert long.max_unbottlenecked_heads == 0
+
+
+def test_param_count_by_hand_with_biases():
+    """width 12, 3 heads of key size 5 and value size 8, W^O, shaped MLP, biases, depth 2:
+    per block Q, K: 12 * 15 + 15 each; V: 12 * 24 + 24; O: 24 * 12 + 12; MLP 2 (144 + 12)."""
+    config = ModelConfig(width=12, depth=2, heads=3, head_dim=8, key_dim=5, out_proj=True,
+                         mlp="shaped_relu")  # fmt: skip
+    counted = param_count(config, bias=True)
+    assert counted.attention == 2 * (2 * (180 + 15) + (288 + 24) + (288 + 12))
+    assert counted.mlp == 2 * 2 * (144 + 12)
+    assert counted.convention == 12 * 2 * 144
+    assert param_count(config).attention == 2 * (2 * 180 + 288 + 288)
+
+
+def test_design_row_and_gpt3_table_pass_multiple_and_fit():
+    row = design_row("x", 12, 768, 12, 64, 2048, multiple=128, fit=FIT)
+    assert row.recommended == optimal_shape(12 * 12 * 768**2, multiple=128, fit=FIT)
+    assert row.allocation == allocation(12, 768, fit=FIT)
+    assert row.params == 12 * 12 * 768**2 and row.bottleneck
+    assert not design_row("y", 2, 64, 1, 64, 64).bottleneck  # head size = seq_len
+    table = gpt3_table(multiple=64, fit=FIT)
+    assert all(r.recommended.multiple == 64 and r.recommended.width_rounded % 64 == 0
+               for r in table)  # fmt: skip
+    assert table[0].recommended == optimal_shape(12 * 12 * 768**2, multiple=64, fit=FIT)
+
+
+def test_gpt3_models_are_table_2_1_of_brown_et_al():
+    """n_layers, d_model, n_heads, d_head of the eight GPT-3 sizes (arXiv 2005.14165, Table
+    2.1), context 2048; heads x head size = width except the 13B row's printed 5140."""
+    from shapedtx.design import GPT3_CONTEXT
+
+    assert GPT3_CONTEXT == 2048
+    assert [m[1:] for m in GPT3_MODELS] == [
+        (12, 768, 12, 64), (24, 1024, 16, 64), (24, 1536, 16, 96), (24, 2048, 24, 128),
+        (32, 2560, 32, 80), (32, 4096, 32, 128), (40, 5140, 40, 128), (96, 12288, 96, 128),
+    ]  # fmt: skip
+    assert GPT3_MODELS[0][0] == "GPT-3 Small (125M)"
+    rows = gpt3_table()
+    assert [(r.heads, r.head_dim, r.seq_len) for r in rows] == [(m[3], m[4], 2048)
+                                                                for m in GPT3_MODELS]  # fmt: skip
+
+
+def test_default_multiple_is_one():
+    from shapedtx.design import Shape
+
+    assert Shape(1.0, 1.0, 1.0, 1, 1).multiple == 1
+    N = 12 * 2.6 * math.exp(2 * (1 + 0.5 * 2.6))
+    shape = optimal_shape(N, fit=FIT)
+    assert shape.multiple == 1 and shape.width_rounded == round(math.sqrt(N / 36))
+    assert design_row("x", 3, 10, 1, 10, 8).recommended.multiple == 1
+    assert all(r.recommended.multiple == 1 for r in gpt3_table())
+
+
+def test_threshold_domain_includes_width_one_and_results_are_immutable():
+    import dataclasses
+
+    assert depth_threshold(1) == 0.0 and depth_threshold(3) == pytest.approx(1.0)
+    config = ModelConfig(width=8, depth=1, heads=2)
+    for value in (optimal_shape(1e9), param_count(config), head_size_report(config, 4),
+                  design_row("x", 2, 8, 2, 4, 4), LW_FIT):  # fmt: skip
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, 0)

@@ -138,6 +138,7 @@ def test_huge_width_one_step_and_width_independent_cost():
     assert seconds(n) < 3 * seconds(64) + 0.05
 
 
+@pytest.mark.slow
 def test_gram_matches_sde_medians_at_fixed_T():
     """n = 256, T = 0.75 (THEORY section 6 configuration, m = 3): the medians of rho and
     V^{aa} agree with ``sde.solve`` within 4 (cluster-robust) standard errors; the SDE with

@@ -132,6 +132,7 @@ def _flat_cov(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return prod.mean(0), prod.std(0) / math.sqrt(x.shape[0])
 
 
+@pytest.mark.slow
 def test_noise_covariance_equals_diffusion():
     """The structured sampler has covariance diffusion(config, V); a wrong k_att is rejected."""
     cfg = ModelConfig(width=2048, gamma=1.0, tau0=0.5, heads=2, out_proj=True)
@@ -148,3 +149,34 @@ def test_noise_covariance_equals_diffusion():
     const = sde.sde_constants(cfg, m)
     wrong = Sigma + 0.5 * const.k_att * attention_sigma(V).reshape(m * m, m * m)
     assert ((cov - wrong).abs() > 5 * se).any()
+
+
+def test_sigma_terms_by_einsum_and_their_symmetries():
+    """Sigma_lin^{ab,cd} = V^ac V^bd + V^ad V^bc and the attention term V^ac W^bd + V^ad W^bc
+    + V^bc W^ad + V^bd W^ac (W = V P V P V), written independently with einsum; both are
+    symmetric in (a, b), in (c, d) and under (ab) <-> (cd)."""
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    V = X @ X.mT / 5
+    P = torch.eye(3, dtype=torch.float64) - 1 / 3
+    W = V @ P @ V @ P @ V
+    lin = torch.einsum("...ac,...bd->...abcd", V, V) + torch.einsum("...ad,...bc->...abcd", V, V)
+    att = (torch.einsum("...ac,...bd->...abcd", V, W) + torch.einsum("...ad,...bc->...abcd", V, W)
+           + torch.einsum("...bc,...ad->...abcd", V, W)
+           + torch.einsum("...bd,...ac->...abcd", V, W))  # fmt: skip
+    torch.testing.assert_close(sigma_lin(V), lin, rtol=1e-12, atol=0)
+    torch.testing.assert_close(attention_sigma(V), att, rtol=1e-12, atol=0)
+    for S in (lin, att):
+        torch.testing.assert_close(S, S.transpose(-4, -3))
+        torch.testing.assert_close(S, S.transpose(-2, -1))
+        torch.testing.assert_close(S, S.permute(0, 3, 4, 1, 2))
+
+
+def test_nu_clamps_correlations_just_outside_the_unit_interval():
+    from sde.coefficients import nu
+
+    rho = torch.tensor([1.0 + 1e-12, 1.0, -1.0 - 1e-12, -1.0], dtype=torch.float64)
+    out = nu(rho, 0.0, -1.0)
+    assert torch.isfinite(out).all()
+    assert out[0] == out[1] == 0.0
+    assert out[2] == out[3] == pytest.approx(1 / (2 * math.pi) * math.pi)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torchsde
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 import sde
@@ -17,6 +19,7 @@ from sde.solvers import EulerMaruyamaStep, FactoredEulerStep, integrate
 from shapedtx import ModelConfig, config_of, equicorrelated, load_dataset, save_dataset
 
 from mc_stats import assert_mean_within_se
+from strategies import covariances, model_configs
 
 ATT = ModelConfig(width=200, depth=150)  # gamma = 1/sqrt(8), tau0 = 1: T = 0.75
 BLOCK = ATT.replace(mlp="shaped_relu")
@@ -109,6 +112,7 @@ def test_mlp_diagonal_is_lognormal():
     assert stats.kstest(zw.numpy(), "norm").pvalue < 1e-6
 
 
+@pytest.mark.slow
 def test_weak_order_one_on_known_mean():
     """MLP diagonal: E[V^aa_T] = V0^aa exactly. The factored scheme's mean error is O(dt)
     (per step factor (1 - x/2)^2 (1 + x), x = k_lin m dt / 2): it halves with dt and equals
@@ -175,6 +179,7 @@ def _brownian_noise(bm, dt: float, B: int, m: int):
     return noise
 
 
+@pytest.mark.slow
 def test_euler_and_torchsde_converge_under_same_brownian_motion():
     """Own EM equals torchsde's Euler (same scheme, same increments) to rounding on every path
     EM keeps PSD; the factored scheme converges to torchsde strongly as dt -> 0 (strong order
@@ -282,3 +287,20 @@ def test_solver_objects_and_names_agree():
         out = sde.solve(strong, equicorrelated(3, 0.2, 4.0), 64, method=method, seed=0, bound=50.0)
         t = out["t_explode"].values[out["exploded"].values]
         assert t.size and np.allclose(t / 0.05, np.round(t / 0.05))  # step times
+
+
+# Laws for every input (property-based) ---------------------------------------------------------
+@settings(deadline=None)
+@given(model_configs(min_width=4, max_width=64, sde=True), covariances(max_m=4),
+       st.sampled_from(["euler", "em"]), st.floats(0.01, 0.2), st.integers(0, 1000))  # fmt: skip
+def test_every_sde_covariance_is_psd(config, V0, method, dt, seed):
+    """Every saved V of every path is symmetric PSD: by construction for the factored Euler
+    scheme (nothing flagged below the blow-up bound), and for EM on the paths it did not
+    flag (a path is frozen at its last accepted, PSD, state)."""
+    ds = sde.solve(config, V0, 3, T=0.3, dt=dt, method=method, seed=seed, progress=False)
+    V = ds["V"].values
+    assert np.isfinite(V).all()
+    np.testing.assert_allclose(V, np.swapaxes(V, -1, -2), rtol=0, atol=1e-12 * np.abs(V).max())
+    eig = np.linalg.eigvalsh(V)
+    tol = 1e-8 * np.abs(eig).max(-1, keepdims=True) + 1e-300
+    assert (eig >= -tol).all(), eig.min()

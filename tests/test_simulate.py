@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shapedtx import ModelConfig, config_of
 from simulations import (
@@ -20,6 +22,8 @@ from simulations import (
     with_metrics,
     with_rho,
 )
+
+from strategies import covariances, model_configs
 
 SMALL = ModelConfig(width=24, depth=3, mlp="shaped_relu", norm="pre", heads=2, out_proj=True)
 
@@ -211,3 +215,26 @@ def test_grouped_normal_streams():
     rng = GroupedNormal(9, [2, 3], [4, 1], torch.device("cpu"))
     x = torch.arange(5.0, dtype=torch.float64)[:, None, None]
     torch.testing.assert_close(rng.map(lambda x_g, z: x_g + z, x, (2, 3)), x + Z)
+
+
+# Laws for every input (property-based) ---------------------------------------------------------
+def _assert_psd(V: np.ndarray, rel: float = 1e-9) -> None:
+    """Symmetric with eigenvalues >= -rel * trace (every leading index a separate matrix)."""
+    np.testing.assert_allclose(V, np.swapaxes(V, -1, -2), rtol=0, atol=rel * np.abs(V).max())
+    eig = np.linalg.eigvalsh(V)
+    trace = np.trace(V, axis1=-2, axis2=-1)
+    assert (eig >= -rel * trace[..., None]).all(), eig.min()
+
+
+@settings(deadline=None)
+@given(model_configs(min_width=4, max_width=12, max_depth=3), covariances(max_m=4),
+       st.sampled_from(sorted(SAMPLERS)), st.integers(0, 1000))  # fmt: skip
+def test_every_simulated_covariance_is_psd(config, V0, method, seed):
+    """V_l = X_l X_l^T / n is PSD at every layer, for every architecture and sampler."""
+    if method == "gram":  # its supported family: one head, no W^O, no LayerNorm
+        config = config.replace(heads=1, head_dim=None, key_dim=config.key_dim,
+                                out_proj=False, norm="none")  # fmt: skip
+    ds = simulate(config, V0, 2, method=method, seed=seed, progress=False)
+    V = ds["V"].values
+    assert np.isfinite(V).all()
+    _assert_psd(V)

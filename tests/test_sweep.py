@@ -3,6 +3,7 @@ kill without recomputing finished points, failing points recorded while the othe
 
 import importlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -96,6 +97,37 @@ def test_point_seeds_are_deterministic_distinct_and_type_normalised():
     assert more.seed == seeds[0]
     other = next(make_grid({"width": 8, "tau0": 1.0, "seed": 4}).points())
     assert other.seed != seeds[0]
+
+
+SEED_BASE = {"width": 8, "T": 0.5, "tokens": 3, "rho0": 0.2, "scale": 1.0, "tau0": 1.0, "seed": 3}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("T", 0.75), ("tokens", 4), ("rho0", 0.3), ("scale", 2.0), ("width", 16), ("tau0", 0.5),
+     ("seed", 4), ("heads", 2), ("mlp", "relu"), ("causal", True), ("key_dim", 4)],
+)  # fmt: skip
+def test_point_seed_depends_on_every_parameter_defining_the_model_and_input(name, value):
+    """Two points differing in one model or input parameter never share a random stream."""
+    base = point_seed(SEED_BASE)
+    assert point_seed({**SEED_BASE, name: value}) != base
+    # also through the grid: the points of a dimension over that parameter differ
+    if name in SEED_BASE:
+        points = list(make_grid({**SEED_BASE, name: [SEED_BASE[name], value]}).points())
+        assert points[0].seed == base != points[1].seed
+    else:
+        assert next(make_grid({**SEED_BASE, name: [value]}).points()).seed != base
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [("samples", 7, "network"), ("method", "weights", "network"), ("dt", 0.02, "sde"),
+     ("sde_method", "milstein", "sde"), ("save_every", 3, "sde")],
+)  # fmt: skip
+def test_point_seed_ignores_sample_count_and_solver(name, value, kind):
+    base = next(make_grid(SEED_BASE, kind).points()).seed
+    assert next(make_grid({**SEED_BASE, name: value}, kind).points()).seed == base
+    assert [p.seed for p in make_grid(SEED_BASE, "both").points()] == [base, base]
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,3 +364,56 @@ def test_a_task_lost_on_the_cluster_is_recorded_by_the_client(client, tmp_path, 
     monkeypatch.setattr(sweep_module, "_task", real)
     again = sweep(grid, store=store, client=client, progress=False)
     assert (again.computed, again.skipped, again.failed) == (1, 1, {})
+
+
+def test_no_retry_still_runs_points_that_never_finished(client, tmp_path):
+    """retry_failed=False keeps *failed* points as they are; a pending point (never finished,
+    e.g. its worker was killed) is computed all the same."""
+    store = tmp_path / "pending.zarr"
+    grid = {"width": [2, 8, 16], "depth": 2, "tokens": 3, "samples": 2}  # width 2 fails
+    first = sweep(grid, store=store, client=client, progress=False)
+    assert (first.computed, len(first.failed)) == (2, 1)
+    failed_run = read_records(store)["p0_0"]["run_id"]
+    zarr.open_group(store, mode="r+")["status"][2, 0] = 0  # width 16 back to pending
+    again = sweep(grid, store=store, client=client, retry_failed=False, progress=False)
+    assert (again.computed, again.skipped, list(again.failed)) == (
+        1, 1, ["width=2, source=network"]
+    )  # fmt: skip
+    assert open_sweep(store)["status"].values.ravel().tolist() == ["failed", "done", "done"]
+    assert read_records(store)["p0_0"]["run_id"] == failed_run
+
+
+@pytest.mark.parametrize(
+    ("T", "width", "depth"), [(0.26, 10, 3), (0.24, 10, 2), (1.0, 8, 8), (0.5, 3, 2)]
+)
+def test_grid_T_gives_depth_round_T_width_and_sde_save_times(T, width, depth):
+    """depth = round(T * width) for a network point (depth + 1 saved times); the SDE point
+    runs to T exactly with ceil(T / dt) steps, saving every save_every steps and at T."""
+    grid = {"T": T, "width": width, "dt": 0.1, "save_every": 2}
+    net, sde_point = make_grid(grid, "both").points()
+    assert net.config.depth == depth == sde_point.config.depth
+    assert net.n_t == depth + 1 and sde_point.T == T
+    steps = math.ceil(T / 0.1 - 1e-9)
+    assert sde_point.n_t == len(range(0, steps + 1, 2)) + (steps % 2 != 0)
+    # default stride: steps // 200 (at least 1): 300 steps -> every step, 500 -> every 2nd
+    assert next(make_grid({"T": 3.0, "width": 8, "dt": 0.01}, "sde").points()).n_t == 301
+    assert next(make_grid({"T": 5.0, "width": 8, "dt": 0.01}, "sde").points()).n_t == 251
+    bad = next(make_grid({"T": 0.04, "width": 10}).points())
+    assert bad.config is None and "depth >= 1" in bad.error
+
+
+@pytest.mark.parametrize(
+    ("grid", "kind", "error"),
+    [({"samples": 1}, "network", None), ({"samples": 0}, "network", "samples must be"),
+     ({"T": 0.125}, "network", None), ({"T": 0.05}, "network", "depth >= 1"),
+     ({"T": 0.125, "dt": 0.0}, "sde", "dt and T must be > 0"),
+     ({"T": 0.125, "dt": 0.125}, "sde", None)],
+)  # fmt: skip
+def test_point_validity_boundaries(grid, kind, error):
+    """samples >= 1, depth = round(T width) >= 1 and dt > 0 are the limits of a valid point
+    (width 8: T = 0.125 is exactly one block)."""
+    point = next(make_grid({"width": 8, **grid}, kind).points())
+    if error is None:
+        assert point.error is None and point.config is not None
+    else:
+        assert point.config is None and error in point.error

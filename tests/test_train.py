@@ -78,6 +78,8 @@ def test_resume_reproduces_uninterrupted_run_bitwise(corpus, tmp_path):
         train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False, loss_hook=interrupt)
     kept = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert kept["step"] == 4
+    assert load_dataset(tmp_path / "cut" / "log.nc").attrs["status"] == "running"
+    assert load_dataset(tmp_path / "full" / "log.nc").attrs["status"] == "finished"
     resumed = train(MODEL, corpus, TRAIN, out_dir=tmp_path / "cut", progress=False)
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
@@ -228,3 +230,132 @@ def test_every_preset_trains_and_logs_per_layer_covariance(corpus, name):
         for h in hidden[1:]:
             var = h.var(-1, unbiased=False)
             torch.testing.assert_close(var, torch.ones_like(var), atol=1e-3, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The objective and the optimiser, pinned by their contracts
+# --------------------------------------------------------------------------------------------
+def test_loss_is_next_byte_cross_entropy():
+    """For a window w (m + 1 bytes) the loss is the mean over positions i = 0..m-1 of
+    -log softmax(logits(w[:m]))_i[w[i + 1]]: the logit at position i predicts byte i + 1."""
+    torch.manual_seed(1)
+    model = LanguageModel(MODEL, 8)
+    batch = torch.randint(0, 256, (3, 9))
+    logits = model(batch[:, :-1]).double()
+    assert logits.shape == (3, 8, 256)
+    logp = logits.log_softmax(-1)
+    by_hand = -np.mean([logp[b, i, batch[b, i + 1]].item() for b in range(3) for i in range(8)])
+    assert model.loss(batch).item() == pytest.approx(by_hand, rel=1e-5)
+    current = -np.mean([logp[b, i, batch[b, i]].item() for b in range(3) for i in range(8)])
+    assert abs(by_hand - current) > 1e-3  # the check tells next from current byte
+
+
+def _optimizer_grad_norms(monkeypatch) -> list[float]:
+    """Record the global gradient norm the optimiser sees at every step."""
+    norms: list[float] = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(torch.stack([gr.norm() for gr in grads]).norm().item())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return norms
+
+
+def test_gradient_clipping_bounds_the_norm_the_optimiser_sees(corpus, monkeypatch):
+    """grad_clip c: every optimiser step sees a global gradient norm <= c (= c when the raw
+    norm, logged as ``grad_norm``, exceeds it); grad_clip 0: the raw gradient."""
+    config = TRAIN.replace(steps=4, warmup_steps=1, log_interval=1, eval_interval=4,
+                           checkpoint_interval=0, grad_clip=0.05)  # fmt: skip
+    norms = _optimizer_grad_norms(monkeypatch)
+    log = train(MODEL, corpus, config, progress=False).log
+    raw = log["grad_norm"].values[1:]
+    assert len(norms) == 4 and (raw > 0.05).all()
+    np.testing.assert_allclose(norms, np.minimum(raw, 0.05), rtol=1e-4)
+    norms.clear()
+    log = train(MODEL, corpus, config.replace(grad_clip=0.0), progress=False).log
+    np.testing.assert_allclose(norms, log["grad_norm"].values[1:], rtol=1e-4)
+
+
+def test_weight_decay_applies_to_weight_matrices_only():
+    """Decoupled weight decay on the linear maps' weights and the token embedding; never on
+    biases, gains or the position embeddings."""
+    from shapedtx.training.trainer import _make_optimizer
+
+    model = LanguageModel(MODEL.replace(norm="pre"), 16)
+    optimizer = _make_optimizer(model, TRAIN.replace(weight_decay=0.1))
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert len(decay) == len(names)  # every parameter is optimised, once
+    linear = {
+        f"{name}.weight"
+        for name, mod in model.named_modules()
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding))
+    }
+    assert "embed.weight" in linear and "unembed.bias" in names and "position" in names
+    for name, p in names.items():
+        assert decay[id(p)] == (0.1 if name in linear else 0.0), name
+
+
+def test_log_rows_hold_the_mean_loss_the_lr_used_and_the_final_evaluation(corpus):
+    """train_loss of a row = mean of the step losses since the previous row; lr = the rate
+    the optimiser used at that step (lr * lr_factor(step - 1)); the last val_loss = the mean
+    loss of the final model over the fixed validation windows; the block gradient norms are
+    parts of the global one."""
+    from shapedtx.training.data import fixed_windows
+    from shapedtx.training.trainer import evaluate
+
+    losses: dict[int, float] = {}
+
+    def record(step, loss):
+        losses[step] = loss.item()
+        return loss
+
+    config = TRAIN.replace(steps=6, log_interval=3, eval_interval=3, checkpoint_interval=0)
+    result = train(MODEL, corpus, config, progress=False, loss_hook=record)
+    log = result.log
+    assert log["step"].values.tolist() == [0, 3, 6]
+    np.testing.assert_allclose(log["train_loss"].values[1:],
+                               [np.mean([losses[s] for s in (1, 2, 3)]),
+                                np.mean([losses[s] for s in (4, 5, 6)])], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(log["lr"].values[1:], [TRAIN.lr * lr_factor(s - 1, config)
+                                                      for s in (3, 6)], rtol=1e-12)  # fmt: skip
+    val = fixed_windows(corpus.val, config.eval_batches * config.batch_size, config.seq_len)
+    expected = evaluate(result.model, list(val.split(config.batch_size)))
+    assert log["val_loss"].values[-1] == pytest.approx(expected.item(), rel=1e-6)
+    blocks = log["grad_norm_block"].values[1:]
+    assert (np.sqrt((blocks**2).sum(-1)) <= log["grad_norm"].values[1:] * (1 + 1e-6)).all()
+
+
+def test_evaluate_is_the_mean_batch_loss_and_restores_the_mode():
+    from shapedtx.training.trainer import evaluate
+
+    torch.manual_seed(2)
+    model = LanguageModel(MODEL, 8)
+    batches = [torch.randint(0, 256, (2, 9)) for _ in range(3)]
+    model.train()
+    value = evaluate(model, batches)
+    assert model.training
+    assert value.item() == pytest.approx(np.mean([model.loss(b).item() for b in batches]))
+
+
+def test_covariance_metrics_average_the_metrics_over_the_batch():
+    """Per layer: the batch mean of each shapedtx.metrics function of V = h h^T / n; a
+    non-finite hidden state makes that layer's value NaN, not the others'."""
+    from shapedtx import metrics
+    from shapedtx.training.log import covariance_metrics
+
+    g = torch.Generator().manual_seed(3)
+    hidden = [torch.randn(3, 4, 6, generator=g) for _ in range(3)]
+    hidden[2][1, 0, 0] = math.inf
+    out = covariance_metrics(hidden)
+    for name, fn in (("mean_rho", metrics.mean_correlation), ("stable_rank", metrics.stable_rank),
+                     ("eigenvalue_ratio", metrics.eigenvalue_ratio),
+                     ("residual", metrics.covariance_residual)):  # fmt: skip
+        assert out[name].shape == (3,)
+        for layer in range(2):
+            V = metrics.covariance(hidden[layer].double())
+            assert out[name][layer] == pytest.approx(fn(V).mean().item(), rel=1e-12)
+        assert np.isnan(out[name][2])

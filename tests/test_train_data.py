@@ -99,3 +99,23 @@ def test_max_bytes_keeps_the_split_proportion(tmp_path):
     assert corpus.documents == 50
     share = corpus.val.numel() / (50 * size)
     assert 0.02 <= share <= 0.25, share  # binomial(50, 0.1) / 50: 0.1 +- 0.04
+
+
+def test_sample_batch_reaches_every_start_and_stays_inside_the_data():
+    """Starts are uniform on 0..N - m - 1: with N = m + 3 the four starts all occur, and no
+    window runs past the last byte."""
+    data = torch.arange(13, dtype=torch.uint8)
+    batch = sample_batch(data, 400, 10, torch.Generator().manual_seed(0))
+    starts = batch[:, 0]
+    assert sorted(set(starts.tolist())) == [0, 1, 2]
+    assert int(batch.max()) == 12
+    counts = torch.bincount(starts, minlength=3).double()
+    assert (counts - 400 / 3).abs().max() < 5 * (400 * (1 / 3) * (2 / 3)) ** 0.5
+
+
+def test_fixed_windows_are_evenly_spaced():
+    data = torch.arange(101, dtype=torch.uint8)  # windows of 11 bytes: starts 0 .. 90
+    fixed = fixed_windows(data, 4, 10)
+    assert fixed[:, 0].tolist() == [0, 30, 60, 90]
+    assert fixed.dtype == torch.int64 and fixed.shape == (4, 11)
+    assert fixed_windows(data, 1, 100)[0].tolist() == list(range(101))

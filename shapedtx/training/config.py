@@ -30,7 +30,8 @@ class TrainConfig:
         lr: peak learning rate, reached after ``warmup_steps`` (linear warm-up from 0).
         min_lr_ratio: the cosine decays the lr from ``lr`` to ``lr * min_lr_ratio`` at ``steps``.
         warmup_steps: linear warm-up length (``< steps``); default ``min(50, steps // 10)``.
-        weight_decay: AdamW decoupled weight decay, applied to weight matrices only.
+        weight_decay: AdamW decoupled weight decay, applied to weight matrices only (the
+            linear maps and the token embedding; not biases, gains, position embeddings).
         beta1, beta2, eps: AdamW moments.
         grad_clip: maximum global gradient norm (``0`` disables clipping).
         log_interval: steps between log rows (train loss, lr, gradient norms, covariance

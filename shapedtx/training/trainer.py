@@ -103,8 +103,11 @@ def evaluate(model: LanguageModel, batches: list[Tensor]) -> Tensor:
 
 
 def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW:
-    matrices = [p for name, p in model.named_parameters() if p.dim() >= 2]
-    others = [p for name, p in model.named_parameters() if p.dim() < 2]
+    # weight matrices only: the linear maps and the token embedding; not the biases, gains
+    # or the position embeddings (a (max_len, n) table, but not a map between features)
+    decayed = {name for name, p in model.named_parameters() if p.dim() >= 2} - {"position"}
+    matrices = [p for name, p in model.named_parameters() if name in decayed]
+    others = [p for name, p in model.named_parameters() if name not in decayed]
     groups = [
         {"params": matrices, "weight_decay": config.weight_decay},
         {"params": others, "weight_decay": 0.0},

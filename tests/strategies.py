@@ -1,0 +1,56 @@
+"""Hypothesis strategies shared by the property-based tests."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from shapedtx import ModelConfig
+from shapedtx.config import ATTENTIONS, MLPS, NORMS
+
+
+@st.composite
+def model_configs(
+    draw, *, min_width: int = 2, max_width: int = 24, max_depth: int = 6, sde: bool = False
+):
+    """Valid ModelConfigs over every field (``sde``: only those with a covariance SDE)."""
+    width = draw(st.integers(min_width, max_width))
+    attention = "shaped" if sde else draw(st.sampled_from(ATTENTIONS))
+    mlp = draw(st.sampled_from(("shaped_relu", "none") if sde else MLPS))
+    if attention == "none" and mlp == "none":
+        mlp = "shaped_relu"
+    fixed_head = draw(st.booleans())
+    divisors = [h for h in range(1, width + 1) if width % h == 0]
+    heads = draw(st.integers(1, 4) if fixed_head else st.sampled_from(divisors))
+    head_dim = draw(st.integers(1, 2 * width)) if fixed_head else None
+    key_dim = draw(st.none() | st.integers(1, 2 * width))
+    out_proj = True if fixed_head else draw(st.booleans())
+    bound = -math.sqrt(width)
+    return ModelConfig(
+        width=width,
+        depth=draw(st.integers(1, max_depth)),
+        attention=attention,
+        mlp=mlp,
+        norm="none" if sde else draw(st.sampled_from(NORMS)),
+        heads=heads,
+        key_dim=key_dim,
+        head_dim=head_dim,
+        out_proj=out_proj,
+        tau0=draw(st.floats(0.05, 20.0)),
+        gamma=draw(st.floats(0.0, 1.0, exclude_min=True)),
+        c_plus=draw(st.floats(bound, 3.0)),
+        c_minus=draw(st.floats(bound, 3.0)),
+        causal=False if sde else draw(st.booleans()),
+    )
+
+
+@st.composite
+def covariances(draw, *, max_m: int = 6, dtype: torch.dtype = torch.float64):
+    """A positive-definite V0 (m, m), m >= 2: X X^T / n for a seeded Gaussian X (n >= m)."""
+    m = draw(st.integers(2, max_m))
+    n = draw(st.integers(m, 3 * m))
+    seed = draw(st.integers(0, 2**31 - 1))
+    X = torch.randn(m, n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return X @ X.T / n
