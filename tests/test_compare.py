@@ -1,5 +1,7 @@
 """simulations.compare statistics on synthetic Datasets with known answers."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -288,7 +290,11 @@ def test_convergence_compares_at_T_not_at_the_start():
                                  dict.fromkeys(widths, 300))  # fmt: skip
     out = convergence(config, widths, torch.eye(2), 300, limit=limit, networks=networks)
     np.testing.assert_allclose(out["w1_rho"].values, 0.2 / np.array(widths), rtol=1e-9)
-    assert out.attrs["w1_rho_slope"] == pytest.approx(-1.0, abs=1e-9)
+    fitted = out.attrs["w1_rho_fit_widths"]  # widths above the noise floor + 2 spreads
+    if len(fitted) >= 2:
+        assert out.attrs["w1_rho_slope"] == pytest.approx(-1.0, abs=1e-9)
+    else:
+        assert math.isnan(out.attrs["w1_rho_slope"])
 
 
 def test_convergence_slope_standard_error_and_noise_floor_by_hand():
@@ -311,7 +317,12 @@ def test_convergence_slope_standard_error_and_noise_floor_by_hand():
     networks = _shifted_networks(config, widths, r_T, r_0, shift.get, n_valid)
     out = convergence(config, widths, torch.eye(2), N, limit=limit, networks=networks)
     assert out["n_network"].values.tolist() == [250, 120, 200, 301]
-    fit = stats.linregress(np.log(widths), np.log(out["w1_rho"].values))
+    # the fit uses exactly the widths whose distance exceeds the floor + 2 spreads
+    d = out["w1_rho"].values
+    above = d > out.attrs["w1_rho_noise_floor"] + 2 * out.attrs["w1_rho_noise_sd"]
+    assert out.attrs["w1_rho_fit_widths"] == [w for w, a in zip(widths, above, strict=True) if a]
+    assert above.sum() >= 3  # enough here for a slope and its standard error
+    fit = stats.linregress(np.log(np.array(widths)[above]), np.log(d[above]))
     assert out.attrs["w1_rho_slope"] == pytest.approx(fit.slope, rel=1e-9)
     assert out.attrs["w1_rho_slope_se"] == pytest.approx(fit.stderr, rel=1e-9)
     assert out.attrs["w1_rho_intercept"] == pytest.approx(fit.intercept, rel=1e-9)
@@ -328,6 +339,9 @@ def test_convergence_slope_standard_error_and_noise_floor_by_hand():
         ks = np.mean([stats.ks_2samp(pooled[var](p[:h]), pooled[var](p[h:])).statistic
                       for p in perms])  # fmt: skip
         assert out.attrs[f"w1_{var}_noise_floor"] == pytest.approx(w1 * scale, rel=1e-9)
+        w1_sd = np.std([stats.wasserstein_distance(pooled[var](p[:h]), pooled[var](p[h:]))
+                        for p in perms], ddof=1)  # fmt: skip
+        assert out.attrs[f"w1_{var}_noise_sd"] == pytest.approx(w1_sd * scale, rel=1e-9)
         assert out.attrs[f"ks_{var}_noise_floor"] == pytest.approx(ks * scale, rel=1e-9)
 
 
@@ -510,9 +524,10 @@ def test_noise_floor_needs_two_samples_per_half():
 
     r = np.array([[0.1], [0.5], [-0.2], [0.3]])
     ds = _dataset(_two_token(r), t=[0.0])
-    floors = _noise_floor(ds, 4)
+    floors, spreads = _noise_floor(ds, 4)
     assert np.isfinite(list(floors.values())).all()  # N = 4: halves of 2
-    assert all(np.isnan(v) for v in _noise_floor(ds.isel(sample=[0, 1, 2]), 4).values())
+    assert np.isfinite(list(spreads.values())).all()
+    assert all(np.isnan(v) for v in _noise_floor(ds.isel(sample=[0, 1, 2]), 4)[0].values())
 
 
 def test_convergence_needs_the_limit_at_T():

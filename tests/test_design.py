@@ -195,20 +195,24 @@ FIT = DepthWidthFit(a=1.0, b=0.5)  # ln d*(L) = 1 + L / 2: small numbers, exact 
 
 
 @pytest.mark.parametrize(
-    ("L", "multiple", "depth_rounded"),
-    [(2.4, 1, 2), (2.6, 4, 3), (0.3, 1, 1), (7.49, 8, 7), (7.51, 3, 8)],
+    ("L", "multiple", "depth_rounded", "width_rounded"),
+    [(2.4, 1, 2, 10), (2.6, 4, 4, 8), (0.3, 1, 1, 2), (7.49, 8, 8, 112), (7.51, 3, 7, 120)],
 )
-def test_optimal_shape_rounding_by_hand(L, multiple, depth_rounded):
-    """Budget N = 12 L exp(2a + 2bL) has optimum exactly L; the rounded depth is the nearest
-    integer >= 1 and the rounded width sqrt(N / (12 L_r)) to the nearest multiple."""
+def test_optimal_shape_rounding_by_hand(L, multiple, depth_rounded, width_rounded):
+    """Budget N = 12 L exp(2a + 2bL) has optimum exactly L. The rounded shape is the integer
+    (depth, width multiple) that spends N most closely, |log(12 L_r d_r^2 / N)| in 1% steps,
+    ties to the depth nearest L (hand-computed: e.g. L = 2.6, multiple 4, N = 3104: 4 x 8
+    spends 99.0% of N, 2 x 12 111%, 3 x 8 74%; a budget of one block (L = 0.3) cannot be met
+    closely)."""
     N = 12 * L * math.exp(2 * (FIT.a + FIT.b * L))
     shape = optimal_shape(N, multiple=multiple, fit=FIT)
     assert shape.depth == pytest.approx(L, rel=1e-12)
     assert shape.width == pytest.approx(math.exp(FIT.a + FIT.b * L), rel=1e-12)
-    assert shape.depth_rounded == depth_rounded
-    budget = math.sqrt(N / (12 * depth_rounded))
-    assert shape.width_rounded == multiple * round(budget / multiple)
-    assert shape.params_rounded == 12 * depth_rounded * shape.width_rounded**2
+    assert (shape.depth_rounded, shape.width_rounded) == (depth_rounded, width_rounded)
+    assert shape.width_rounded % multiple == 0
+    assert shape.params_rounded == 12 * depth_rounded * width_rounded**2
+    if L >= 1:
+        assert abs(math.log(shape.params_rounded / N)) < 0.05
     assert shape.multiple == multiple
 
 

@@ -406,7 +406,7 @@ def test_grid_T_gives_depth_round_T_width_and_sde_save_times(T, width, depth):
     ("grid", "kind", "error"),
     [({"samples": 1}, "network", None), ({"samples": 0}, "network", "samples must be"),
      ({"T": 0.125}, "network", None), ({"T": 0.05}, "network", "depth >= 1"),
-     ({"T": 0.125, "dt": 0.0}, "sde", "dt and T must be > 0"),
+     ({"T": 0.125, "dt": 0.0}, "sde", "dt must be a finite number > 0"),
      ({"T": 0.125, "dt": 0.125}, "sde", None)],
 )  # fmt: skip
 def test_point_validity_boundaries(grid, kind, error):
