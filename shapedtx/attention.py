@@ -71,6 +71,13 @@ def shaped_attention(
     return v + attended - token_mean(v, causal=causal)
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
-    """Fused ``Softmax(q k^T / sqrt(n_k)) v``; q, k: (..., m, n_k), v: (..., m, d)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_dim: int | None = None
+) -> Tensor:
+    """Fused ``Softmax(q k^T / sqrt(n_k)) v``; q, k: (..., m, e), v: (..., m, d).
+
+    ``n_k = key_dim`` (default: e, q's last size; the exact simulator passes queries and keys
+    of fewer columns with the same logits in law, so it gives n_k explicitly).
+    """
+    scale = None if key_dim is None else 1.0 / math.sqrt(key_dim)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

@@ -19,7 +19,7 @@ from shapedtx import ModelConfig, check_covariance, covariance_dataset
 from shapedtx._validation import check_int
 
 from .rng import GroupedNormal
-from .samplers import SAMPLERS
+from .samplers import SAMPLERS, TokenSampler
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
@@ -58,6 +58,9 @@ def _chunk_groups(
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_sample += (config.depth + 1) * m * m * itemsize  # the recorded covariances
     groups = int((memory_budget - fixed) // (G * per_sample))
+    if sampler.chunk_bytes is not None and groups >= 1:
+        tensor = m * TokenSampler._widest(config) * itemsize * G  # one (m, widest) tensor per group
+        groups = min(groups, max(1, sampler.chunk_bytes // tensor))
     if groups < 1:
         warnings.warn(
             f"memory_budget={memory_budget:.3g} bytes is below one group of {G} samples "

@@ -23,10 +23,17 @@ import torch
 from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
+from shapedtx._matmul import small_matmul
 from shapedtx.blocks import scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import GroupedNormal
+from .wishart import chi2
+
+
+FUSED_TOKENS = 32
+"""The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
+and the explicit m x m attention matrix up to it."""
 
 
 class Sampler(ABC):
@@ -37,6 +44,9 @@ class Sampler(ABC):
     """
 
     group_size: ClassVar[int] = 64
+    chunk_bytes: ClassVar[int | None] = None
+    """If set, the default chunk holds about this many bytes per (m, widest) tensor (at least
+    one group): small enough for the CPU caches, where elementwise passes are memory-bound."""
 
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         self.config = config
@@ -80,6 +90,10 @@ class TokenSampler(Sampler):
         )
 
     def step(self, X: Tensor) -> Tensor:
+        return self.block(X)
+
+    def block(self, X: Tensor) -> Tensor:
+        """One block of the library (:func:`shapedtx.block`) with this sampler's linear maps."""
         return block(X, self.config, self.linear, fused=True)
 
     def covariance(self, X: Tensor) -> Tensor:
@@ -125,28 +139,118 @@ class ExactSampler(TokenSampler):
 
     ``x^T = Q R`` (R: (k, m), k = min(fan_in, m)); Z: (k, out) iid N(0, 1). The factor R is
     reused while the same input tensor is passed (query, key and value share it).
+
+    Queries and keys enter only through the logits ``q k^T = R^T Z_Q Z_K^T R / fan_in`` of
+    each head. Given Z_K the rows of ``Z_Q Z_K^T`` (k x k) are iid N(0, Z_K Z_K^T), so
+    ``Z_Q Z_K^T = N C^T`` in law with N: (k, k) iid N(0, 1) and C the Bartlett factor of
+    Wishart(n_k, I_k) (:mod:`simulations.wishart`); if n_k < k, N = Z_Q and C = Z_K. The
+    "query" and "key" maps therefore return ``R^T N`` and ``R^T C`` (scaled): (m, min(n_k, k))
+    per head instead of (m, n_k), the same logits in law with O(m^2) numbers per head instead
+    of 2 m n_k (the attention functions take their scale from the config, not from q's size).
+
+    Draws: at each block, one buffer holding every N(0, 1) number of the block (all linear
+    maps) is filled with one call per generator group (:meth:`GroupedNormal.fill_normal`), and
+    the Bartlett chi-square variables with one call per group; the products are batched over
+    the whole chunk. The numbers depend only on (seed, group), never on the chunking.
     """
 
     group_size = 64
+    chunk_bytes = 2**23
 
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         super().__init__(config, rng)
         self._x: Tensor | None = None
         self._R: Tensor | None = None
+        self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
+        self._buffer: Tensor | None = None
+        self._draws: dict[str, Tensor] = {}
+
+    def _layout(self, m: int) -> dict[str, tuple[int, int]]:
+        """(rows, columns) of the N(0, 1) draws of every linear map of one block."""
+        cfg, n = self.config, self.config.width
+        k = min(n, m)
+        parts: dict[str, tuple[int, int]] = {}
+        if cfg.attention != "none":
+            kk = min(cfg.key_dim, k)
+            parts.update(query=(k, cfg.heads * kk), key=(k, cfg.heads * kk))
+            parts["value"] = (k, cfg.value_dim)
+            if cfg.out_proj:
+                parts["out"] = (min(cfg.value_dim, m), n)
+        if cfg.mlp != "none":
+            parts.update(mlp_in=(k, cfg.mlp_width), mlp_out=(min(cfg.mlp_width, m), n))
+        return parts
 
     def step(self, X: Tensor) -> Tensor:
+        self._draw(X)
         X = super().step(X)
         self._x = self._R = None  # release the cached factor
+        self._draws = {}
         return X
+
+    def _draw(self, X: Tensor) -> None:
+        samples, m = X.shape[0], X.shape[-2]
+        layout = self._layout(m)
+        total = sum(r * c for r, c in layout.values())
+        if self._buffer is None or self._buffer.shape != (samples, total):
+            self._buffer = torch.empty((samples, total), dtype=X.dtype, device=X.device)
+        buf = self.rng.fill_normal(self._buffer)
+        offset = 0
+        for name, (rows, cols) in layout.items():
+            self._draws[name] = buf[:, offset : offset + rows * cols].view(samples, rows, cols)
+            offset += rows * cols
+        cfg = self.config
+        if "key" in layout and cfg.key_dim >= layout["key"][0]:
+            self._draws["key"] = self._bartlett(self._draws["key"])
+
+    def _bartlett(self, Z: Tensor) -> Tensor:
+        """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:
+        (samples, k, heads * k) (strictly lower part) and chi-square draws (diagonal)."""
+        samples, k = Z.shape[0], Z.shape[1]
+        h, opts = self.config.heads, {"dtype": torch.float64, "device": Z.device}
+        dof = self.config.key_dim - torch.arange(k, **opts)
+
+        def draw(x_g: Tensor, gen: torch.Generator) -> Tensor:
+            return chi2(dof.expand(x_g.shape[0], h, k).contiguous(), gen)
+
+        diag = self.rng.per_group(draw, Z).sqrt().to(Z.dtype)  # (samples, h, k)
+        C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
+        return C.transpose(1, 2).reshape(samples, k, h * k)
+
+    def block(self, X: Tensor) -> Tensor:
+        # explicit attention matrix for few tokens: A v is one small matmul instead of the
+        # fused path's token mean and additions over (m, n) tensors (the same function)
+        return block(X, self.config, self.linear, fused=X.shape[-2] > FUSED_TOKENS)
+
+    def covariance(self, X: Tensor) -> Tensor:
+        V = covariance(X)
+        self._gram = (X, V)  # the next block's first factor, when its input is X
+        return V
+
+    def _factor(self, x: Tensor) -> Tensor:
+        """F: (..., m, k) with ``F F^T = x x^T`` (then ``F Z`` has the law of ``x W``).
+
+        ``F = R^T`` from the thin QR ``x^T = Q R``; on CPU, when ``fan_in >= m``, the Cholesky
+        factor of the Gram matrix ``x x^T`` instead (3-4x cheaper; the Gram is reused from
+        :meth:`covariance` when x is the state), with the QR for the whole chunk if any
+        Gram matrix is numerically singular (one host check, CPU only).
+        """
+        m, fan_in = x.shape[-2], x.shape[-1]
+        if x.device.type == "cpu" and fan_in >= m:
+            X, V = self._gram
+            gram = V * fan_in if x is X else small_matmul(x, x.mT)
+            F, info = torch.linalg.cholesky_ex(gram)
+            if not bool(info.any()):
+                return F
+        return torch.linalg.qr(x.mT, mode="r").R.mT
 
     def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
         if x is not self._x:
-            self._x, self._R = x, torch.linalg.qr(x.mT, mode="r").R
-        R = self._R
-        drawn = self.rng.map(
-            lambda R_g, Z_g: R_g.mT @ Z_g, R, (*R.shape[1:-2], R.shape[-2], out_features)
-        )
-        return scale_standard(drawn, self.config, name, x.shape[-1])
+            self._x, self._R = x, self._factor(x)
+        Z = self._draws[name]
+        if name not in ("query", "key") and Z.shape[-1] != out_features:
+            raise RuntimeError(f"linear {name!r}: {out_features} outputs, drew {Z.shape[-1]}")
+        # the weight scale on the small factor (m, k), not on the (m, out) product
+        return small_matmul(scale_standard(self._R, self.config, name, x.shape[-1]), Z)
 
 
 SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}
