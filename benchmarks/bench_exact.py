@@ -54,6 +54,22 @@ def numpy_exact(cfg: ModelConfig, V0: np.ndarray, samples: int, seed: int) -> np
     return out
 
 
+def _runs(cfg: ModelConfig, V0: torch.Tensor, samples: int) -> dict:
+    def lib(method: str | None):
+        def run(seed: int) -> np.ndarray:
+            kwargs = {} if method is None else {"method": method}
+            return simulate(cfg, V0, samples, seed=seed, progress=False, **kwargs)["V"].values
+
+        return run
+
+    return {
+        "numpy QR trick": lambda seed: numpy_exact(cfg, V0.numpy(), samples, seed),
+        "exact": lib("exact"),
+        "gram": lib("gram"),
+        "default (auto)": lib(None),
+    }
+
+
 def _rho(V: np.ndarray) -> np.ndarray:
     return V[:, -1, 0, 1] / np.sqrt(V[:, -1, 0, 0] * V[:, -1, 1, 1])
 
@@ -79,18 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         for m in args.tokens:
             cfg = ModelConfig(width=n, depth=args.depth, causal=True)
             V0 = equicorrelated(m, 0.2)
-            runs = {
-                "numpy QR trick": lambda s: numpy_exact(cfg, V0.numpy(), args.samples, s),
-                "exact": lambda s: simulate(
-                    cfg, V0, args.samples, method="exact", seed=s, progress=False
-                )["V"].values,
-                "gram": lambda s: simulate(
-                    cfg, V0, args.samples, method="gram", seed=s, progress=False
-                )["V"].values,
-                "default (auto)": lambda s: simulate(cfg, V0, args.samples, seed=s, progress=False)[
-                    "V"
-                ].values,
-            }
+            runs = _runs(cfg, V0, args.samples)
             times: dict[str, list[float]] = {k: [] for k in runs}
             rhos: dict[str, list[np.ndarray]] = {k: [] for k in runs}
             for r in range(args.rounds):

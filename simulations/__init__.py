@@ -5,7 +5,7 @@ from shapedtx.results import with_metrics, with_rho
 
 from .compare import QUANTILES, align_times, collapse_report, compare
 from .convergence import at_width, convergence
-from .driver import DEFAULT_MEMORY_BUDGET, simulate
+from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
 from .gram import GramSampler
 from .plots import (
     plot_convergence,
@@ -47,6 +47,7 @@ __all__ = [
     "plot_mean_correlation",
     "plot_quantile_bands",
     "plot_rho_density",
+    "resolve_method",
     "save_figure",
     "simulate",
     "sweep",

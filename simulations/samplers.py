@@ -30,7 +30,6 @@ from shapedtx.metrics import covariance
 from .rng import GroupedNormal
 from .wishart import chi2
 
-
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
 and the explicit m x m attention matrix up to it."""
@@ -231,16 +230,19 @@ class ExactSampler(TokenSampler):
 
         ``F = R^T`` from the thin QR ``x^T = Q R``; on CPU, when ``fan_in >= m``, the Cholesky
         factor of the Gram matrix ``x x^T`` instead (3-4x cheaper; the Gram is reused from
-        :meth:`covariance` when x is the state), with the QR for the whole chunk if any
-        Gram matrix is numerically singular (one host check, CPU only).
+        :meth:`covariance` when x is the state), and the QR for the samples whose Gram matrix
+        is numerically singular (a per-sample choice: the numbers do not depend on the
+        chunking; one host check, CPU only).
         """
         m, fan_in = x.shape[-2], x.shape[-1]
         if x.device.type == "cpu" and fan_in >= m:
             X, V = self._gram
             gram = V * fan_in if x is X else small_matmul(x, x.mT)
             F, info = torch.linalg.cholesky_ex(gram)
-            if not bool(info.any()):
-                return F
+            bad = info != 0
+            if bool(bad.any()):  # per sample, so that the numbers do not depend on the chunk
+                F[bad] = torch.linalg.qr(x[bad].mT, mode="r").R.mT
+            return F
         return torch.linalg.qr(x.mT, mode="r").R.mT
 
     def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:

@@ -136,19 +136,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _method(name: str, config: Any) -> str:
-    """The sampler for ``config``: ``name``, or for ``"auto"`` the fastest that applies."""
-    from simulations import SAMPLERS
+    """The sampler for ``config``: ``name``, or for ``"auto"`` the library's choice
+    (:func:`simulations.resolve_method`: the fastest exact-in-law method that applies)."""
+    from simulations import resolve_method
 
-    if name != "auto":
-        return name
-    for candidate in ("gram", "exact"):
-        if candidate in SAMPLERS:
-            try:
-                SAMPLERS[candidate].check(config)
-            except ValueError:
-                continue
-            return candidate
-    return "weights"
+    return resolve_method(config, name)
 
 
 class _Stages:
