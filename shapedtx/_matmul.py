@@ -24,5 +24,6 @@ def small_matmul(a: Tensor, b: Tensor) -> Tensor:
         and a.dtype in _NUMPY_DTYPES
         and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
     ):
-        return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+        with np.errstate(all="ignore"):  # overflow gives inf/nan silently, as in torch
+            return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
     return a @ b

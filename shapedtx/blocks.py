@@ -62,7 +62,7 @@ def merge_heads(x: Tensor) -> Tensor:
 
 def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
     """The attention matrix A of every head; q, k: (..., h, m, n_k) -> (..., h, m, m)."""
-    Y = q @ k.transpose(-1, -2)
+    Y = small_matmul(q, k.transpose(-1, -2))
     if config.attention == "shaped":
         return shaped_attention_matrix(Y, config.tau, causal=config.causal)
     if config.attention == "softmax":

@@ -65,16 +65,42 @@ class GroupedNormal:
             for gen, s in zip(self.generators, self.slices, strict=True):
                 buf[s].normal_(generator=gen)
             return buf
-        if self._numpy is None:
-            self._numpy = [
-                np.random.Generator(np.random.SFC64(np.random.SeedSequence([self.seed, g, 1])))
-                for g in self.groups
-            ]
+        self._numpy_generators()
         array = buf.numpy()
         dtype = np.float64 if buf.dtype == torch.float64 else np.float32
         for gen, s in zip(self._numpy, self.slices, strict=True):
             gen.standard_normal(out=array[s], dtype=dtype)
         return buf
+
+    def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
+        """Chi-square variables (samples, K) with ``dof: (K,)`` degrees of freedom (> 0), one
+        call per group from the group's fast stream (numpy's exact ``chisquare`` on CPU,
+        :func:`simulations.wishart.chi2` from the torch generator elsewhere)."""
+        from .wishart import chi2
+
+        if self.device.type != "cpu":
+            dof = dof.to(device=self.device, dtype=torch.float64)
+            out = [
+                chi2(dof.expand(s.stop - s.start, -1).contiguous(), gen)
+                for gen, s in zip(self.generators, self.slices, strict=True)
+            ]
+            return torch.cat(out).to(dtype)
+        self._numpy_generators()
+        d = dof.detach().cpu().double().numpy()
+        out = np.concatenate(
+            [
+                gen.chisquare(d, size=(s.stop - s.start, d.shape[0]))
+                for gen, s in zip(self._numpy, self.slices, strict=True)
+            ]
+        )
+        return torch.from_numpy(out).to(dtype)
+
+    def _numpy_generators(self) -> None:
+        if self._numpy is None:
+            self._numpy = [
+                np.random.Generator(np.random.SFC64(np.random.SeedSequence([self.seed, g, 1])))
+                for g in self.groups
+            ]
 
     def per_group(self, fn: Callable[[Tensor, torch.Generator], Tensor], x: Tensor) -> Tensor:
         """``cat_g fn(x[group g], generator of group g)``; x: (samples, ...)."""

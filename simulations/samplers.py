@@ -28,7 +28,6 @@ from shapedtx.blocks import scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import GroupedNormal
-from .wishart import chi2
 
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
@@ -205,20 +204,11 @@ class ExactSampler(TokenSampler):
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:
         (samples, k, heads * k) (strictly lower part) and chi-square draws (diagonal)."""
         samples, k = Z.shape[0], Z.shape[1]
-        h, opts = self.config.heads, {"dtype": torch.float64, "device": Z.device}
-        dof = self.config.key_dim - torch.arange(k, **opts)
-
-        def draw(x_g: Tensor, gen: torch.Generator) -> Tensor:
-            return chi2(dof.expand(x_g.shape[0], h, k).contiguous(), gen)
-
-        diag = self.rng.per_group(draw, Z).sqrt().to(Z.dtype)  # (samples, h, k)
+        h = self.config.heads
+        dof = (self.config.key_dim - torch.arange(k, dtype=torch.float64)).repeat(h)
+        diag = self.rng.chi2(dof, Z.dtype).sqrt().view(samples, h, k).to(Z.device)
         C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
         return C.transpose(1, 2).reshape(samples, k, h * k)
-
-    def block(self, X: Tensor) -> Tensor:
-        # explicit attention matrix for few tokens: A v is one small matmul instead of the
-        # fused path's token mean and additions over (m, n) tensors (the same function)
-        return block(X, self.config, self.linear, fused=X.shape[-2] > FUSED_TOKENS)
 
     def covariance(self, X: Tensor) -> Tensor:
         V = covariance(X)
