@@ -25,5 +25,7 @@ def small_matmul(a: Tensor, b: Tensor) -> Tensor:
         and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
     ):
         with np.errstate(all="ignore"):  # overflow gives inf/nan silently, as in torch
-            return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+            # contiguous operands: numpy's strided fallback loop is several times slower
+            a_, b_ = np.ascontiguousarray(a.numpy()), np.ascontiguousarray(b.numpy())
+            return torch.from_numpy(np.matmul(a_, b_))
     return a @ b

@@ -115,6 +115,18 @@ def gram_factor(M: Tensor) -> Tensor:
     return torch.where(bad[..., None, None], torch.linalg.qr(M.mT, mode="r").R.mT, out)
 
 
+def _triangular(packed: Tensor, diag: Tensor) -> Tensor:
+    """Lower-triangular (..., k, k) from the strictly lower entries ``packed: (..., k(k-1)/2)``
+    (row-major, as ``torch.tril_indices(k, k, -1)``) and the diagonal ``diag: (..., k)``."""
+    k = diag.shape[-1]
+    rows, cols = torch.tril_indices(k, k, -1, device=diag.device)
+    T = diag.new_zeros((*diag.shape[:-1], k * k))
+    T.index_copy_(-1, rows * k + cols, packed)
+    T = T.view(*diag.shape, k)
+    T.diagonal(dim1=-2, dim2=-1).copy_(diag)
+    return T
+
+
 class GramSampler(Sampler):
     """``method="gram"``: V is a Markov chain sampled from m x m Gaussian and Wishart matrices
     (module doc). State: ``L: (samples, m, m)`` with ``L L^T = V``."""
@@ -173,20 +185,25 @@ class GramSampler(Sampler):
         # the branch factor B: (m, k) and its scale s (module doc)
         k = (m if H * kd >= m else H * kd) if cfg.out_proj else m
         kv = min(n - m, k)
-        parts = {"N": (H, m, kq), "C": (H, m, kq), "G": (k, m), "F": (k, kv)}
-        if cfg.out_proj:
-            parts["D"] = (H, m, kd)
-        Z = self._normals(L, parts)
-        chi_dofs = {}  # Bartlett diagonals: name -> degrees of freedom n_k - i, ...
+        chi_dofs = {}  # Bartlett factors: name -> (degrees of freedom, heads, size)
         if cfg.key_dim >= m:
             chi_dofs["C"] = (cfg.key_dim, H, m)
         if cfg.out_proj and cfg.head_dim >= m:
             chi_dofs["D"] = (cfg.head_dim, H, m)
         if n - m >= k:
             chi_dofs["F"] = (n - m, 1, k)
+        full = {"N": (H, m, kq), "C": (H, m, kq), "G": (k, m), "F": (1, k, kv)}
+        if cfg.out_proj:
+            full["D"] = (H, m, kd)
+        # Bartlett factors draw only their strictly lower triangle
+        parts = {
+            name: (shape[0], shape[1] * (shape[1] - 1) // 2) if name in chi_dofs else shape
+            for name, shape in full.items()
+        }
+        Z = self._normals(L, parts)
         for name, diag in self._bartlett(L, chi_dofs).items():
-            diag = diag[:, 0] if name == "F" else diag
-            Z[name] = Z[name].tril(-1) + torch.diag_embed(diag)
+            Z[name] = _triangular(Z[name], diag)
+        Z["F"] = Z["F"][:, 0]
         LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
         A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
         if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)
