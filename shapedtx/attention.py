@@ -6,6 +6,7 @@ Shapes: queries/keys ``q, k: (..., m, n_k)``, values ``v: (..., m, d)``, logits
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -73,10 +74,50 @@ def shaped_attention(
 
     q, k: (..., m, n_k); v: (..., m, d) -> (..., m, d). Never forms the m x m matrix: the
     softmax term goes through ``scaled_dot_product_attention`` (flash/memory-efficient kernels
-    where available) and the centring is a (cumulative, if causal) token mean.
+    where available) and the centring ``v - token_mean(v)`` plus the sum is one fused
+    operation (:func:`centred_sum`: three passes forward, a hand-written backward).
     """
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
-    return v + attended - token_mean(v, causal=causal)
+    return centred_sum(attended, v, causal=causal)
+
+
+def centred_sum(attended: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+    """``attended + v - token_mean(v)`` (= ``attended + (I - C) v``, C the uniform or causal
+    uniform matrix) as one autograd operation; attended, v: (..., m, d)."""
+    return _CentredSum.apply(attended, v, causal)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_counts(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(m, 1): 1 / (i + 1), the causal running-mean weights."""
+    return 1.0 / torch.arange(1, m + 1, dtype=dtype, device=device)[:, None]
+
+
+class _CentredSum(torch.autograd.Function):
+    """Forward: cumsum (or mean), one ``addcmul`` and one in-place add. Backward:
+    ``d attended = g``, ``d v = (I - C)^T g`` with ``C^T t = total(t) - cumsum(t) + t``."""
+
+    @staticmethod
+    def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
+        ctx.causal = causal
+        if causal:
+            inv = _inverse_counts(v.shape[-2], v.dtype, v.device)
+            out = torch.addcmul(attended, v.cumsum(dim=-2), inv, value=-1.0)
+        else:
+            out = torch.sub(attended, v.mean(dim=-2, keepdim=True))
+        return out.add_(v)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        grad_v = None
+        if ctx.needs_input_grad[1]:
+            if ctx.causal:
+                t = g * _inverse_counts(g.shape[-2], g.dtype, g.device)
+                grad_v = torch.sub(g, t).add_(t.cumsum(dim=-2)).sub_(t.sum(dim=-2, keepdim=True))
+            else:
+                grad_v = g - g.mean(dim=-2, keepdim=True)
+        return (g if ctx.needs_input_grad[0] else None), grad_v, None
 
 
 def softmax_attention(
