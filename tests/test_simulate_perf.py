@@ -105,3 +105,26 @@ def test_small_matmul_equals_matmul():
     out = small_matmul(a, b)  # autograd path: torch
     out.sum().backward()
     assert a.grad is not None
+
+
+def test_gpu_script_runs_on_cpu(tmp_path):
+    """benchmarks/gpu.py --device cpu --tiny: every stage runs, the agreement tests pass and
+    the JSON report lists times and peak memory."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(root / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny"]
+    done = subprocess.run([*cmd, "--json", str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    stages = [row["stage"] for row in result["rows"]]
+    assert stages[:3] == ["simulate[exact]", "simulate[gram]", "simulate[auto]"]
+    assert {"sde.solve", "compare"} <= set(stages) and stages[-1].startswith("train")
+    assert all(row["seconds"] > 0 and row["peak_mb"] > 0 for row in result["rows"])
+    assert result["failures"] == []
