@@ -24,7 +24,7 @@ from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
 from shapedtx._matmul import small_matmul
-from shapedtx.blocks import scale_standard
+from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import GroupedNormal
@@ -32,6 +32,11 @@ from .rng import GroupedNormal
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
 and the explicit m x m attention matrix up to it."""
+
+
+FAST_ATTENTION = True
+"""The exact sampler's direct attention sub-block for one head without W^O or LayerNorm
+(:meth:`ExactSampler._attention_sub_block`); False runs :func:`shapedtx.block` throughout."""
 
 
 class Sampler(ABC):
@@ -209,6 +214,38 @@ class ExactSampler(TokenSampler):
         diag = self.rng.chi2(dof, Z.dtype).sqrt().view(samples, h, k).to(Z.device)
         C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
         return C.transpose(1, 2).reshape(samples, k, h * k)
+
+    def block(self, X: Tensor) -> Tensor:
+        cfg = self.config
+        fused = X.shape[-2] > FUSED_TOKENS
+        if FAST_ATTENTION and not fused and self._fast_attention_applies():
+            X = self._attention_sub_block(X)
+            if cfg.mlp == "none":
+                return X
+            cfg = cfg.replace(attention="none")
+        # explicit attention matrix for few tokens: A v is one small matmul instead of the
+        # fused path's SDPA, token mean and additions over (m, n) tensors (the same function)
+        return block(X, cfg, self.linear, fused=fused)
+
+    def _fast_attention_applies(self) -> bool:
+        cfg = self.config
+        return (
+            cfg.attention != "none" and cfg.norm == "none" and cfg.heads == 1 and not cfg.out_proj
+        )
+
+    def _attention_sub_block(self, X: Tensor) -> Tensor:
+        """One head, no W^O, no LayerNorm: ``X' = lambda X + gamma A (F s Z_V)`` computed as
+        ``lambda X + (gamma s A F) Z_V``: one (m, m) x (m, n) product and one fused add over
+        the (m, n) tensors (the block function's value, attention product and residual sum
+        are three). Same draws and the same function as :func:`shapedtx.block`, so the same
+        numbers up to rounding (tested)."""
+        cfg, n = self.config, X.shape[-1]
+        q = self.linear(X, cfg.key_dim, "query")
+        k = self.linear(X, cfg.key_dim, "key")
+        A = attention_matrix(q[:, None], k[:, None], cfg)[:, 0]
+        F = scale_standard(self._R, cfg, "value", n) * cfg.branch_weight
+        update = small_matmul(small_matmul(A, F), self._draws["value"])
+        return update.add_(X, alpha=cfg.lam)
 
     def covariance(self, X: Tensor) -> Tensor:
         V = covariance(X)

@@ -128,3 +128,23 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     assert {"sde.solve", "compare"} <= set(stages) and stages[-1].startswith("train")
     assert all(row["seconds"] > 0 and row["peak_mb"] > 0 for row in result["rows"])
     assert result["failures"] == []
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(width=24, depth=5, causal=True),
+        ModelConfig(width=24, depth=5, attention="softmax", mlp="relu", residual="unit"),
+        ModelConfig(width=24, depth=5, key_dim=2, mlp="shaped_relu"),
+    ],
+)
+def test_exact_direct_attention_equals_block_function(cfg, monkeypatch):
+    """The exact sampler's direct attention sub-block (one head, no W^O, no LN) gives the
+    numbers of :func:`shapedtx.block` with the same draws, up to rounding."""
+    from simulations import samplers
+
+    V0 = equicorrelated(4, 0.3)
+    fast = simulate(cfg, V0, 70, method="exact", seed=3)["V"].values
+    monkeypatch.setattr(samplers, "FAST_ATTENTION", False)
+    slow = simulate(cfg, V0, 70, method="exact", seed=3)["V"].values
+    np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-12)
