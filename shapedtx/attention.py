@@ -56,7 +56,7 @@ def shaped_attention_matrix(Y: Tensor, tau: float, *, causal: bool = False) -> T
         centre = causal_uniform(m, dtype=Y.dtype, device=Y.device)
     else:
         centre = torch.full((m, m), 1.0 / m, dtype=Y.dtype, device=Y.device)
-    return eye + _masked_softmax(Y / tau, causal) - centre
+    return _masked_softmax(Y / tau, causal).add_(eye - centre)  # (m, m) constant: one pass
 
 
 def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:

@@ -162,13 +162,14 @@ class GramSampler(Sampler):
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         itemsize = torch.empty((), dtype=dtype).element_size()
         hidden = 4 * HIDDEN_ELEMENTS * itemsize if config.mlp != "none" else 0
-        return 24 * m * m * itemsize, hidden
+        heads = config.heads if config.attention != "none" else 0
+        return (24 + 8 * heads) * m * m * itemsize, hidden
 
     def init(self, V0: Tensor, samples: int) -> Tensor:
         return torch.linalg.cholesky(V0).expand(samples, *V0.shape).clone()
 
     def covariance(self, L: Tensor) -> Tensor:
-        return L @ L.mT
+        return small_matmul(L, L.mT)
 
     def step(self, L: Tensor) -> Tensor:
         if self.config.attention != "none":
