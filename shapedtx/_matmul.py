@@ -25,7 +25,13 @@ def small_matmul(a: Tensor, b: Tensor) -> Tensor:
         and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
     ):
         with np.errstate(all="ignore"):  # overflow gives inf/nan silently, as in torch
-            # contiguous operands: numpy's strided fallback loop is several times slower
-            a_, b_ = np.ascontiguousarray(a.numpy()), np.ascontiguousarray(b.numpy())
-            return torch.from_numpy(np.matmul(a_, b_))
+            return torch.from_numpy(np.matmul(_blasable(a.numpy()), _blasable(b.numpy())))
     return a @ b
+
+
+def _blasable(x: np.ndarray) -> np.ndarray:
+    """x with C-contiguous matrices (any batch strides): numpy's matmul then calls BLAS per
+    matrix; its fallback loop for transposed or strided matrices is several times slower."""
+    if x.ndim >= 2 and x.strides[-1] == x.itemsize and x.strides[-2] == x.shape[-1] * x.itemsize:
+        return x
+    return np.ascontiguousarray(x)
