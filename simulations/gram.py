@@ -79,7 +79,6 @@ from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix
 
 from .samplers import SAMPLERS, Sampler
-from .wishart import wishart_factor
 
 HIDDEN_ELEMENTS = 2**22
 """Hidden-layer numbers drawn at once per generator group (bounds the MLP's memory); fixes
@@ -252,21 +251,24 @@ class GramSampler(Sampler):
         kv = min(n - m, m)
         s_plus, s_minus, c = relu_slopes(cfg)
         cols = min(n, max(1, HIDDEN_ELEMENTS // (self.group_size * m)))
-
-        def draw(L_g: Tensor, gen: torch.Generator) -> Tensor:
-            g, opts = L_g.shape[0], {"dtype": L_g.dtype, "device": L_g.device}
-            R = torch.zeros((g, m, m), **opts)  # R^T R = phi phi^T of the columns so far
+        factors = []
+        for rows, rng in self.rng.split():  # one group at a time: bounded memory
+            L_g = L[rows]
+            g = L_g.shape[0]
+            R = L_g.new_zeros((g, m, m))  # R^T R = phi phi^T of the columns so far
             for start in range(0, n, cols):
-                Z = torch.randn((g, m, min(cols, n - start)), generator=gen, **opts)
-                phi = shaped_relu(L_g @ Z, s_plus, s_minus)
+                width = min(cols, n - start)
+                Z = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
+                phi = shaped_relu(small_matmul(L_g, Z), s_plus, s_minus)
                 R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
-            B = R.mT / math.sqrt(n)  # B B^T = K
-            G = torch.randn((g, m, m), generator=gen, **opts)
-            F = wishart_factor(n - m, m, g, gen, **opts)
-            return torch.cat([B, G, F], dim=-1)
-
-        B, G, F = self.rng.per_group(draw, L).split([m, m, kv], dim=-1)
-        return residual_update(L, B, G, F, cfg.lam, cfg.branch_weight * math.sqrt(c / n))
+            factors.append(R.mT / math.sqrt(n))  # B B^T = K
+        B = factors[0] if len(factors) == 1 else torch.cat(factors)
+        bartlett = n - m >= m
+        Z = self._normals(L, {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)})
+        F = Z["F"]
+        if bartlett:
+            F = _triangular(F, self._bartlett(L, {"F": (n - m, 1, m)})["F"])
+        return residual_update(L, B, Z["G"], F[:, 0], cfg.lam, cfg.branch_weight * math.sqrt(c / n))
 
 
 SAMPLERS["gram"] = GramSampler

@@ -102,6 +102,22 @@ class GroupedNormal:
                 for g in self.groups
             ]
 
+    def split(self) -> list[tuple[slice, GroupedNormal]]:
+        """(rows of the chunk, a GroupedNormal of that one group sharing its generators) for
+        every group: per-group work with bounded memory that still draws from the group's
+        fast stream."""
+        if self.device.type == "cpu":
+            self._numpy_generators()
+        out = []
+        for i, s in enumerate(self.slices):
+            sub = GroupedNormal.__new__(GroupedNormal)
+            sub.device, sub.seed, sub.groups = self.device, self.seed, [self.groups[i]]
+            sub.generators = [self.generators[i]]
+            sub._numpy = None if self._numpy is None else [self._numpy[i]]
+            sub.slices, sub.samples = [slice(0, s.stop - s.start)], s.stop - s.start
+            out.append((s, sub))
+        return out
+
     def per_group(self, fn: Callable[[Tensor, torch.Generator], Tensor], x: Tensor) -> Tensor:
         """``cat_g fn(x[group g], generator of group g)``; x: (samples, ...)."""
         outs = [fn(x[s], gen) for gen, s in zip(self.generators, self.slices, strict=True)]
