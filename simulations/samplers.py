@@ -8,8 +8,10 @@ applied:
 
 - ``"weights"``: an explicit N(0, 1) matrix per sample (:func:`shapedtx.gaussian_linear`
   semantics), the reference;
-- ``"exact"``: THEORY section 5, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR) and
-  ``Z`` iid N(0, 1): the same joint law, O(m^2 n) work, no n x n matrix.
+- ``"exact"``: THEORY section 5, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR, or
+  the Cholesky factor of ``x x^T``) and ``Z`` iid N(0, 1): the same joint law, O(m^2 n) work,
+  no n x n matrix; queries and keys as m x m Bartlett products with the same logits in law,
+  and every draw of a block from one bulk fill per generator group (:class:`ExactSampler`).
 
 A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`.
 """
