@@ -95,7 +95,7 @@ def _inverse_counts(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 class _CentredSum(torch.autograd.Function):
     """Forward: cumsum (or mean), one ``addcmul`` and one in-place add. Backward:
-    ``d attended = g``, ``d v = (I - C)^T g`` with ``C^T t = total(t) - cumsum(t) + t``."""
+    ``d attended = g``, ``d v = (I - C)^T g`` (``C^T`` a reversed cumulative sum)."""
 
     @staticmethod
     def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
@@ -113,8 +113,11 @@ class _CentredSum(torch.autograd.Function):
         grad_v = None
         if ctx.needs_input_grad[1]:
             if ctx.causal:
+                # C^T t = reversed cumulative sum of t = g / counts (flip, cumsum, flip: on
+                # the strided gradient of the merged heads 3x faster than the in-place form
+                # total - cumsum + t)
                 t = g * _inverse_counts(g.shape[-2], g.dtype, g.device)
-                grad_v = torch.sub(g, t).add_(t.cumsum(dim=-2)).sub_(t.sum(dim=-2, keepdim=True))
+                grad_v = g - t.flip(-2).cumsum(dim=-2).flip(-2)
             else:
                 grad_v = g - g.mean(dim=-2, keepdim=True)
         return (g if ctx.needs_input_grad[0] else None), grad_v, None
