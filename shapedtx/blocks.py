@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ._matmul import small_matmul
 from .activation import relu_slopes, shaped_relu
 from .attention import (
     shaped_attention,
@@ -61,7 +62,7 @@ def merge_heads(x: Tensor) -> Tensor:
 
 def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
     """The attention matrix A of every head; q, k: (..., h, m, n_k) -> (..., h, m, m)."""
-    Y = q @ k.transpose(-1, -2)
+    Y = small_matmul(q, k.transpose(-1, -2))
     if config.attention == "shaped":
         return shaped_attention_matrix(Y, config.tau, causal=config.causal)
     if config.attention == "softmax":
@@ -82,11 +83,11 @@ def attention_branch(
     k = split_heads(linear(X, h * n_k, "key"), h)
     v = split_heads(linear(X, config.value_dim, "value"), h)
     if not fused:
-        out = attention_matrix(q, k, config) @ v
+        out = small_matmul(attention_matrix(q, k, config), v)
     elif config.attention == "shaped":
         out = shaped_attention(q, k, v, config.tau, causal=config.causal)
     elif config.attention == "softmax":
-        out = softmax_attention(q, k, v, causal=config.causal)
+        out = softmax_attention(q, k, v, causal=config.causal, key_dim=n_k)
     else:
         raise ValueError(f"attention must be 'shaped' or 'softmax', got {config.attention!r}")
     out = merge_heads(out)
@@ -112,7 +113,7 @@ def residual(X: Tensor, branch: Tensor, config: ModelConfig) -> Tensor:
     """``lambda X + gamma branch`` (``residual="scaled"``) or ``X + branch`` (``"unit"``)."""
     if config.residual == "unit":
         return X + branch
-    return config.lam * X + config.gamma * branch
+    return torch.add(config.lam * X, branch, alpha=config.gamma)  # two passes, not three
 
 
 def sub_block(

@@ -6,7 +6,7 @@ from shapedtx.results import with_metrics, with_rho
 from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
 from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
-from .driver import DEFAULT_MEMORY_BUDGET, simulate
+from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
 from .experiment import (
     Comparison,
     Experiment,
@@ -72,6 +72,7 @@ __all__ = [
     "plot_quantile_bands",
     "plot_rho_density",
     "plot_token_pairs",
+    "resolve_method",
     "run_collapse",
     "run_comparison",
     "run_convergence",

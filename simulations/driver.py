@@ -19,7 +19,7 @@ from shapedtx import ModelConfig, check_covariance, covariance_dataset
 from shapedtx._validation import check_int
 
 from .rng import GroupedNormal
-from .samplers import SAMPLERS
+from .samplers import SAMPLERS, TokenSampler
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
@@ -31,8 +31,10 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
     check_int("samples", samples)
-    if method not in SAMPLERS:
-        raise ValueError(f"method must be one of {', '.join(map(repr, SAMPLERS))}, got {method!r}")
+    if method not in SAMPLERS and method not in AUTO:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, SAMPLERS))} or 'auto', got {method!r}"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if dtype not in _DTYPES:
@@ -47,6 +49,30 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
         raise ValueError(f"memory_budget must be a number of bytes > 0, got {memory_budget!r}")
 
 
+AUTO = (None, "auto")
+"""``method`` values that pick the method: :func:`resolve_method`."""
+
+AUTO_ORDER = ("gram", "exact")
+"""Exact-in-law methods, fastest first, tried by :func:`resolve_method`."""
+
+
+def resolve_method(config: ModelConfig, method: str | None = None) -> str:
+    """The sampler name for ``method``: itself, or for ``None``/``"auto"`` the fastest
+    exact-in-law method whose ``check`` accepts ``config`` ("gram" where it applies, else
+    "exact", which simulates every configuration)."""
+    if method not in AUTO:
+        return method
+    for name in AUTO_ORDER:
+        if name not in SAMPLERS:
+            continue
+        try:
+            SAMPLERS[name].check(config)
+        except ValueError:
+            continue
+        return name
+    return "exact"
+
+
 def _chunk_groups(
     sampler, config: ModelConfig, m: int, dtype: torch.dtype, chunk_size, memory_budget
 ) -> int:
@@ -58,6 +84,9 @@ def _chunk_groups(
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_sample += (config.depth + 1) * m * m * itemsize  # the recorded covariances
     groups = int((memory_budget - fixed) // (G * per_sample))
+    if sampler.chunk_bytes is not None and groups >= 1:
+        tensor = m * TokenSampler._widest(config) * itemsize * G  # one (m, widest) tensor per group
+        groups = min(groups, max(1, sampler.chunk_bytes // tensor))
     if groups < 1:
         warnings.warn(
             f"memory_budget={memory_budget:.3g} bytes is below one group of {G} samples "
@@ -86,7 +115,7 @@ def simulate(
     V0: Tensor,
     samples: int,
     *,
-    method: str = "exact",
+    method: str | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
@@ -101,8 +130,10 @@ def simulate(
         V0: (m, m) symmetric positive-definite input covariance, m >= 2; every sample starts
             from X_0 with ``X_0 X_0^T / n = V0`` exactly.
         samples: number of independent networks (weights and inputs drawn afresh).
-        method: ``"exact"`` (THEORY section 5, default), ``"weights"`` (explicit matrices) or
-            ``"gram"`` (width-independent chain on V, supported configs only);
+        method: ``None`` or ``"auto"`` (default): the fastest exact-in-law method for the
+            config (:func:`resolve_method`: ``"gram"`` where it applies, else ``"exact"``);
+            ``"exact"`` (THEORY section 5), ``"weights"`` (explicit matrices) or ``"gram"``
+            (width-independent chain on V, supported configs only);
             see :data:`simulations.samplers.SAMPLERS`.
         seed: integer >= 0; the same seed gives the same numbers on the same device.
         device: where to compute (default: V0's device).
@@ -115,10 +146,13 @@ def simulate(
     Returns:
         The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
         ``t = layer / width`` for layers 0..depth, a ``layer`` coordinate, source
-        ``"network"``, attrs ``group_size`` and ``nonfinite`` (number of samples whose
+        ``"network"``, attrs ``method`` (the method used), ``method_requested`` (the argument,
+        ``"auto"`` for None), ``group_size`` and ``nonfinite`` (number of samples whose
         covariance became non-finite; a RuntimeWarning is issued when > 0).
     """
     _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
+    requested = "auto" if method is None else method
+    method = resolve_method(config, method)
     sampler_cls = SAMPLERS[method]
     sampler_cls.check(config)
     V0 = check_covariance(V0)
@@ -166,5 +200,10 @@ def simulate(
         method=method,
         seed=seed,
         layer=layers,
-        attrs={"device": str(device), "group_size": G, "nonfinite": nonfinite},
+        attrs={
+            "device": str(device),
+            "group_size": G,
+            "nonfinite": nonfinite,
+            "method_requested": requested,
+        },
     )

@@ -131,15 +131,9 @@ class Experiment:
     def sampler(self, config: ModelConfig) -> str:
         """The finite-network sampler for ``config``: ``method`` or, for ``"auto"``, the
         fastest exact-in-law one that supports it (``gram``, else ``exact``)."""
-        if self.method != "auto":
-            return self.method
-        for candidate in ("gram", "exact"):
-            try:
-                SAMPLERS[candidate].check(config)
-            except ValueError:
-                continue
-            return candidate
-        return "weights"
+        from .driver import resolve_method
+
+        return resolve_method(config, self.method)
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat, JSON- and netCDF-safe description (the config under ``config.``)."""

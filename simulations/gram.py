@@ -38,17 +38,32 @@ e.g. a ReLU token that is zero on every hidden unit; no eigendecomposition, whos
 would synchronise a GPU); W^post is independent of (X, phi), giving the update above with
 s = gamma sqrt(c / n).
 
-**Cost per block and sample.** Attention-only networks: O(m^3), independent of the width and
-of n_k. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).
+**Multi-head attention with W^O** (``X' = lambda X + gamma O W^O / sqrt(n_h d_p)``,
+``O = [A_1 X W^V_1, ..., A_H X W^V_H] / sqrt(n)``, any head size d_p, THEORY section 8):
+``X W^V_h / sqrt(n) = L Z_h`` with ``Z_h = Q^T W^V_h``: (m, d_p) iid, independent over heads,
+so ``O = [A_h L Z_h]_h`` and ``O O^T = sum_h A_h L (Z_h Z_h^T) L^T A_h^T`` with
+``Z_h Z_h^T = D_h D_h^T ~ Wishart(d_p, I_m)`` (D_h its Bartlett factor, or Z_h itself when
+d_p < m). ``O^T = Q_O R_O`` gives ``O W^O = R_O^T (Q_O^T W^O)`` with ``Q_O^T W^O`` iid and
+independent of X, which is the residual update above with ``B B^T = O O^T`` (B the Cholesky
+factor of ``P P^T``, ``P = [A_h L D_h]_h``, or P itself when ``H min(d_p, m) < m``; then
+G: (k, m), F: Wishart(n - m, I_k)) and ``s = gamma / sqrt(n n_h d_p)``. The chain on V stays
+Markov. Each head has its own logits ``(L N_h)(L C_h)^T``.
 
-**Supported configurations.** attention in {shaped, softmax, none} with one head, no W^O
-(``out_proj=False``), any key_dim, causal or not; mlp in {shaped_relu, relu, none};
-``norm="none"``. Rejected with ValueError: ``norm="pre"`` (LayerNorm centres each token over
-its features, which depends on X beyond X X^T), ``heads > 1`` without W^O (each head writes
-its own block of residual columns, so X X'^T depends on how X splits over those columns, not
-only on V) and ``out_proj=True`` (every fixed head size). With W^O the covariance is still a
-Markov chain (the Gram matrix of the concatenated heads is ``sum_h A_h L Wishart(d_p) L^T
-A_h^T``, then the update above with W^O), but that is not implemented here.
+**Factors.** L' is the Cholesky factor of ``V' = M M^T`` (:func:`gram_factor`; the QR of
+M^T for the samples where V' is numerically singular). **Draws.** All N(0, 1) numbers of a
+block come from one buffer filled with one call per generator group, all chi-square variables
+(Bartlett diagonals) from one call per group (:class:`simulations.rng.GroupedNormal`).
+
+**Cost per block and sample.** Attention-only networks: O(H m^3), independent of the width
+and of n_k, d_p. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).
+
+**Supported configurations.** attention in {shaped, softmax, none} with one head and no W^O
+(any key_dim), or any number of heads and head size with W^O (``out_proj=True``), causal or
+not; mlp in {shaped_relu, relu, none} with ``mlp_ratio=1``; ``norm="none"``;
+``init="fan_in"``. Rejected with ValueError: ``norm="pre"``/``"post"`` (LayerNorm centres
+each token over its features, which depends on X beyond X X^T) and ``heads > 1`` without W^O
+(each head writes its own block of residual columns, so X X'^T depends on how X splits over
+those columns, not only on V).
 """
 
 from __future__ import annotations
@@ -60,10 +75,10 @@ import torch
 from torch import Tensor
 
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
+from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix
 
 from .samplers import SAMPLERS, Sampler
-from .wishart import wishart_factor
 
 HIDDEN_ELEMENTS = 2**22
 """Hidden-layer numbers drawn at once per generator group (bounds the MLP's memory); fixes
@@ -72,9 +87,43 @@ the column batch ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and so the random
 
 def residual_update(L: Tensor, B: Tensor, G: Tensor, F: Tensor, lam: float, s: float) -> Tensor:
     """The factor L' of ``V' = lambda^2 V + lambda s (B G L^T + L G^T B^T) + s^2 B (G G^T +
-    F F^T) B^T`` (module doc); L, B, G: (..., m, m), F: (..., m, k) -> L': (..., m, m)."""
-    factor = torch.cat([lam * L + s * (B @ G), s * (B @ F)], dim=-1)
-    return torch.linalg.qr(factor.mT, mode="r").R.mT
+    F F^T) B^T`` (module doc); L: (..., m, m), B: (..., m, k), G: (..., k, m), F: (..., k, j)
+    -> L': (..., m, m) lower triangular with ``L' L'^T = V'``.
+
+    ``V' = M M^T`` with ``M = [lambda L + s B G, s B F]``; L' is the Cholesky factor of V'
+    (batched m x m, about 15x cheaper than the QR of M^T on CPU), and for the samples whose V'
+    is numerically singular ``R^T`` from the QR ``M^T = Q R`` (exact also for singular V').
+    """
+    M = torch.cat([lam * L + s * small_matmul(B, G), s * small_matmul(B, F)], dim=-1)
+    return gram_factor(M)
+
+
+def gram_factor(M: Tensor) -> Tensor:
+    """Lower-triangular L: (..., m, m) with ``L L^T = M M^T``; M: (..., m, j), j >= m.
+
+    The Cholesky factor of ``M M^T``, and ``R^T`` from the QR ``M^T = Q R`` for the samples
+    whose ``M M^T`` is numerically singular (on CPU only those samples; on accelerators
+    computed for all and selected, with no host synchronisation).
+    """
+    out, info = torch.linalg.cholesky_ex(small_matmul(M, M.mT))
+    bad = info != 0
+    if bad.device.type == "cpu":
+        if bool(bad.any()):
+            out[bad] = torch.linalg.qr(M[bad].mT, mode="r").R.mT
+        return out
+    return torch.where(bad[..., None, None], torch.linalg.qr(M.mT, mode="r").R.mT, out)
+
+
+def _triangular(packed: Tensor, diag: Tensor) -> Tensor:
+    """Lower-triangular (..., k, k) from the strictly lower entries ``packed: (..., k(k-1)/2)``
+    (row-major, as ``torch.tril_indices(k, k, -1)``) and the diagonal ``diag: (..., k)``."""
+    k = diag.shape[-1]
+    rows, cols = torch.tril_indices(k, k, -1, device=diag.device)
+    T = diag.new_zeros((*diag.shape[:-1], k * k))
+    T.index_copy_(-1, rows * k + cols, packed)
+    T = T.view(*diag.shape, k)
+    T.diagonal(dim1=-2, dim2=-1).copy_(diag)
+    return T
 
 
 class GramSampler(Sampler):
@@ -94,15 +143,16 @@ class GramSampler(Sampler):
             problems.append("mlp='gelu' (only ReLU-type MLPs)")
         if config.mlp != "none" and config.mlp_ratio != 1:
             problems.append(f"mlp_ratio={config.mlp_ratio} (only a hidden width equal to n)")
-        if config.attention != "none":
-            if config.heads != 1:
-                problems.append(f"heads={config.heads} (only one head)")
-            if config.out_proj:
-                problems.append("out_proj=True (no W^O; this includes fixed head sizes)")
+        if config.attention != "none" and config.heads != 1 and not config.out_proj:
+            problems.append(
+                f"heads={config.heads} without W^O (out_proj=False: each head writes its own "
+                "residual columns)"
+            )
         if problems:
             raise ValueError(
-                "method 'gram' does not support " + "; ".join(problems) + ". Supported: one "
-                "attention head without W^O (shaped or softmax, any key_dim, causal or not), "
+                "method 'gram' does not support " + "; ".join(problems) + ". Supported: "
+                "shaped or softmax attention (any key_dim, causal or not) with one head, or "
+                "any number of heads and head size with W^O (out_proj=True); "
                 "shaped_relu/relu/no MLP with mlp_ratio=1, norm='none', init='fan_in', scaled "
                 "or unit residual; use method='exact' otherwise"
             )
@@ -111,13 +161,14 @@ class GramSampler(Sampler):
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         itemsize = torch.empty((), dtype=dtype).element_size()
         hidden = 4 * HIDDEN_ELEMENTS * itemsize if config.mlp != "none" else 0
-        return 24 * m * m * itemsize, hidden
+        heads = config.heads if config.attention != "none" else 0
+        return (24 + 8 * heads) * m * m * itemsize, hidden
 
     def init(self, V0: Tensor, samples: int) -> Tensor:
         return torch.linalg.cholesky(V0).expand(samples, *V0.shape).clone()
 
     def covariance(self, L: Tensor) -> Tensor:
-        return L @ L.mT
+        return small_matmul(L, L.mT)
 
     def step(self, L: Tensor) -> Tensor:
         if self.config.attention != "none":
@@ -129,19 +180,70 @@ class GramSampler(Sampler):
     # ----------------------------------------------------------------------------------------
     def _attention(self, L: Tensor) -> Tensor:
         cfg = self.config
-        m, n = L.shape[-1], cfg.width
-        kq, kv = min(cfg.key_dim, m), min(n - m, m)
+        S, m, n, H = L.shape[0], L.shape[-1], cfg.width, cfg.heads
+        kq, kd = min(cfg.key_dim, m), min(cfg.head_dim, m)
+        # the branch factor B: (m, k) and its scale s (module doc)
+        k = (m if H * kd >= m else H * kd) if cfg.out_proj else m
+        kv = min(n - m, k)
+        chi_dofs = {}  # Bartlett factors: name -> (degrees of freedom, heads, size)
+        if cfg.key_dim >= m:
+            chi_dofs["C"] = (cfg.key_dim, H, m)
+        if cfg.out_proj and cfg.head_dim >= m:
+            chi_dofs["D"] = (cfg.head_dim, H, m)
+        if n - m >= k:
+            chi_dofs["F"] = (n - m, 1, k)
+        full = {"N": (H, m, kq), "C": (H, m, kq), "G": (k, m), "F": (1, k, kv)}
+        if cfg.out_proj:
+            full["D"] = (H, m, kd)
+        # Bartlett factors draw only their strictly lower triangle
+        parts = {
+            name: (shape[0], shape[1] * (shape[1] - 1) // 2) if name in chi_dofs else shape
+            for name, shape in full.items()
+        }
+        Z = self._normals(L, parts)
+        for name, diag in self._bartlett(L, chi_dofs).items():
+            Z[name] = _triangular(Z[name], diag)
+        Z["F"] = Z["F"][:, 0]
+        LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
+        A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
+        if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)
+            P = small_matmul(A, small_matmul(L[:, None], Z["D"])).transpose(1, 2)
+            P = P.reshape(S, m, H * kd)
+            B = gram_factor(P) if k == m else P  # any B with B B^T = O O^T
+            s = cfg.branch_weight / math.sqrt(n * cfg.value_dim)
+        else:
+            B = small_matmul(A[:, 0], L)
+            s = cfg.branch_weight / math.sqrt(n)
+        return residual_update(L, B, Z["G"], Z["F"], cfg.lam, s)
 
-        def draw(L_g: Tensor, gen: torch.Generator) -> Tensor:
-            g, opts = L_g.shape[0], {"dtype": L_g.dtype, "device": L_g.device}
-            C = wishart_factor(cfg.key_dim, m, g, gen, **opts)
-            normals = torch.randn((g, m, kq + m), generator=gen, **opts)
-            F = wishart_factor(n - m, m, g, gen, **opts)
-            return torch.cat([C, normals, F], dim=-1)
+    def _normals(self, L: Tensor, parts: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+        """One buffer of N(0, 1) numbers for all ``parts`` (name -> shape per sample), filled
+        with one call per generator group; views by name."""
+        sizes = [math.prod(shape) for shape in parts.values()]
+        buf = torch.empty((L.shape[0], sum(sizes)), dtype=L.dtype, device=L.device)
+        self.rng.fill_normal(buf)
+        out, offset = {}, 0
+        for (name, shape), size in zip(parts.items(), sizes, strict=True):
+            # contiguous copies (one pass over the buffer): the products and index copies
+            # below are several times slower on the strided column slices
+            out[name] = buf[:, offset : offset + size].reshape(L.shape[0], *shape).contiguous()
+            offset += size
+        return out
 
-        C, N, G, F = self.rng.per_group(draw, L).split([kq, kq, m, kv], dim=-1)
-        A = attention_matrix(L @ N, L @ C, cfg)
-        return residual_update(L, A @ L, G, F, cfg.lam, cfg.branch_weight / math.sqrt(n))
+    def _bartlett(self, L, dofs: dict[str, tuple[int, int, int]]) -> dict[str, Tensor]:
+        """Bartlett diagonals for ``name -> (k, heads, m)``: sqrt(chi^2_{k - i}), i < m, per
+        head, all from one chi-square call per group; returns name -> (S, heads, m)."""
+        if not dofs:
+            return {}
+        dof = torch.cat(
+            [(k - torch.arange(m, dtype=torch.float64)).repeat(h) for k, h, m in dofs.values()]
+        )
+        chi = self.rng.chi2(dof, L.dtype).to(L.device).sqrt()
+        out, offset = {}, 0
+        for name, (_, h, m) in dofs.items():
+            out[name] = chi[:, offset : offset + h * m].view(-1, h, m)
+            offset += h * m
+        return out
 
     def _mlp(self, L: Tensor) -> Tensor:
         cfg = self.config
@@ -149,23 +251,26 @@ class GramSampler(Sampler):
         kv = min(n - m, m)
         s_plus, s_minus, c = relu_slopes(cfg)
         cols = min(n, max(1, HIDDEN_ELEMENTS // (self.group_size * m)))
-
-        def draw(L_g: Tensor, gen: torch.Generator) -> Tensor:
-            g, opts = L_g.shape[0], {"dtype": L_g.dtype, "device": L_g.device}
-            R = torch.zeros((g, m, m), **opts)  # R^T R = phi phi^T of the columns so far
+        factors = []
+        for rows, rng in self.rng.split():  # one group at a time: bounded memory
+            L_g = L[rows]
+            g = L_g.shape[0]
+            R = L_g.new_zeros((g, m, m))  # R^T R = phi phi^T of the columns so far
             for start in range(0, n, cols):
-                Z = torch.randn((g, m, min(cols, n - start)), generator=gen, **opts)
-                phi = shaped_relu(L_g @ Z, s_plus, s_minus)
+                width = min(cols, n - start)
+                Z = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
+                phi = shaped_relu(small_matmul(L_g, Z), s_plus, s_minus)
                 R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
-            B = R.mT / math.sqrt(n)  # B B^T = K
-            G = torch.randn((g, m, m), generator=gen, **opts)
-            F = wishart_factor(n - m, m, g, gen, **opts)
-            return torch.cat([B, G, F], dim=-1)
-
-        B, G, F = self.rng.per_group(draw, L).split([m, m, kv], dim=-1)
-        return residual_update(L, B, G, F, cfg.lam, cfg.branch_weight * math.sqrt(c / n))
+            factors.append(R.mT / math.sqrt(n))  # B B^T = K
+        B = factors[0] if len(factors) == 1 else torch.cat(factors)
+        bartlett = n - m >= m
+        Z = self._normals(L, {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)})
+        F = Z["F"]
+        if bartlett:
+            F = _triangular(F, self._bartlett(L, {"F": (n - m, 1, m)})["F"])
+        return residual_update(L, B, Z["G"], F[:, 0], cfg.lam, cfg.branch_weight * math.sqrt(c / n))
 
 
 SAMPLERS["gram"] = GramSampler
 
-__all__ = ["HIDDEN_ELEMENTS", "GramSampler", "residual_update"]
+__all__ = ["HIDDEN_ELEMENTS", "GramSampler", "gram_factor", "residual_update"]

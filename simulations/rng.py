@@ -1,8 +1,13 @@
 """Chunk-invariant random numbers: one generator per fixed-size group of samples.
 
-Samples ``[g G, (g + 1) G)`` form group ``g``, whose generator is seeded from ``(seed, g)``
+Samples ``[g G, (g + 1) G)`` form group ``g``, whose generators are seeded from ``(seed, g)``
 only. A chunk of the simulation is a whole number of consecutive groups, so every sample sees
 the same random numbers whatever the chunking (and whatever the number of samples after it).
+
+Each group has a torch generator (:attr:`GroupedNormal.generators`) and, for bulk normals,
+a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit generator with
+its ziggurat normal sampler (about 2.3x faster than float64 ``torch.randn`` on CPU), seeded
+from ``(seed, g, 1)``; on other devices the group's torch generator.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class GroupedNormal:
         self, seed: int, groups: Sequence[int], sizes: Sequence[int], device: torch.device
     ) -> None:
         self.device = torch.device(device)
+        self.seed, self.groups = seed, list(groups)
+        self._numpy: list[np.random.Generator] | None = None
         self.generators = [
             torch.Generator(device=self.device).manual_seed(group_seed(seed, g)) for g in groups
         ]
@@ -48,6 +55,68 @@ class GroupedNormal:
             for gen, s in zip(self.generators, self.slices, strict=True)
         ]
         return draws[0] if len(draws) == 1 else torch.cat(draws)
+
+    def fill_normal(self, buf: Tensor) -> Tensor:
+        """Fill ``buf: (samples, ...)`` (contiguous, float32/64) in place with iid N(0, 1), one
+        call per group: group g's rows from group g's fast stream (module doc); returns buf."""
+        if not buf.is_contiguous() or buf.shape[0] != self.samples:
+            raise ValueError("fill_normal needs a contiguous buffer with one row per sample")
+        if self.device.type != "cpu":
+            for gen, s in zip(self.generators, self.slices, strict=True):
+                buf[s].normal_(generator=gen)
+            return buf
+        self._numpy_generators()
+        array = buf.numpy()
+        dtype = np.float64 if buf.dtype == torch.float64 else np.float32
+        for gen, s in zip(self._numpy, self.slices, strict=True):
+            gen.standard_normal(out=array[s], dtype=dtype)
+        return buf
+
+    def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
+        """Chi-square variables (samples, K) with ``dof: (K,)`` degrees of freedom (> 0), one
+        call per group from the group's fast stream (numpy's exact ``chisquare`` on CPU,
+        :func:`simulations.wishart.chi2` from the torch generator elsewhere)."""
+        from .wishart import chi2
+
+        if self.device.type != "cpu":
+            dof = dof.to(device=self.device, dtype=torch.float64)
+            out = [
+                chi2(dof.expand(s.stop - s.start, -1).contiguous(), gen)
+                for gen, s in zip(self.generators, self.slices, strict=True)
+            ]
+            return torch.cat(out).to(dtype)
+        self._numpy_generators()
+        d = dof.detach().cpu().double().numpy()
+        out = np.concatenate(
+            [
+                gen.chisquare(d, size=(s.stop - s.start, d.shape[0]))
+                for gen, s in zip(self._numpy, self.slices, strict=True)
+            ]
+        )
+        return torch.from_numpy(out).to(dtype)
+
+    def _numpy_generators(self) -> None:
+        if self._numpy is None:
+            self._numpy = [
+                np.random.Generator(np.random.SFC64(np.random.SeedSequence([self.seed, g, 1])))
+                for g in self.groups
+            ]
+
+    def split(self) -> list[tuple[slice, GroupedNormal]]:
+        """(rows of the chunk, a GroupedNormal of that one group sharing its generators) for
+        every group: per-group work with bounded memory that still draws from the group's
+        fast stream."""
+        if self.device.type == "cpu":
+            self._numpy_generators()
+        out = []
+        for i, s in enumerate(self.slices):
+            sub = GroupedNormal.__new__(GroupedNormal)
+            sub.device, sub.seed, sub.groups = self.device, self.seed, [self.groups[i]]
+            sub.generators = [self.generators[i]]
+            sub._numpy = None if self._numpy is None else [self._numpy[i]]
+            sub.slices, sub.samples = [slice(0, s.stop - s.start)], s.stop - s.start
+            out.append((s, sub))
+        return out
 
     def per_group(self, fn: Callable[[Tensor, torch.Generator], Tensor], x: Tensor) -> Tensor:
         """``cat_g fn(x[group g], generator of group g)``; x: (samples, ...)."""

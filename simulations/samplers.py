@@ -8,8 +8,10 @@ applied:
 
 - ``"weights"``: an explicit N(0, 1) matrix per sample (:func:`shapedtx.gaussian_linear`
   semantics), the reference;
-- ``"exact"``: THEORY section 5, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR) and
-  ``Z`` iid N(0, 1): the same joint law, O(m^2 n) work, no n x n matrix.
+- ``"exact"``: THEORY section 5, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR, or
+  the Cholesky factor of ``x x^T``) and ``Z`` iid N(0, 1): the same joint law, O(m^2 n) work,
+  no n x n matrix; queries and keys as m x m Bartlett products with the same logits in law,
+  and every draw of a block from one bulk fill per generator group (:class:`ExactSampler`).
 
 A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`.
 """
@@ -23,10 +25,20 @@ import torch
 from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
-from shapedtx.blocks import scale_standard
+from shapedtx._matmul import small_matmul
+from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import GroupedNormal
+
+FUSED_TOKENS = 32
+"""The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
+and the explicit m x m attention matrix up to it."""
+
+
+FAST_ATTENTION = True
+"""The exact sampler's direct attention sub-block for one head without W^O or LayerNorm
+(:meth:`ExactSampler._attention_sub_block`); False runs :func:`shapedtx.block` throughout."""
 
 
 class Sampler(ABC):
@@ -37,6 +49,9 @@ class Sampler(ABC):
     """
 
     group_size: ClassVar[int] = 64
+    chunk_bytes: ClassVar[int | None] = None
+    """If set, the default chunk holds about this many bytes per (m, widest) tensor (at least
+    one group): small enough for the CPU caches, where elementwise passes are memory-bound."""
 
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         self.config = config
@@ -80,6 +95,10 @@ class TokenSampler(Sampler):
         )
 
     def step(self, X: Tensor) -> Tensor:
+        return self.block(X)
+
+    def block(self, X: Tensor) -> Tensor:
+        """One block of the library (:func:`shapedtx.block`) with this sampler's linear maps."""
         return block(X, self.config, self.linear, fused=True)
 
     def covariance(self, X: Tensor) -> Tensor:
@@ -125,28 +144,144 @@ class ExactSampler(TokenSampler):
 
     ``x^T = Q R`` (R: (k, m), k = min(fan_in, m)); Z: (k, out) iid N(0, 1). The factor R is
     reused while the same input tensor is passed (query, key and value share it).
+
+    Queries and keys enter only through the logits ``q k^T = R^T Z_Q Z_K^T R / fan_in`` of
+    each head. Given Z_K the rows of ``Z_Q Z_K^T`` (k x k) are iid N(0, Z_K Z_K^T), so
+    ``Z_Q Z_K^T = N C^T`` in law with N: (k, k) iid N(0, 1) and C the Bartlett factor of
+    Wishart(n_k, I_k) (:mod:`simulations.wishart`); if n_k < k, N = Z_Q and C = Z_K. The
+    "query" and "key" maps therefore return ``R^T N`` and ``R^T C`` (scaled): (m, min(n_k, k))
+    per head instead of (m, n_k), the same logits in law with O(m^2) numbers per head instead
+    of 2 m n_k (the attention functions take their scale from the config, not from q's size).
+
+    Draws: at each block, one buffer holding every N(0, 1) number of the block (all linear
+    maps) is filled with one call per generator group (:meth:`GroupedNormal.fill_normal`), and
+    the Bartlett chi-square variables with one call per group; the products are batched over
+    the whole chunk. The numbers depend only on (seed, group), never on the chunking.
     """
 
     group_size = 64
+    chunk_bytes = 2**23
 
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         super().__init__(config, rng)
         self._x: Tensor | None = None
         self._R: Tensor | None = None
+        self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
+        self._buffer: Tensor | None = None
+        self._draws: dict[str, Tensor] = {}
+
+    def _layout(self, m: int) -> dict[str, tuple[int, int]]:
+        """(rows, columns) of the N(0, 1) draws of every linear map of one block."""
+        cfg, n = self.config, self.config.width
+        k = min(n, m)
+        parts: dict[str, tuple[int, int]] = {}
+        if cfg.attention != "none":
+            kk = min(cfg.key_dim, k)
+            parts.update(query=(k, cfg.heads * kk), key=(k, cfg.heads * kk))
+            parts["value"] = (k, cfg.value_dim)
+            if cfg.out_proj:
+                parts["out"] = (min(cfg.value_dim, m), n)
+        if cfg.mlp != "none":
+            parts.update(mlp_in=(k, cfg.mlp_width), mlp_out=(min(cfg.mlp_width, m), n))
+        return parts
 
     def step(self, X: Tensor) -> Tensor:
+        self._draw(X)
         X = super().step(X)
         self._x = self._R = None  # release the cached factor
+        self._draws = {}
         return X
+
+    def _draw(self, X: Tensor) -> None:
+        samples, m = X.shape[0], X.shape[-2]
+        layout = self._layout(m)
+        total = sum(r * c for r, c in layout.values())
+        if self._buffer is None or self._buffer.shape != (samples, total):
+            self._buffer = torch.empty((samples, total), dtype=X.dtype, device=X.device)
+        buf = self.rng.fill_normal(self._buffer)
+        offset = 0
+        for name, (rows, cols) in layout.items():
+            self._draws[name] = buf[:, offset : offset + rows * cols].view(samples, rows, cols)
+            offset += rows * cols
+        cfg = self.config
+        if "key" in layout and cfg.key_dim >= layout["key"][0]:
+            self._draws["key"] = self._bartlett(self._draws["key"])
+
+    def _bartlett(self, Z: Tensor) -> Tensor:
+        """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:
+        (samples, k, heads * k) (strictly lower part) and chi-square draws (diagonal)."""
+        samples, k = Z.shape[0], Z.shape[1]
+        h = self.config.heads
+        dof = (self.config.key_dim - torch.arange(k, dtype=torch.float64)).repeat(h)
+        diag = self.rng.chi2(dof, Z.dtype).sqrt().view(samples, h, k).to(Z.device)
+        C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
+        return C.transpose(1, 2).reshape(samples, k, h * k)
+
+    def block(self, X: Tensor) -> Tensor:
+        cfg = self.config
+        fused = X.shape[-2] > FUSED_TOKENS
+        if FAST_ATTENTION and not fused and self._fast_attention_applies():
+            X = self._attention_sub_block(X)
+            if cfg.mlp == "none":
+                return X
+            cfg = cfg.replace(attention="none")
+        # explicit attention matrix for few tokens: A v is one small matmul instead of the
+        # fused path's SDPA, token mean and additions over (m, n) tensors (the same function)
+        return block(X, cfg, self.linear, fused=fused)
+
+    def _fast_attention_applies(self) -> bool:
+        cfg = self.config
+        return (
+            cfg.attention != "none" and cfg.norm == "none" and cfg.heads == 1 and not cfg.out_proj
+        )
+
+    def _attention_sub_block(self, X: Tensor) -> Tensor:
+        """One head, no W^O, no LayerNorm: ``X' = lambda X + gamma A (F s Z_V)`` computed as
+        ``lambda X + (gamma s A F) Z_V``: one (m, m) x (m, n) product and one fused add over
+        the (m, n) tensors (the block function's value, attention product and residual sum
+        are three). Same draws and the same function as :func:`shapedtx.block`, so the same
+        numbers up to rounding (tested)."""
+        cfg, n = self.config, X.shape[-1]
+        q = self.linear(X, cfg.key_dim, "query")
+        k = self.linear(X, cfg.key_dim, "key")
+        A = attention_matrix(q[:, None], k[:, None], cfg)[:, 0]
+        F = scale_standard(self._R, cfg, "value", n) * cfg.branch_weight
+        update = small_matmul(small_matmul(A, F), self._draws["value"])
+        return update.add_(X, alpha=cfg.lam)
+
+    def covariance(self, X: Tensor) -> Tensor:
+        V = covariance(X)
+        self._gram = (X, V)  # the next block's first factor, when its input is X
+        return V
+
+    def _factor(self, x: Tensor) -> Tensor:
+        """F: (..., m, k) with ``F F^T = x x^T`` (then ``F Z`` has the law of ``x W``).
+
+        ``F = R^T`` from the thin QR ``x^T = Q R``; on CPU, when ``fan_in >= m``, the Cholesky
+        factor of the Gram matrix ``x x^T`` instead (3-4x cheaper; the Gram is reused from
+        :meth:`covariance` when x is the state), and the QR for the samples whose Gram matrix
+        is numerically singular (a per-sample choice: the numbers do not depend on the
+        chunking; one host check, CPU only).
+        """
+        m, fan_in = x.shape[-2], x.shape[-1]
+        if x.device.type == "cpu" and fan_in >= m:
+            X, V = self._gram
+            gram = V * fan_in if x is X else small_matmul(x, x.mT)
+            F, info = torch.linalg.cholesky_ex(gram)
+            bad = info != 0
+            if bool(bad.any()):  # per sample, so that the numbers do not depend on the chunk
+                F[bad] = torch.linalg.qr(x[bad].mT, mode="r").R.mT
+            return F
+        return torch.linalg.qr(x.mT, mode="r").R.mT
 
     def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
         if x is not self._x:
-            self._x, self._R = x, torch.linalg.qr(x.mT, mode="r").R
-        R = self._R
-        drawn = self.rng.map(
-            lambda R_g, Z_g: R_g.mT @ Z_g, R, (*R.shape[1:-2], R.shape[-2], out_features)
-        )
-        return scale_standard(drawn, self.config, name, x.shape[-1])
+            self._x, self._R = x, self._factor(x)
+        Z = self._draws[name]
+        if name not in ("query", "key") and Z.shape[-1] != out_features:
+            raise RuntimeError(f"linear {name!r}: {out_features} outputs, drew {Z.shape[-1]}")
+        # the weight scale on the small factor (m, k), not on the (m, out) product
+        return small_matmul(scale_standard(self._R, self.config, name, x.shape[-1]), Z)
 
 
 SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}

@@ -179,9 +179,10 @@ def test_seed_reproducibility_and_chunking():
     "changes, match",
     [
         ({"norm": "pre"}, "norm='pre'"),
-        ({"heads": 2}, "heads=2"),
-        ({"heads": 2, "head_dim": 4, "out_proj": True}, "heads=2.*out_proj=True"),
-        ({"head_dim": 4, "out_proj": True}, "out_proj=True"),
+        ({"heads": 2}, "heads=2 without W"),
+        ({"heads": 2, "norm": "post"}, "norm='post'.*heads=2 without W"),
+        ({"mlp": "gelu"}, "mlp='gelu'"),
+        ({"init": "gpt2"}, "init='gpt2'"),
     ],
 )
 def test_unsupported_configurations_are_rejected(changes, match):
@@ -220,3 +221,64 @@ def test_mlp_with_singular_hidden_gram():
     V = GramSampler(cfg, rng).covariance(GramSampler(cfg, rng).step(L))
     assert bool(torch.isfinite(V).all())
     assert float(V[:, 0].abs().max()) == 0.0 and float(V[:, 1, 1].min()) > 0
+
+
+MULTI_HEAD = {
+    # heads with W^O: the Gram of the concatenated heads is sum_h A_h L Wishart(d_p) L^T A_h^T
+    "2 heads, W^O, shaped": ModelConfig(width=32, depth=6, heads=2, out_proj=True, gamma=0.7),
+    "4 heads, W^O, causal softmax, ReLU MLP": ModelConfig(
+        width=32,
+        depth=6,
+        heads=4,
+        out_proj=True,
+        attention="softmax",
+        causal=True,
+        mlp="relu",
+        gamma=0.6,
+    ),
+    # d_p = 2 < m (singular head Wishart) and H d_p = 8 >= m; n_k = 1 < m
+    "4 heads of size 2, n_k 1, causal shaped, shaped MLP": ModelConfig(
+        width=24,
+        depth=6,
+        heads=4,
+        head_dim=2,
+        key_dim=1,
+        out_proj=True,
+        causal=True,
+        mlp="shaped_relu",
+        gamma=0.6,
+        tau0=0.5,
+    ),
+    # H d_p = 2 < m: the branch factor has rank 2 (B is m x 2)
+    "2 heads of size 1 (H d_p < m), W^O, shaped": ModelConfig(
+        width=24, depth=6, heads=2, head_dim=1, out_proj=True, gamma=0.8, tau0=0.3
+    ),
+    "1 head, fixed size 8, W^O, softmax": ModelConfig(
+        width=32, depth=6, head_dim=8, out_proj=True, attention="softmax", gamma=0.7
+    ),
+}
+
+
+@pytest.mark.parametrize("name", MULTI_HEAD)
+def test_multi_head_gram_agrees_with_exact(name):
+    """KS on rho^{01}, V^{00}, mean rho at the middle and last layer, and on V^{11}, V^{23}
+    at the last layer: gram (2000 samples) vs exact (800 samples), m = 4."""
+    cfg = MULTI_HEAD[name]
+    V0 = equicorrelated(4, 0.3)
+    g = _V(simulate(cfg, V0, 2000, method="gram", seed=1))
+    ref = _V(simulate(cfg, V0, 800, method="exact", seed=2))
+    pvalues = _pvalues(g, ref, (cfg.depth // 2, cfg.depth))
+    for a, b in ((1, 1), (2, 3)):
+        pvalues[f"V{a}{b}"] = two_sample_pvalue(g[:, -1, a, b], ref[:, -1, a, b])
+    for key, p in pvalues.items():
+        assert p > P_MIN, f"{name}: gram vs exact: {key} differs (KS p = {p:.2g})"
+
+
+def test_multi_head_test_has_power():
+    """The same statistics reject a branch weight 1.3x too large (gamma 0.91 vs 0.7)."""
+    cfg = MULTI_HEAD["2 heads, W^O, shaped"].replace(heads=4)
+    V0 = equicorrelated(4, 0.3)
+    ref = _V(simulate(cfg, V0, 800, method="exact", seed=2))
+    wrong = cfg.replace(gamma=cfg.gamma * 1.3)
+    g = _V(simulate(wrong, V0, 2000, method="gram", seed=1))
+    assert min(_pvalues(g, ref, (cfg.depth,)).values()) < P_MIN

@@ -1,0 +1,94 @@
+"""Benchmark: the gram sampler against another source tree (e.g. the code before issue #18).
+
+Each measurement runs ``simulate(method="gram")`` in a fresh subprocess whose PYTHONPATH is
+this tree or ``--baseline`` (a checkout of another commit, e.g. from
+``git archive 3ccbfbf | tar -x -C /tmp/base``); rounds interleave the two trees so that
+machine load affects them alike. Cost per (sample x block), process CPU time after a warm-up;
+medians over rounds and of the per-round ratios.
+
+    python benchmarks/bench_gram.py --baseline /tmp/base            # m 8, n 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+CONFIGS = {
+    "causal shaped attention": {"causal": True},
+    "shaped attention + shaped ReLU MLP": {"mlp": "shaped_relu"},
+}
+
+
+def _worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from shapedtx import ModelConfig
+    from simulations import equicorrelated, simulate
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig(width=args.width, depth=args.depth, **json.loads(args.config))
+    V0 = equicorrelated(args.tokens, 0.2)
+    simulate(cfg.replace(depth=2), V0, 256, method="gram", progress=False)  # warm-up
+    start = time.process_time()
+    simulate(cfg, V0, args.samples, method="gram", progress=False)
+    print(json.dumps({"per_unit": (time.process_time() - start) / (args.samples * args.depth)}))
+
+
+def _measure(tree: Path, args: argparse.Namespace, config: dict) -> float:
+    cmd = [sys.executable, __file__, "--worker", "--config", json.dumps(config)]
+    cmd += ["--width", str(args.width), "--depth", str(args.depth)]
+    cmd += ["--tokens", str(args.tokens), "--samples", str(args.samples)]
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tree)
+    return json.loads(out.stdout.strip().splitlines()[-1])["per_unit"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", type=Path, required=False)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=20)
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", default="{}", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args)
+        return
+    print(
+        f"gram sampler, n {args.width}, m {args.tokens}, depth {args.depth}, {args.samples} "
+        f"samples, float64, CPU, 1 thread, {args.rounds} interleaved rounds, CPU time"
+    )
+    print("| config | tree | median us per (sample x block) | speed-up vs baseline |")
+    print("|---|---|---|---|")
+    for name, config in CONFIGS.items():
+        times: dict[str, list[float]] = {"this": [], "baseline": []}
+        for _ in range(args.rounds):
+            times["this"].append(_measure(HERE, args, config))
+            if args.baseline is not None:
+                times["baseline"].append(_measure(args.baseline, args, config))
+        speedups = [b / t for t, b in zip(times["this"], times["baseline"], strict=False)]
+        for tree, values in times.items():
+            if values:
+                extra = ""
+                if tree == "this" and speedups:
+                    extra = (
+                        f"{statistics.median(speedups):.2f}x "
+                        f"[{min(speedups):.2f}, {max(speedups):.2f}]"
+                    )
+                print(f"| {name} | {tree} | {1e6 * statistics.median(values):.2f} | {extra} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Issue #18: the fused centring of shaped attention (``attended + v - token_mean(v)`` as one
+autograd operation) equals the explicit matrix form, in value and gradient."""
+
+import pytest
+import torch
+
+from shapedtx.attention import (
+    causal_uniform,
+    centred_sum,
+    shaped_attention,
+    shaped_attention_matrix,
+)
+
+
+def _centre(m: int, causal: bool) -> torch.Tensor:
+    if causal:
+        return causal_uniform(m, dtype=torch.float64)
+    return torch.full((m, m), 1.0 / m, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_centring_equals_matrix_form(causal):
+    """Value and both gradients of ``attended + (I - C) v`` to 1e-10 in float64."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64)
+    fused = centred_sum(a, v, causal=causal)
+    explicit = a + (torch.eye(9, dtype=torch.float64) - _centre(9, causal)) @ v
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
+    ga, gv = torch.autograd.grad(fused, (a, v), g)
+    ea, ev = torch.autograd.grad(explicit, (a, v), g)
+    torch.testing.assert_close(ga, ea, rtol=0, atol=1e-10)
+    torch.testing.assert_close(gv, ev, rtol=0, atol=1e-10)
+    assert torch.autograd.gradcheck(lambda x, y: centred_sum(x, y, causal=causal), (a, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_shaped_attention_equals_matrix_form(causal):
+    """The whole fused shaped attention (SDPA + fused centring) against ``A v`` with the
+    explicit ``A = I + Softmax(Y / tau) - C``, value and gradients, float64."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    tau = 1.7
+    fused = shaped_attention(q, k, v, tau, causal=causal)
+    explicit = shaped_attention_matrix(q @ k.mT, tau, causal=causal) @ v
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
+    g = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
+    for x, y in zip(
+        torch.autograd.grad(fused, (q, k, v), g),
+        torch.autograd.grad(explicit, (q, k, v), g),
+        strict=True,
+    ):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+
+
+def test_centring_without_gradient_and_float32():
+    v = torch.randn(4, 7, 3)
+    out = centred_sum(torch.zeros_like(v), v, causal=True)
+    torch.testing.assert_close(out, v - v.cumsum(-2) / torch.arange(1, 8)[:, None])
+    assert out.dtype == torch.float32 and not out.requires_grad

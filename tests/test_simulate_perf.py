@@ -1,0 +1,150 @@
+"""Issue #18: the batched exact sampler (bit-reproducible per seed whatever the chunking),
+the default method (``method=None`` -> the fastest exact-in-law method), the bulk normal
+streams and the small-matrix product helper."""
+
+import numpy as np
+import pytest
+import torch
+
+from shapedtx import ModelConfig
+from shapedtx._matmul import small_matmul
+from simulations import GroupedNormal, equicorrelated, resolve_method, simulate
+from simulations.samplers import ExactSampler
+
+EXACT_CONFIGS = {
+    # Bartlett keys (n_k >= m), MLP, pre-LN, 2 heads with W^O
+    "pre-LN, 2 heads, W^O, MLP": ModelConfig(
+        width=16, depth=4, heads=2, out_proj=True, mlp="shaped_relu", norm="pre"
+    ),
+    # n_k < m (plain Gaussian queries and keys), value and W^O fan-in < m (QR factors)
+    "3 heads of size 1, causal softmax": ModelConfig(
+        width=12,
+        depth=4,
+        heads=3,
+        head_dim=1,
+        key_dim=1,
+        out_proj=True,
+        causal=True,
+        attention="softmax",
+        mlp="relu",
+    ),
+    "one head, no W^O, causal shaped": ModelConfig(width=24, depth=4, causal=True),
+}
+
+
+@pytest.mark.parametrize("name", EXACT_CONFIGS)
+def test_exact_bit_reproducible_across_chunk_sizes(name):
+    """Same seed -> identical bits for chunk sizes 1, G + 1, 3 G and the default (cache-sized)
+    chunk, and for the first G samples of a longer run."""
+    cfg = EXACT_CONFIGS[name]
+    G = ExactSampler.group_size
+    samples = 3 * G + 5
+    V0 = equicorrelated(5, 0.3)
+    ref = simulate(cfg, V0, samples, method="exact", seed=11)["V"].values
+    for chunk_size in (1, G + 1, 3 * G):
+        again = simulate(cfg, V0, samples, method="exact", seed=11, chunk_size=chunk_size)
+        np.testing.assert_array_equal(again["V"].values, ref)
+    prefix = simulate(cfg, V0, G, method="exact", seed=11)["V"].values
+    np.testing.assert_array_equal(prefix, ref[:G])
+    assert not np.allclose(
+        simulate(cfg, V0, G, method="exact", seed=12)["V"].values[:, 1:], ref[:G, 1:]
+    )
+
+
+def test_default_chunk_is_cache_sized():
+    """Width 1024, m = 8: the default chunk holds about ExactSampler.chunk_bytes per tensor,
+    and the results equal those of one big chunk."""
+    cfg = ModelConfig(width=1024, depth=2)
+    V0 = equicorrelated(8, 0.2)
+    a = simulate(cfg, V0, 300, method="exact", seed=1)["V"].values
+    b = simulate(cfg, V0, 300, method="exact", seed=1, chunk_size=300)["V"].values
+    np.testing.assert_array_equal(a, b)
+
+
+def test_default_method_is_the_fastest_exact_one():
+    V0 = equicorrelated(3, 0.2)
+    gram_ok = ModelConfig(width=16, depth=2)
+    not_gram = ModelConfig(width=16, depth=2, norm="pre")
+    assert resolve_method(gram_ok) == resolve_method(gram_ok, "auto") == "gram"
+    assert resolve_method(not_gram) == "exact"
+    assert resolve_method(gram_ok, "weights") == "weights"
+    ds = simulate(gram_ok, V0, 4)
+    assert (ds.attrs["method"], ds.attrs["method_requested"]) == ("gram", "auto")
+    ds = simulate(not_gram, V0, 4, method="auto")
+    assert (ds.attrs["method"], ds.attrs["method_requested"]) == ("exact", "auto")
+    ds = simulate(gram_ok, V0, 4, method="exact")
+    assert (ds.attrs["method"], ds.attrs["method_requested"]) == ("exact", "exact")
+    # the same numbers as asking for the method by name
+    np.testing.assert_array_equal(
+        simulate(gram_ok, V0, 4, seed=3)["V"].values,
+        simulate(gram_ok, V0, 4, seed=3, method="gram")["V"].values,
+    )
+
+
+def test_fill_normal_streams_are_per_group():
+    """Each group's rows depend only on (seed, group), whatever the groups beside them."""
+    both = GroupedNormal(5, [0, 1], [3, 2], torch.device("cpu"))
+    buf = both.fill_normal(torch.empty(5, 7, dtype=torch.float64))
+    alone = GroupedNormal(5, [1], [2], torch.device("cpu"))
+    torch.testing.assert_close(alone.fill_normal(torch.empty(2, 7, dtype=torch.float64)), buf[3:])
+    other = GroupedNormal(6, [1], [2], torch.device("cpu"))
+    assert not torch.equal(other.fill_normal(torch.empty(2, 7, dtype=torch.float64)), buf[3:])
+    f32 = both.fill_normal(torch.empty(5, 4000, dtype=torch.float32))
+    assert abs(float(f32.mean())) < 0.01 and abs(float(f32.std()) - 1) < 0.01
+    with pytest.raises(ValueError, match="contiguous"):
+        both.fill_normal(torch.empty(7, 5, dtype=torch.float64).T)
+
+
+def test_small_matmul_equals_matmul():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 2, 4, 4, generator=gen, dtype=torch.float64)
+    b = torch.randn(6, 2, 4, 9, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(small_matmul(a, b), a @ b, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(small_matmul(a[0, 0], b), a[0, 0] @ b, rtol=1e-13, atol=1e-13)
+    a.requires_grad_(True)
+    out = small_matmul(a, b)  # autograd path: torch
+    out.sum().backward()
+    assert a.grad is not None
+
+
+def test_gpu_script_runs_on_cpu(tmp_path):
+    """benchmarks/gpu.py --device cpu --tiny: every stage runs, the agreement tests pass and
+    the JSON report lists times and peak memory."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(root / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny"]
+    done = subprocess.run([*cmd, "--json", str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    stages = [row["stage"] for row in result["rows"]]
+    assert stages[:3] == ["simulate[exact]", "simulate[gram]", "simulate[auto]"]
+    assert {"sde.solve", "compare"} <= set(stages) and stages[-1].startswith("train")
+    assert all(row["seconds"] > 0 and row["peak_mb"] > 0 for row in result["rows"])
+    assert result["failures"] == []
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(width=24, depth=5, causal=True),
+        ModelConfig(width=24, depth=5, attention="softmax", mlp="relu", residual="unit"),
+        ModelConfig(width=24, depth=5, key_dim=2, mlp="shaped_relu"),
+    ],
+)
+def test_exact_direct_attention_equals_block_function(cfg, monkeypatch):
+    """The exact sampler's direct attention sub-block (one head, no W^O, no LN) gives the
+    numbers of :func:`shapedtx.block` with the same draws, up to rounding."""
+    from simulations import samplers
+
+    V0 = equicorrelated(4, 0.3)
+    fast = simulate(cfg, V0, 70, method="exact", seed=3)["V"].values
+    monkeypatch.setattr(samplers, "FAST_ATTENTION", False)
+    slow = simulate(cfg, V0, 70, method="exact", seed=3)["V"].values
+    np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-12)
