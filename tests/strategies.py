@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from shapedtx import ModelConfig
-from shapedtx.config import ATTENTIONS, MLPS, NORMS
+from shapedtx.config import ATTENTIONS, INITS, MLPS, NORMS, RESIDUALS
 
 
 @st.composite
@@ -42,7 +42,12 @@ def model_configs(
         gamma=draw(st.floats(0.0, 1.0, exclude_min=True)),
         c_plus=draw(st.floats(bound, 3.0)),
         c_minus=draw(st.floats(bound, 3.0)),
-        causal=False if sde else draw(st.booleans()),
+        causal=draw(st.booleans()),
+        residual="scaled" if sde else draw(st.sampled_from(RESIDUALS)),
+        init="fan_in" if sde else draw(st.sampled_from(INITS)),
+        mlp_ratio=1 if sde else draw(st.integers(1, 4)),
+        bias=draw(st.booleans()),
+        final_norm=draw(st.booleans()),
     )
 
 

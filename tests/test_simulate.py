@@ -233,9 +233,10 @@ def _assert_psd(V: np.ndarray, rel: float = 1e-9) -> None:
        st.sampled_from(sorted(SAMPLERS)), st.integers(0, 1000))  # fmt: skip
 def test_every_simulated_covariance_is_psd(config, V0, method, seed):
     """V_l = X_l X_l^T / n is PSD at every layer, for every architecture and sampler."""
-    if method == "gram":  # its supported family: one head, no W^O, no LayerNorm
-        config = config.replace(heads=1, head_dim=None, key_dim=config.key_dim,
-                                out_proj=False, norm="none")  # fmt: skip
+    if method == "gram":  # its supported family: no LayerNorm, ReLU-type MLP of width n
+        config = config.replace(heads=1, head_dim=None, key_dim=config.key_dim, out_proj=False,
+                                norm="none", init="fan_in", mlp_ratio=1,
+                                mlp="relu" if config.mlp == "gelu" else config.mlp)  # fmt: skip
     ds = simulate(config, V0, 2, method=method, seed=seed, progress=False)
     V = ds["V"].values
     assert np.isfinite(V).all()
