@@ -33,6 +33,7 @@ from shapedtx.metrics import detect_collapse
 from shapedtx.results import rho as _rho
 
 QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+"""Quantile levels reported by :func:`compare` (and ``shapedtx compare``)."""
 SOURCES: tuple[str, str] = ("network", "sde")
 
 

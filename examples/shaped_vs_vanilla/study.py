@@ -330,11 +330,12 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
 
     fig = Figure(figsize=(6.5, 4.2), layout="constrained")
     ax = fig.subplots()
+    top = summary["unigram_baseline"]["cross_entropy"] + 0.15
     for k, model in enumerate(models):
         xs, means, sds = [], [], []
         for d in depths:
             e = summary["models"][model]["depth"].get(str(d))
-            if e and e["val_loss_mean"] is not None:
+            if e and e["val_loss_mean"] is not None and e["val_loss_mean"] <= top:
                 x = d * (1 + 0.03 * (k - len(models) / 2))  # small offsets: bars do not overlap
                 xs.append(x)
                 means.append(e["val_loss_mean"])
@@ -344,11 +345,26 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
         ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3, color=colours[model], label=model)
     ax.axhline(summary["unigram_baseline"]["cross_entropy"], color="grey", ls=":", lw=1,
                label="unigram baseline")  # fmt: skip
+    low = min((v for e in summary["models"].values() for c in e["depth"].values()
+               for v in c["val_loss"] if v is not None), default=top - 1)  # fmt: skip
+    for k, model in enumerate(models):  # losses above the unigram baseline: off scale
+        for d in depths:
+            e = summary["models"][model]["depth"].get(str(d))
+            if e and e["val_loss_mean"] is not None and e["val_loss_mean"] > top:
+                x = d * (1 + 0.03 * (k - len(models) / 2))
+                ax.plot([x], [top - 0.02], "^", color=colours[model], ms=9)
+                ax.annotate(f"{e['val_loss_mean']:.3g}", (x, top - 0.02), fontsize=7,
+                            xytext=(4, -10), textcoords="offset points")  # fmt: skip
+    ax.set_ylim(low - 0.05, top)
     ax.set_xscale("log", base=2)
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.set_xlabel("depth (blocks)")
     ax.set_ylabel("final validation loss (nats/byte)")
-    ax.set_title("best lr per model and depth: mean ± sd over seeds (dots: seeds)")
+    ax.set_title(
+        "best lr per model and depth: mean ± sd over seeds (dots: seeds;\n"
+        "triangles: off scale, above the unigram baseline)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     paths.append(_save(fig, folder / "loss_vs_depth.png"))
 
@@ -369,6 +385,7 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
                 ax.plot(bad, [1.0] * len(bad), "x", color=colours[model], ms=8,
                         transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
         ax.set_xscale("log")
+        ax.set_ylim(top=summary["unigram_baseline"]["cross_entropy"] + 0.8)
         ax.set_xlabel("peak learning rate")
         ax.set_title(f"depth {d} (x at top: diverged)")
     axes[0].set_ylabel("final validation loss, seed 0 (nats/byte)")
