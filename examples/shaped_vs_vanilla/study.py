@@ -309,7 +309,7 @@ def results_table(summary: dict[str, Any]) -> str:
                 sd = f" ± {e['val_loss_std']:.3f}" if e["val_loss_std"] is not None else ""
                 n = sum(v is not None for v in e["val_loss"])
                 cells.append(
-                    f"{e['val_loss_mean']:.3f}{sd} (n={n}, lr {e['lr']:.0e}, "
+                    f"{e['val_loss_mean']:.3f}{sd} (n={n}, lr {e['lr']:.2g}, "
                     f"div {e['diverged']}/{e['runs']})"
                 )
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
