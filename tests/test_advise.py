@@ -13,10 +13,10 @@ import xarray as xr
 
 import sde
 from shapedtx import ModelConfig
-from shapedtx.cli import main
 from shapedtx.covariance import equicorrelated
 from simulations import Criteria, advise, measure, measure_dataset, simulate
 from simulations.advise import Candidate, rank_key
+from simulations.cli import main
 
 
 def _known_law():

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from shapedtx import load_dataset
-from shapedtx.cli import main
+from simulations.cli import main
 from simulations.presets import PRESETS, baselines
 
 
@@ -198,7 +198,7 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
     argv = ["compare", "--width", "32", "--depth", "24", "--samples", "4096",
             "--baseline-samples", "256", "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from shapedtx.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from simulations.cli import main; sys.exit(main())",
          *argv], stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     first = proc.stderr.readline()  # the first stage line: the computation has started

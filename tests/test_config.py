@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shapedtx import ModelConfig
-from shapedtx.cli._common import ArgumentParser, add_config_arguments, config_from_args
+from simulations.cli._common import ArgumentParser, add_config_arguments, config_from_args
 from simulations.grid import make_grid
 
 from strategies import model_configs

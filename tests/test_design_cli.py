@@ -2,7 +2,7 @@
 
 import pytest
 
-from shapedtx.cli import main
+from simulations.cli import main
 
 
 def test_design_params(capsys):

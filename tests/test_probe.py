@@ -10,11 +10,11 @@ from torch import nn
 
 import shapedtx
 from shapedtx import metrics
-from shapedtx.cli import main
 from shapedtx.probe import CovarianceProbe, find_blocks, probe
 from shapedtx.results import load_dataset
 from shapedtx.training import LanguageModel
 from shapedtx.training.log import covariance_metrics
+from simulations.cli import main
 
 
 def _transformer(dtype=torch.float64, width=16, depth=3, seed=0):

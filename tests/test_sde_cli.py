@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shapedtx import config_of, load_dataset
-from shapedtx.cli import main
+from simulations.cli import main
 
 
 def test_sde_cli_writes_dataset_and_prints_exploded_fraction(tmp_path, capsys):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shapedtx import load_dataset
-from shapedtx.cli import main
+from simulations.cli import main
 
 
 def test_simulate_writes_dataset_and_summary(tmp_path, capsys):

@@ -5,7 +5,7 @@ import pytest
 import xarray as xr
 from distributed import LocalCluster
 
-from shapedtx.cli import main
+from simulations.cli import main
 
 GRID = """
 kind = "both"

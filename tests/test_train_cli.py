@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shapedtx.cli import main
 from shapedtx.results import load_dataset
+from simulations.cli import main
 
 TINY = [
     "train", "--width", "16", "--depth", "2", "--heads", "2", "--steps", "6",

@@ -14,8 +14,8 @@ from typing import NoReturn
 
 import torch
 
-from ..config import CHOICES, FIELD_TYPES, ModelConfig
-from ..presets import PRESET_DESCRIPTIONS, PRESETS
+from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
+from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -147,7 +147,7 @@ def set_threads(threads: int | None, option: str = "--threads") -> None:
 def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.dtype]:
     """Validate the options of :func:`add_input_arguments` / :func:`add_run_arguments`:
     returns (config, V0 on the device, dtype) and applies ``--threads``."""
-    from ..covariance import equicorrelated
+    from shapedtx.covariance import equicorrelated
 
     config = config_from_args(args)
     if args.out is not None:

@@ -26,9 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from shapedtx.results import save_dataset, with_metrics
     from simulations import simulate
-
-    from ..results import save_dataset, with_metrics
 
     config, V0, dtype = run_setup(args)
     ds = simulate(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .. import __version__
+from shapedtx import __version__
+
 from ._common import ArgumentParser, UsageError
 
 # Subcommand modules of this package, in --help order.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from shapedtx.config import ModelConfig
+
 from ._common import (
     UsageError,
     add_config_arguments,
@@ -25,7 +26,7 @@ MODEL_DEFAULTS = ModelConfig(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..training import TrainConfig
+    from shapedtx.training import TrainConfig
 
     parser = subparsers.add_parser(
         "train",
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training import (
+    from shapedtx.training import (
         ResumeMismatch,
         TrainConfig,
         TrainingDiverged,
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         plot_collapse,
         plot_losses,
     )
-    from ..training import train as train_model
+    from shapedtx.training import train as train_model
 
     model_config = config_from_args(args)
     train_config = TrainConfig(

@@ -31,8 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sde import solve
-
-    from ..results import save_dataset, with_metrics
+    from shapedtx.results import save_dataset, with_metrics
 
     config, V0, dtype = run_setup(args)
     ds = solve(

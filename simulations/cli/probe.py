@@ -38,12 +38,12 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from ..metrics import detect_collapse, mean_correlation
-    from ..probe import probe
-    from ..results import load_dataset, save_dataset
-    from ..training import LanguageModel, configs_of, load_corpus
-    from ..training.data import fixed_windows
-    from ..training.trainer import CHECKPOINT, LOG
+    from shapedtx.metrics import detect_collapse, mean_correlation
+    from shapedtx.probe import probe
+    from shapedtx.results import load_dataset, save_dataset
+    from shapedtx.training import LanguageModel, configs_of, load_corpus
+    from shapedtx.training.data import fixed_windows
+    from shapedtx.training.trainer import CHECKPOINT, LOG
 
     folder = Path(args.run)
     if args.out is not None and Path(args.out).suffix != ".nc":

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from ..config import ModelConfig
-from ..design import (
+from shapedtx.config import ModelConfig
+from shapedtx.design import (
     GPT3_CONTEXT,
     LW_FIT,
     depth_threshold,
