@@ -1,9 +1,9 @@
 """Benchmark: ``simulate`` (exact, gram, default) against a plain-numpy QR-trick reference.
 
 Causal shaped attention (one head, no W^O, no MLP), float64, CPU, 1 thread, m tokens,
-equicorrelated V0 (rho0 = 0.2). The numpy reference is the plain QR-trick algorithm of THEORY
-section 5 written independently of the library: batched over all samples, ``x^T = Q R`` by
-``np.linalg.qr``, every linear map ``R^T Z / sqrt(n)`` with Z drawn by ``default_rng``
+equicorrelated V0 (rho0 = 0.2). The numpy reference is the plain QR-trick algorithm of
+docs/theory.md#samplers written independently of the library: batched over all samples, ``x^T = Q
+R`` by ``np.linalg.qr``, every linear map ``R^T Z / sqrt(n)`` with Z drawn by ``default_rng``
 (queries, keys and values: 3 m n normals per sample and block), explicit attention matrix.
 Methods run interleaved, round by round, so machine load affects them alike; the table gives
 the median over rounds of each time (process CPU time by default) and of the per-round ratio

@@ -1,7 +1,7 @@
 """Width scaling of the three simulation methods, and the finite-width correction to the SDE.
 
 Part 1 (cost): seconds per (block x sample) of ``simulations.simulate`` against the width n for
-``weights`` (explicit n x n matrices, O(n^2)), ``exact`` (THEORY section 5, O(m^2 n)) and
+``weights`` (explicit n x n matrices, O(n^2)), ``exact`` (docs/theory.md#samplers, O(m^2 n)) and
 ``gram`` (width-independent Markov chain, O(m^3)), on one attention-only shaped network
 (one head, value only, n_k = n), m tokens, float64, one torch thread, best of ``--repeats``;
 plus ``gram`` with a shaped-ReLU MLP (its exact hidden Gram matrix costs O(m^2 n)). Each

@@ -1,4 +1,4 @@
-"""Benchmark: "exact" (THEORY section 5) against "weights" (explicit matrices) in one run.
+"""Benchmark: "exact" (docs/theory.md#samplers) against "weights" (explicit matrices) in one run.
 
 Shaped block with shaped-ReLU MLP, m tokens, several widths. Each (method, width) runs in its
 own subprocess so that its peak memory is its own: peak resident set size (``ru_maxrss``) of

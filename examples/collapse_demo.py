@@ -1,7 +1,7 @@
 """Rank collapse in one screen: standard vs shaped attention at initialisation.
 
 Runs random ``Transformer`` modules (explicit weights) on an equicorrelated input and prints the
-mean token correlation after each group of blocks (THEORY section 4).
+mean token correlation after each group of blocks (docs/theory.md#rank-collapse).
 
     python examples/collapse_demo.py
 """

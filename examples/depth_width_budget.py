@@ -1,7 +1,7 @@
 """Same parameter budget, several depths: which depth wins, next to the fitted rule.
 
-Levine et al. (2020) (THEORY section 7): at a fixed size N = 12 L d^2 there is an optimal depth,
-fitted as ln d*(L) = 5.039 + 0.0555 L (BigScience restatement). This harness trains standard
+Levine et al. (2020) (docs/theory.md#depth-width): at a fixed size N = 12 L d^2 there is an optimal
+depth, fitted as ln d*(L) = 5.039 + 0.0555 L (BigScience restatement). This harness trains standard
 pre-LN causal byte-level Transformers (``shapedtx.training.train``) of about the same N at
 several depths (width = sqrt(N / (12 L)), a multiple of the head count) and prints the final
 validation loss of each next to the fit's L*(N). Tiny budgets: see examples/DESIGN_RESULTS.md.

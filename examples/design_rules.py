@@ -1,4 +1,4 @@
-"""Depth/width design rules (THEORY section 7) and the head-size check (section 8).
+"""Depth/width design rules (docs/theory.md#depth-width) and the head-size check (section 8).
 
 Run: python examples/design_rules.py
 Prints the recommended shape for a few budgets, the GPT-3 table, and the parameter count of a

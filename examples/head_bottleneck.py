@@ -1,8 +1,8 @@
-"""The low-rank bottleneck of attention heads (Bhojanapalli et al. 2020; THEORY section 8).
+"""The low-rank bottleneck of attention heads (Bhojanapalli et al. 2020; docs/theory.md#head-size).
 
 Run: python examples/head_bottleneck.py
 1. Head size >= m: the pseudo-inverse construction reaches a random target P exactly.
-2. The counterexample of THEORY section 8, d_p = 1, m = 3, X = I, P = 0.7 I + 0.1 11^T: the
+2. The counterexample of docs/theory.md#head-size, d_p = 1, m = 3, X = I, P = 0.7 I + 0.1 11^T: the
    best attention found by optimisation stays above the provable bound 0.7 / sqrt(2) (every
    row is softmax(s_i b): at most two rows peak on their own token); d_p = 2 = m - 1 reaches P.
 3. Full-rank X, m = 6: best distance found by optimisation for each head size, next to the

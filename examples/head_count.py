@@ -1,8 +1,8 @@
 """More heads at a fixed embedding size: standard head size (width / heads) vs fixed head size.
 
-Bhojanapalli et al. (2020) (THEORY section 8): with head size d_p = n / n_h, adding heads shrinks
-d_p below the sequence length m and the heads become low-rank; with a fixed d_p (here d_p = m)
-more heads keep helping. This harness trains standard pre-LN causal byte-level Transformers
+Bhojanapalli et al. (2020) (docs/theory.md#head-size): with head size d_p = n / n_h, adding heads
+shrinks d_p below the sequence length m and the heads become low-rank; with a fixed d_p (here d_p =
+m) more heads keep helping. This harness trains standard pre-LN causal byte-level Transformers
 (``shapedtx.training.train``) at fixed width n for several head counts, both layouts, and prints
 the final validation loss. Tiny budgets: see examples/DESIGN_RESULTS.md.
 

@@ -1,5 +1,5 @@
-"""The limiting neural covariance SDE of shaped Transformers (THEORY section 3; causal shaped
-attention: THEORY section 3b).
+"""The limiting neural covariance SDE of shaped Transformers (docs/theory.md#sde; causal shaped
+attention: docs/theory.md#causal-sde).
 
 ``drift(config, V)`` and ``diffusion(config, V)`` are the coefficients, ``sample_noise`` draws
 increments with covariance ``diffusion`` without an (m^2 x m^2) square root, and ``solve``

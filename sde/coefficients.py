@@ -1,4 +1,4 @@
-"""Drift and diffusion of the neural covariance SDE (THEORY sections 3 and 3b).
+"""Drift and diffusion of the neural covariance SDE (docs/theory.md#sde and #causal-sde).
 
 ``dV = b(V) dt + Sigma(V)^{1/2} dB`` with ``E[dV^{ab} dV^{cd}] = Sigma^{ab,cd} dt``. Every
 supported configuration has
@@ -7,16 +7,16 @@ supported configuration has
   + V^{bd} W^{ac}]`` with ``W = V P V P V``;
 - drift ``b_att(V)`` (shaped attention, scaled by ``gamma^2 / tau0^2``) plus
   ``gamma^2 beta (J(V) - V)`` (shaped ReLU MLP), where ``beta = (c_+ - c_-)^2 / 4`` and
-  ``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)`` (the arc-cosine kernel); this equals THEORY's
+  ``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)`` (the arc-cosine kernel); this equals docs/theory.md's
   ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``.
 
-The constants (:func:`sde_constants`) follow THEORY's variants table and its general rule; the
-cases the table does not list (several heads without ``W^O``, a value size ``n_h d_p != n``
+The constants (:func:`sde_constants`) follow docs/theory.md's variants table and its general rule;
+the cases the table does not list (several heads without ``W^O``, a value size ``n_h d_p != n``
 with ``W^O``) were derived with that rule and verified by one-step Monte Carlo on the
 project's finite network (``tests/test_sde_onestep.py``).
 
-Causal shaped attention (``config.causal``, THEORY section 3b) replaces the centring ``P / m``
-by the row-wise ``P_a / a`` (centring on the first a tokens): see :func:`causal_centerings`,
+Causal shaped attention (``config.causal``, docs/theory.md#causal-sde) replaces the centring ``P /
+m`` by the row-wise ``P_a / a`` (centring on the first a tokens): see :func:`causal_centerings`,
 :func:`causal_attention_drift` and :func:`causal_attention_sigma`. The ``Sigma_lin``
 coefficient is unchanged; ``k_att`` is then the factor ``gamma^4 / (tau0^2 n_h)`` in front of
 the causal bracket (which carries the ``1 / (a c)``).
@@ -41,11 +41,11 @@ class SDEConstants:
         k_lin: coefficient of ``Sigma_lin`` in the diffusion.
         k_att: factor of the attention (``V (x) W``) diffusion term, 0 without attention:
             ``gamma^4 / (tau0^2 m^2 n_h)``, or with ``causal`` ``gamma^4 / (tau0^2 n_h)`` (the
-            causal bracket of THEORY section 3b carries the ``1 / (a c)``).
+            causal bracket of docs/theory.md#causal-sde carries the ``1 / (a c)``).
         a_att: factor ``gamma^2 / tau0^2`` of the attention drift, 0 without attention.
         k_mlp: factor ``gamma^2 (c_+ - c_-)^2 / 4`` of the MLP drift ``J(V) - V``, 0 without MLP.
         heads: n_h (enters through ``k_att`` only).
-        causal: causal shaped attention (THEORY section 3b); False without attention.
+        causal: causal shaped attention (docs/theory.md#causal-sde); False without attention.
     """
 
     k_lin: float
@@ -72,8 +72,8 @@ def _check_vanilla_fields(config: ModelConfig) -> None:
             continue
         if getattr(config, name) != value:
             raise ValueError(
-                f"{name}={getattr(config, name)!r} has no derived covariance SDE (THEORY "
-                f"section 3 covers {name}={value!r} only); use {name}={value!r}"
+                f"{name}={getattr(config, name)!r} has no derived covariance SDE "
+                f"(docs/theory.md#sde covers {name}={value!r} only); use {name}={value!r}"
             )
 
 
@@ -87,17 +87,17 @@ def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
         raise ValueError(
             "attention='softmax' has no covariance SDE limit: standard attention has O(1) "
             "logits, so A is not a perturbation of the identity and tokens collapse in O(1) "
-            "layers (THEORY section 4); use attention='shaped'"
+            "layers (docs/theory.md#rank-collapse); use attention='shaped'"
         )
     if config.mlp == "relu":
         raise ValueError(
             "mlp='relu' has no covariance SDE limit: a standard ReLU changes the correlation by "
             "O(1) per block, so the covariance does not move on the time scale t = layer / "
-            "width and collapses (THEORY sections 2-3); use mlp='shaped_relu'"
+            "width and collapses (docs/theory.md#layers and #sde); use mlp='shaped_relu'"
         )
     if config.norm != "none":
         raise ValueError(
-            f"norm={config.norm!r} has no derived covariance SDE: THEORY section 3 covers "
+            f"norm={config.norm!r} has no derived covariance SDE: docs/theory.md#sde covers "
             "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
             "use norm='none'"
         )
@@ -136,7 +136,7 @@ def centering(m: int, *, dtype: torch.dtype, device: torch.device | None) -> Ten
 
 
 def attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(Vbar, Q, u, v)`` of THEORY section 3: ``P V P`` (..., m, m), ``tr(P V P V)`` (...),
+    """``(Vbar, Q, u, v)`` of docs/theory.md#sde: ``P V P`` (..., m, m), ``tr(P V P V)`` (...),
     ``u_a = Vbar^{aa} - tr(Vbar) / m`` and ``v = diag(V)`` (..., m)."""
     m = V.shape[-1]
     P = centering(m, dtype=V.dtype, device=V.device)
@@ -164,7 +164,7 @@ def attention_drift_factor(
 
 
 def causal_centerings(m: int, *, dtype: torch.dtype, device: torch.device | None) -> Tensor:
-    """The stack of ``P_a / a`` (THEORY section 3b), a = 1..m: (m, m, m), entry ``[a - 1]``.
+    """The stack of ``P_a / a`` (docs/theory.md#causal-sde), a = 1..m: (m, m, m), entry ``[a - 1]``.
 
     ``(P_a)^{ij} = delta^{ij} - 1/a`` for i, j <= a and 0 elsewhere (centring on the first a
     tokens; ``P_1 = 0``, ``P_m = P``).
@@ -178,7 +178,7 @@ def causal_centerings(m: int, *, dtype: torch.dtype, device: torch.device | None
 
 
 def causal_attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor]:
-    """``(M, U)`` of THEORY section 3b: ``M^{ac} = tr(P_a V P_c V) / (a c)`` (..., m, m) and
+    """``(M, U)`` of docs/theory.md#causal-sde: ``M^{ac} = tr(P_a V P_c V) / (a c)`` (..., m, m) and
     ``U^{ai} = u^(a)_i = (P_a V P_a)^{ii} - tr(P_a V P_a) / a`` for i <= a, else 0 (..., m, m)."""
     m = V.shape[-1]
     Ps = causal_centerings(m, dtype=V.dtype, device=V.device)
@@ -192,7 +192,7 @@ def causal_attention_auxiliaries(V: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def causal_attention_drift_factor(V: Tensor, a_att: float, U: Tensor) -> Tensor:
-    """H with ``H V + V H^T`` the non-Hadamard part of the causal drift (THEORY section 3b):
+    """H with ``H V + V H^T`` the non-Hadamard part of the causal drift (docs/theory.md#causal-sde):
     row a of H is ``a_att V^{aa} u^(a) / (2a)``; V, U: (..., m, m) -> (..., m, m)."""
     m = V.shape[-1]
     sizes = torch.arange(1, m + 1, dtype=V.dtype, device=V.device)
@@ -201,7 +201,7 @@ def causal_attention_drift_factor(V: Tensor, a_att: float, U: Tensor) -> Tensor:
 
 
 def causal_attention_drift(V: Tensor, a_att: float) -> Tensor:
-    """Causal attention drift (THEORY section 3b); V: (..., m, m) -> (..., m, m):
+    """Causal attention drift (docs/theory.md#causal-sde); V: (..., m, m) -> (..., m, m):
     ``b^{ac} = a_att [M^{ac} V^{ac} + (V^{aa}/(2a)) (V u^(a))^c + (V^{cc}/(2c)) (V u^(c))^a]``."""
     M, U = causal_attention_auxiliaries(V)
     HV = causal_attention_drift_factor(V, a_att, U) @ V
@@ -228,11 +228,11 @@ def nu(rho: Tensor, c_plus: float, c_minus: float) -> Tensor:
 
 
 def drift(config: ModelConfig, V: Tensor) -> Tensor:
-    """Drift ``b(V)``; V: (..., m, m) -> (..., m, m) (THEORY sections 3 and 3b).
+    """Drift ``b(V)``; V: (..., m, m) -> (..., m, m) (docs/theory.md#sde and #causal-sde).
 
     Shaped attention: ``(gamma^2 / tau0^2) [(Q / m^2) V + (v (Vu)^T + (Vu) v^T) / (2m)]``, or
-    with ``config.causal`` :func:`causal_attention_drift` (THEORY section 3b); shaped ReLU MLP:
-    ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
+    with ``config.causal`` :func:`causal_attention_drift` (docs/theory.md#causal-sde); shaped ReLU
+    MLP: ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
     """
     m = _check_V(V)
     const = sde_constants(config, m)
@@ -272,8 +272,8 @@ def attention_sigma(V: Tensor) -> Tensor:
 
 
 def causal_attention_sigma(V: Tensor) -> Tensor:
-    """Causal attention diffusion bracket (THEORY section 3b); (..., m, m) -> (..., m, m, m, m):
-    ``V^{ac} W(a,c)^{bd}/(ac) + V^{ad} W(a,d)^{bc}/(ad) + V^{bc} W(b,c)^{ad}/(bc)
+    """Causal attention diffusion bracket (docs/theory.md#causal-sde); (..., m, m) -> (..., m, m, m,
+    m): ``V^{ac} W(a,c)^{bd}/(ac) + V^{ad} W(a,d)^{bc}/(ad) + V^{bc} W(b,c)^{ad}/(bc)
     + V^{bd} W(b,d)^{ac}/(bd)`` with ``W(a,c) = V P_a V P_c V``."""
     Ps = causal_centerings(V.shape[-1], dtype=V.dtype, device=V.device)
     left = V[..., None, :, :] @ Ps @ V[..., None, :, :]  # (..., a, m, m): V P_a V / a
@@ -291,7 +291,8 @@ def diffusion(config: ModelConfig, V: Tensor) -> Tensor:
     """Increment covariance ``Sigma^{ab,cd}(V)``; V: (..., m, m) -> (..., m, m, m, m).
 
     ``k_lin Sigma_lin + k_att [V (x) W terms]`` with the constants of :func:`sde_constants`;
-    with ``config.causal`` the bracket is :func:`causal_attention_sigma` (THEORY section 3b).
+    with ``config.causal`` the bracket is :func:`causal_attention_sigma`
+    (docs/theory.md#causal-sde).
     """
     m = _check_V(V)
     const = sde_constants(config, m)

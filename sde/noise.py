@@ -1,11 +1,11 @@
-"""Structured noise of the covariance SDE without an (m^2 x m^2) square root (THEORY section 3).
+"""Structured noise of the covariance SDE without an (m^2 x m^2) square root (docs/theory.md#sde).
 
 With ``L L^T = V`` and iid N(0, 1) m x m matrices N1, N2:
 ``Xi = L (N1 + N1^T) L^T / sqrt(2)`` has covariance ``Sigma_lin`` and
 ``Yh P V + V P Yh^T`` with ``Yh = L N2 L^T`` has covariance the attention term, so
 ``sqrt(k_lin) Xi + sqrt(k_att) (Yh P V + V P Yh^T)`` has covariance ``Sigma(V)``.
 
-Causal shaped attention (THEORY section 3b): ``Yh P / m`` becomes the row-wise R (row a:
+Causal shaped attention (docs/theory.md#causal-sde): ``Yh P / m`` becomes the row-wise R (row a:
 ``Yh^{a,:} P_a / a``), and ``sqrt(k_att) (R V + V R^T)`` (causal ``k_att``) has covariance the
 causal attention term.
 """
@@ -35,8 +35,9 @@ def psd_factor(V: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def attention_noise_factor(Yh: Tensor, *, causal: bool) -> Tensor:
-    """The attention perturbation driven by ``Yh = L N2 L^T``: ``Yh P`` (non-causal, THEORY
-    section 3) or the row-wise causal R with row a ``Yh^{a,:} P_a / a`` (THEORY section 3b).
+    """The attention perturbation driven by ``Yh = L N2 L^T``: ``Yh P`` (non-causal,
+    docs/theory.md#sde ) or the row-wise causal R with row a ``Yh^{a,:} P_a / a``
+    (docs/theory.md#causal-sde).
 
     Yh: (..., m, m) -> (..., m, m). (The non-causal ``1/m`` sits in ``k_att``.)
     """
@@ -51,7 +52,7 @@ def noise_increment(
     L: Tensor, V: Tensor, normals: Tensor, k_lin: float, k_att: float, *, causal: bool = False
 ) -> Tensor:
     """Unit-time noise ``sqrt(k_lin) Xi + sqrt(k_att) (Yh P V + V P Yh^T)``; with ``causal``
-    ``sqrt(k_lin) Xi + sqrt(k_att) (R V + V R^T)`` (THEORY section 3b).
+    ``sqrt(k_lin) Xi + sqrt(k_att) (R V + V R^T)`` (docs/theory.md#causal-sde).
 
     L, V: (..., m, m); normals: (..., 2, m, m) iid N(0, 1) (N1, N2) -> (..., m, m), symmetric.
     """

@@ -50,11 +50,12 @@ def solve(
     bound: float = DEFAULT_BOUND,
     progress: bool | None = None,
 ) -> xr.Dataset:
-    """Solve ``dV = b dt + Sigma^{1/2} dB`` (THEORY sections 3 and 3b) for ``samples`` paths.
+    """Solve ``dV = b dt + Sigma^{1/2} dB`` (docs/theory.md#sde and #causal-sde) for ``samples``
+    paths.
 
     Args:
         config: the model; must have an SDE limit (see :func:`sde.sde_constants`); causal
-            shaped attention uses the causal SDE of THEORY section 3b.
+            shaped attention uses the causal SDE of docs/theory.md#causal-sde.
         V0: (m, m) positive-definite initial covariance.
         samples: number of independent paths.
         T: time horizon (default ``config.T = depth / width``).

@@ -7,7 +7,7 @@
   attention drift factor (``H V + V H^T = b_att``) minus the Ito corrections
   ``(eps^2 m + k_att dt Q) / (2 dt) I``. Every step is PSD by construction; mean and covariance
   of an increment match ``b dt`` and ``Sigma dt`` up to O(dt^2), odd moments vanish: weak order 1.
-  Causal attention (THEORY section 3b): ``G = sqrt(k_att dt) R`` with the row-wise R of
+  Causal attention (docs/theory.md#causal-sde): ``G = sqrt(k_att dt) R`` with the row-wise R of
   ``L N2 L^T``, ``H`` the causal factor (row a: ``a_att V^{aa} u^(a) / (2a)``), and the
   Hadamard part of the drift together with the Ito correction is the PSD matrix
   ``(a_att - k_att) dt (M o V)`` (``E[G V G^T] = k_att dt M o V``; ``a_att >= k_att`` since
@@ -126,8 +126,8 @@ class FactoredEulerStep:
     def _causal_step(
         self, L: Tensor, V: Tensor, left: Tensor, normals: Tensor, dt: float
     ) -> tuple[Tensor, Tensor, None]:
-        """Causal attention step (THEORY section 3b, module docstring): factor, noise and the
-        PSD Hadamard term ``(a_att - k_att) dt M o V``; returns the re-factored state."""
+        """Causal attention step (docs/theory.md#causal-sde, module docstring): factor, noise and
+        the PSD Hadamard term ``(a_att - k_att) dt M o V``; returns the re-factored state."""
         const, m = self.const, self.m
         eye = torch.eye(m, dtype=V.dtype, device=V.device)
         M, U = causal_attention_auxiliaries(V)

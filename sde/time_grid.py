@@ -1,5 +1,5 @@
 """The one time-grid rule of the covariance SDE: steps, step size and saved times for a
-horizon ``T`` (default ``depth / width``; THEORY section 1), used by :func:`sde.solve`, the
+horizon ``T`` (default ``depth / width``; docs/theory.md#notation), used by :func:`sde.solve`, the
 sweeps and the comparison with finite networks."""
 
 from __future__ import annotations

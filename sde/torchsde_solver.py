@@ -4,7 +4,7 @@ State: the upper triangle of V (m (m + 1) / 2 entries); general noise with a 2 m
 Brownian motion (N1 then N2 of :mod:`sde.noise`, row-major), so that the same Brownian
 increments drive :class:`sde.solvers.FactoredEulerStep` when read as ``dW / sqrt(dt)``.
 Paths that are non-finite or exceed the bound get zero drift and diffusion (frozen). Causal
-shaped attention uses the row-wise noise R of THEORY section 3b.
+shaped attention uses the row-wise noise R of docs/theory.md#causal-sde.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shaped ReLU (THEORY section 2, [LNR])."""
+"""Shaped ReLU (docs/theory.md#layers, [LNR])."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def relu_slopes(config: ModelConfig) -> tuple[float, float, float]:
     """(s_plus, s_minus, c) of the configured MLP activation.
 
     ``shaped_relu``: s_pm = 1 + c_pm / sqrt(n) and the exact normaliser c = 2 / (s_+^2 + s_-^2)
-    (THEORY section 2); ``relu``: s_+ = 1, s_- = 0, c = 2.
+    (docs/theory.md#layers); ``relu``: s_+ = 1, s_- = 0, c = 2.
     """
     if config.mlp == "relu":
         return 1.0, 0.0, 2.0

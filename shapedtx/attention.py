@@ -1,4 +1,4 @@
-"""Attention matrices and their fused (no m x m matrix) forms (THEORY section 2).
+"""Attention matrices and their fused (no m x m matrix) forms (docs/theory.md#layers).
 
 Shapes: queries/keys ``q, k: (..., m, n_k)``, values ``v: (..., m, d)``, logits
 ``Y = q k^T: (..., m, m)`` with rows indexing queries.

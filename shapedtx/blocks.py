@@ -1,11 +1,11 @@
-"""Residual sub-blocks as pure functions of the input and a *linear map* (THEORY section 2).
+"""Residual sub-blocks as pure functions of the input and a *linear map* (docs/theory.md#layers).
 
 Every weight matrix enters through ``linear(x, out_features, name)``, which must return
 ``x W`` for a matrix ``W`` with iid N(0, s^2) entries, ``s = weight_std(config, name,
 fan_in)`` (``1/sqrt(fan_in)`` for the theory's ``init="fan_in"``; one fresh matrix per
 ``name``), and every LayerNorm through ``norm(x, name)``. The ``torch.nn`` modules pass their
 ``nn.Linear`` and ``nn.LayerNorm`` layers; the simulators pass samplers that draw ``x W``
-directly (THEORY section 5) and the weightless :func:`shapedtx.layer_norm` (the affine
+directly (docs/theory.md#samplers) and the weightless :func:`shapedtx.layer_norm` (the affine
 LayerNorm is the identity at initialisation). So the simulated network *is* the trained
 network at initialisation.
 
@@ -98,7 +98,7 @@ def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear) -> Tensor:
     """MLP branch ``g phi(X W_1) W_2`` with hidden width ``mlp_ratio * n``.
 
     X: (..., m, n) -> (..., m, n). ``phi`` is the shaped or standard ReLU (gain
-    ``g = sqrt(c)``, THEORY section 2, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``) or
+    ``g = sqrt(c)``, docs/theory.md#layers, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``) or
     the exact erf GELU (``g = 1``).
     """
     hidden = linear(X, config.mlp_width, "mlp_in")

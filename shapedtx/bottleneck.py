@@ -1,6 +1,6 @@
-"""The low-rank bottleneck of attention heads [BH] (THEORY section 8).
+"""The low-rank bottleneck of attention heads [BH] (docs/theory.md#head-size).
 
-Convention (THEORY section 2): tokens ``X: (m, n)`` (rows), ``q = X W^Q / sqrt(n)``,
+Convention (docs/theory.md#layers): tokens ``X: (m, n)`` (rows), ``q = X W^Q / sqrt(n)``,
 ``k = X W^K / sqrt(n)`` with ``W^Q, W^K: (n, d_p)``, attention
 ``A = Softmax(q k^T / sqrt(d_p))`` row-wise (row = query). A head's logit matrix
 ``X W^Q W^K^T X^T`` has rank <= min(d_p, rank X).
@@ -12,7 +12,7 @@ Convention (THEORY section 2): tokens ``X: (m, n)`` (rows), ``q = X W^Q / sqrt(n
 * :func:`fit_attention` finds the best reachable attention by optimisation (batched restarts);
   :func:`rank_lower_bound` and :func:`rank_one_lower_bound` are provable lower bounds on
   ``||A - P||_F`` used to show that small heads stay away from P.
-* The counterexample of THEORY section 8: d_p = 1, m = 3, X = I (:func:`counterexample_x`)
+* The counterexample of docs/theory.md#head-size: d_p = 1, m = 3, X = I (:func:`counterexample_x`)
   cannot reach P with rows (.8, .1, .1), (.1, .8, .1), (.1, .1, .8) (:func:`counterexample_p`):
   every softmax row is ``softmax(s_i b)`` for one vector b, so at most two rows peak on their
   own token (:func:`rank_one_lower_bound`: distance >= 0.7 / sqrt(2)); d_p = 2 = m - 1 reaches
@@ -151,18 +151,18 @@ def realise_attention_low_rank(
 
 
 # Lower bounds -----------------------------------------------------------------------------------
-#: The head-size counterexample of THEORY section 8: d_p = 1, m = 3, X = I (rank 3), and the
+#: The head-size counterexample of docs/theory.md#head-size: d_p = 1, m = 3, X = I (rank 3), and the
 #: target P with 0.8 on the diagonal and 0.1 elsewhere.
 COUNTEREXAMPLE_P = ((0.8, 0.1, 0.1), (0.1, 0.8, 0.1), (0.1, 0.1, 0.8))
 
 
 def counterexample_x(*, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-    """X = I: m = 3 tokens of width 3, full rank (THEORY section 8)."""
+    """X = I: m = 3 tokens of width 3, full rank (docs/theory.md#head-size)."""
     return torch.eye(len(COUNTEREXAMPLE_P), dtype=dtype, device=device)
 
 
 def counterexample_p(*, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-    """The target P of THEORY section 8: rows (.8, .1, .1), (.1, .8, .1), (.1, .1, .8)."""
+    """The target P of docs/theory.md#head-size: rows (.8, .1, .1), (.1, .8, .1), (.1, .1, .8)."""
     return torch.tensor(COUNTEREXAMPLE_P, dtype=dtype, device=device)
 
 
@@ -190,7 +190,7 @@ def rank_one_lower_bound(P: Tensor) -> Tensor:
 def zero_token_distance(P: Tensor) -> Tensor:
     """Exact ``inf ||A - P||_F`` over all heads for X = [[1], [0]] (m = 2, width 1).
 
-    Not a head-size counterexample (THEORY section 8): X has rank 1 and its second token is
+    Not a head-size counterexample (docs/theory.md#head-size): X has rank 1 and its second token is
     the zero vector, so that token's logits are constant and its row is [1/2, 1/2] for every
     head size. The first row is ``[sigmoid(w), 1 - sigmoid(w)]``, which reaches any positive
     row, so the infimum is ``||P[1] - [1/2, 1/2]||_2``, attained. P: (..., 2, 2) -> (...).

@@ -1,6 +1,6 @@
 """The one configuration object shared by layers, simulator, SDE solver and trainer.
 
-See THEORY.md sections 1-2 for the meaning of every field.
+See docs/theory.md#notation and #layers for the meaning of every field.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class ModelConfig:
         heads: n_h, the number of attention heads.
         key_dim: n_k, query/key size per head (default: ``head_dim``).
         head_dim: d_p, value size per head (default ``width // heads``; may be set independently
-            of ``heads``: the fixed-head-size layer of THEORY section 8).
+            of ``heads``: the fixed-head-size layer of docs/theory.md#head-size).
         out_proj: whether the attention output goes through W^O (n_h d_p -> n). Without it,
             ``heads * head_dim`` must equal ``width``.
         tau0: shaped-attention temperature constant, tau = tau0 sqrt(n n_k).
@@ -170,7 +170,7 @@ class ModelConfig:
 
     @property
     def tau(self) -> float:
-        """Shaped-attention temperature tau = tau0 sqrt(n n_k) (THEORY section 2)."""
+        """Shaped-attention temperature tau = tau0 sqrt(n n_k) (docs/theory.md#layers)."""
         return self.tau0 * math.sqrt(self.width * self.key_dim)
 
     @property

@@ -1,4 +1,4 @@
-"""Initial covariances and their validation (THEORY section 1)."""
+"""Initial covariances and their validation (docs/theory.md#notation)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""Depth, width and head-size design rules (THEORY sections 7 and 8).
+"""Depth, width and head-size design rules (docs/theory.md#depth-width and #head-size).
 
 Conventions: ``L`` = depth (number of residual blocks), ``d`` = width (d_x, the residual
-stream), size ``N = 12 L d^2`` (non-embedding, d_ff = 4 d; THEORY section 7).
+stream), size ``N = 12 L d^2`` (non-embedding, d_ff = 4 d; docs/theory.md#depth-width).
 
 The fitted optimal width ``ln d*(L) = a + b L`` with ``a = 5.039``, ``b = 0.0555`` is *not*
 taken from [LW] directly: it is the restatement of the [LW] fit by the BigScience workshop,
-as written in THEORY section 7. Its checks (GPT-3 175B: L* ~ 80.5, d* ~ 13.4K; 1T parameters:
-L* ~ 94.7, d* ~ 29.6K against the paper's quoted depth 92 and width 30K) are reproduced by the
-tests, which is all the evidence this module has for the constants.
+as written in docs/theory.md#depth-width. Its checks (GPT-3 175B: L* ~ 80.5, d* ~ 13.4K; 1T
+parameters: L* ~ 94.7, d* ~ 29.6K against the paper's quoted depth 92 and width 30K) are reproduced
+by the tests, which is all the evidence this module has for the constants.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _check_positive(name: str, value: Any, minimum: float = 0.0, strict: bool = 
 
 @dataclass(frozen=True)
 class DepthWidthFit:
-    """Fitted optimal width per depth, ``ln d*(L) = a + b L`` (THEORY section 7)."""
+    """Fitted optimal width per depth, ``ln d*(L) = a + b L`` (docs/theory.md#depth-width)."""
 
     a: float
     b: float
@@ -48,7 +48,7 @@ class DepthWidthFit:
         _check_positive("b", self.b)
 
 
-#: BigScience restatement of the [LW] fit (THEORY section 7): ln d*(L) = 5.039 + 0.0555 L.
+#: BigScience restatement of the [LW] fit (docs/theory.md#depth-width): ln d*(L) = 5.039 + 0.0555 L.
 LW_FIT = DepthWidthFit(a=5.039, b=0.0555)
 
 # GPT-3 family: Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165),
@@ -70,7 +70,7 @@ GPT3_MODELS: tuple[tuple[str, int, int, int, int], ...] = (
 
 # Depth threshold and regime -------------------------------------------------------------------
 def depth_threshold(width: float) -> float:
-    """``L_th = log_3(width)`` [LW] (THEORY section 7); width >= 1."""
+    """``L_th = log_3(width)`` [LW] (docs/theory.md#depth-width); width >= 1."""
     width = _check_positive("width", width, 1.0, strict=False)
     return math.log(width) / math.log(3.0)
 
@@ -115,7 +115,7 @@ class Shape:
 
 
 def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_FIT) -> Shape:
-    """Optimal depth and width for a budget ``N = 12 L d^2`` (THEORY section 7).
+    """Optimal depth and width for a budget ``N = 12 L d^2`` (docs/theory.md#depth-width).
 
     Inverts ``N = 12 L exp(2a + 2bL)``: ``L* = W0(N b / (6 e^{2a})) / (2b)`` (Lambert W,
     principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``).
@@ -161,8 +161,8 @@ def _round_shape(params: float, depth: float, multiple: int) -> tuple[int, int]:
 
 
 FIT_CHECKED_PARAMS = (1e6, 1e12)
-"""Budgets between which the fit's optimum was checked (THEORY section 7: depths about 6 to
-95); outside, :func:`extrapolation_warning` says so."""
+"""Budgets between which the fit's optimum was checked (docs/theory.md#depth-width: depths about 6
+to 95); outside, :func:`extrapolation_warning` says so."""
 
 
 def extrapolation_warning(params: float) -> str | None:
@@ -246,7 +246,8 @@ def param_count(config: ModelConfig, *, bias: bool = False) -> ParamCount:
 # Head size ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HeadSizeReport:
-    """Head-size bottleneck check for one config at sequence length m [BH] (THEORY section 8).
+    """Head-size bottleneck check for one config at sequence length m [BH]
+    (docs/theory.md#head-size).
 
     ``bottleneck`` is True when the query/key size per head ``key_dim`` is below ``seq_len``:
     each head's logit matrix then has rank <= key_dim < m and cannot express every attention

@@ -1,4 +1,5 @@
-"""Token-covariance metrics and rank-collapse detection (THEORY sections 1 and 4).
+"""Token-covariance metrics and rank-collapse detection (docs/theory.md#notation and
+#rank-collapse).
 
 All functions act on the trailing dimensions and batch over the leading ones:
 ``V: (..., m, m)`` token covariance, ``X: (..., m, n)`` token representations.

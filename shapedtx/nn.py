@@ -2,8 +2,9 @@
 
 Inputs are batch-first ``(B, m, n)``. Weights are initialised N(0, s^2) with
 ``s = weight_std(config, name, fan_in)`` (N(0, 1/fan_in) for the theory's ``init="fan_in"``)
-and used as ``x W^T`` by ``nn.Linear``, which equals the ``x W / sqrt(fan_in)`` of THEORY
-section 1 in law. LayerNorms are ``nn.LayerNorm`` (affine, identity at initialisation).
+and used as ``x W^T`` by ``nn.Linear``, which equals the ``x W / sqrt(fan_in)`` of
+docs/theory.md#notation in law. LayerNorms are ``nn.LayerNorm`` (affine, identity at
+initialisation).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .norm import LN_EPS
 def init_linear(
     fan_in: int, fan_out: int, *, bias: bool = False, std: float | None = None
 ) -> nn.Linear:
-    """``nn.Linear`` with N(0, std^2) weights (default ``1/sqrt(fan_in)``, THEORY section 1)
+    """``nn.Linear`` with N(0, std^2) weights (default ``1/sqrt(fan_in)``, docs/theory.md#notation)
     and zero bias."""
     layer = nn.Linear(fan_in, fan_out, bias=bias)
     nn.init.normal_(layer.weight, std=1.0 / math.sqrt(fan_in) if std is None else std)
@@ -84,7 +85,7 @@ class Attention(_Projected):
 
 
 class ShapedAttention(Attention):
-    """Shaped attention ``A = I + Softmax(Y/tau) - 11^T/m`` (THEORY section 2)."""
+    """Shaped attention ``A = I + Softmax(Y/tau) - 11^T/m`` (docs/theory.md#layers)."""
 
     def __init__(self, config: ModelConfig, **kwargs) -> None:
         super().__init__(config.replace(attention="shaped"), **kwargs)

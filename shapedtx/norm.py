@@ -1,4 +1,4 @@
-"""Per-token LayerNorm without affine parameters (THEORY section 2, pre-LN baseline)."""
+"""Per-token LayerNorm without affine parameters (docs/theory.md#layers, pre-LN baseline)."""
 
 from __future__ import annotations
 

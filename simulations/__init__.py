@@ -1,4 +1,5 @@
-"""Finite-network covariance simulation and comparison with the SDE (THEORY sections 4-6)."""
+"""Finite-network covariance simulation and comparison with the SDE (docs/theory.md#rank-collapse,
+#samplers and #checks)."""
 
 from shapedtx.covariance import equicorrelated
 from shapedtx.results import with_metrics, with_rho

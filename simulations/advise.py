@@ -1,7 +1,7 @@
 """Choose the branch weight gamma and the temperature tau0 of a shaped Transformer from its SDE.
 
 For a network of width n, depth d and m tokens, :func:`advise` solves the covariance SDE
-(THEORY section 3) up to ``T = d / n`` for every (gamma, tau0) of a grid, measures the predicted
+(docs/theory.md#sde) up to ``T = d / n`` for every (gamma, tau0) of a grid, measures the predicted
 law of ``V_T`` against safety criteria (:class:`Criteria`), ranks the safe candidates with
 :func:`rank_key` and returns the best with the whole table (:class:`Advice`).
 
@@ -9,9 +9,9 @@ Safety criteria (each a threshold of :class:`Criteria`; a candidate passes when 
 estimate is below its threshold; the Monte Carlo standard error is reported with each):
 
 - ``collapse``: fraction of paths with some off-diagonal correlation ``rho^{ab}_T > rho_max``
-  (rank collapse, THEORY section 4; exploded paths count as collapsed), below 1%;
+  (rank collapse, docs/theory.md#rank-collapse; exploded paths count as collapsed), below 1%;
 - ``exploded``: fraction of paths that blow up before T (the attention drift is cubic in V, so
-  the SDE can explode in finite time; THEORY section 3), below 0.1%;
+  the SDE can explode in finite time; docs/theory.md#sde), below 0.1%;
 - ``norm``: the 99th percentile of ``V^{aa}_T / V^{aa}_0`` over paths and tokens (token norms
   act as an inverse temperature of the attention), below 10.
 
@@ -287,14 +287,15 @@ def rank_key(c: Candidate, spread_target: float) -> tuple:
 
 @dataclass(frozen=True)
 class DesignChecks:
-    """The [LW] depth/width check and the [BH] head-size check (THEORY sections 7, 8)."""
+    """The [LW] depth/width check and the [BH] head-size check (docs/theory.md#depth-width and
+    #head-size)."""
 
     depth_threshold: float
     regime: str
     allocation: str
     key_dim: int
     head_dim: int
-    head_size_ok: bool  # key_dim >= m - 1 (THEORY section 8)
+    head_size_ok: bool  # key_dim >= m - 1 (docs/theory.md#head-size)
     bh_bottleneck: bool  # key_dim < m ([BH]'s recommendation d_p >= m)
     max_unbottlenecked_heads: int
 
@@ -457,7 +458,7 @@ def solve_batch(
     """``(V_T (samples, m, m), exploded (samples,))`` for every config, solved together.
 
     Non-causal configurations are integrated as one batch (:class:`_BatchedEuler`); causal
-    ones with :func:`sde.solve` each (they need the causal SDE of THEORY section 3b).
+    ones with :func:`sde.solve` each (they need the causal SDE of docs/theory.md#causal-sde).
     """
     m = V0.shape[-1]
     out: list[tuple[Tensor, Tensor] | None] = [None] * len(configs)

@@ -1,4 +1,4 @@
-"""Finite network vs covariance SDE, time by time (THEORY sections 3 and 6).
+"""Finite network vs covariance SDE, time by time (docs/theory.md#sde and #checks).
 
 :func:`compare` aligns two covariance Datasets (the contract of ``shapedtx.results``) on
 depth time ``t`` and returns a Dataset of distribution summaries with Monte Carlo standard
@@ -208,7 +208,7 @@ def compare(
     tolerance: float | None = None,
 ) -> xr.Dataset:
     """Distributions of a finite network and of the SDE (or any two covariance Datasets),
-    time by time (THEORY section 6: compare distributions of rho and quantiles, not means).
+    time by time (docs/theory.md#checks: compare distributions of rho and quantiles, not means).
 
     Returns a Dataset over ``source = ("network", "sde")``, ``t`` (aligned times, see module
     doc), ``quantile`` and tokens with:
@@ -300,9 +300,9 @@ def compare(
 
 
 def causal_pairs(m: int) -> list[tuple[int, int]]:
-    """Token pairs (1-based) that behave differently under a causal mask (THEORY section 3b):
-    (1, 2) (token 1 has no attention at all), (1, m) and (m - 1, m) (the last tokens attend
-    to every token); duplicates removed for small m."""
+    """Token pairs (1-based) that behave differently under a causal mask
+    (docs/theory.md#causal-sde): (1, 2) (token 1 has no attention at all), (1, m) and (m - 1, m)
+    (the last tokens attend to every token); duplicates removed for small m."""
     pairs = [(1, 2), (1, m), (m - 1, m)]
     return list(dict.fromkeys(pairs))
 
@@ -314,7 +314,7 @@ def token_pairs(
     *,
     tolerance: float | None = None,
 ) -> xr.Dataset:
-    """Mean correlation of individual token pairs over time, network vs SDE (THEORY section
+    """Mean correlation of individual token pairs over time, network vs SDE (docs/theory.md section
     3b: under a causal mask the pairs are not exchangeable).
 
     ``pairs``: 1-based token pairs (default :func:`causal_pairs`). Times are aligned and
@@ -354,7 +354,8 @@ def token_pairs(
 
 
 def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -> xr.Dataset:
-    """Rank-collapse summary per model (THEORY section 4) via ``shapedtx.detect_collapse``.
+    """Rank-collapse summary per model (docs/theory.md#rank-collapse) via
+    ``shapedtx.detect_collapse``.
 
     models: label -> covariance Dataset. Returns a Dataset over ``model`` with
     ``fraction_collapsed`` (mean off-diagonal rho above ``threshold`` at some recorded time,

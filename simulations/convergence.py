@@ -1,5 +1,5 @@
 """Convergence of finite networks to the covariance SDE at fixed T = depth / width
-(THEORY section 6: the gap must shrink as n grows; the expected rate is about n^(-1/2))."""
+(docs/theory.md#checks: the gap must shrink as n grows; the expected rate is about n^(-1/2))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The simulation driver: one loop over blocks shared by every method (THEORY sections 2, 5).
+"""The simulation driver: one loop over blocks shared by every method (docs/theory.md#layers and
+#samplers).
 
 Samples are processed in chunks sized to a memory budget; each chunk is a whole number of
 fixed-size groups with their own generators (:mod:`simulations.rng`), so results do not depend
@@ -132,7 +133,7 @@ def simulate(
         samples: number of independent networks (weights and inputs drawn afresh).
         method: ``None`` or ``"auto"`` (default): the fastest exact-in-law method for the
             config (:func:`resolve_method`: ``"gram"`` where it applies, else ``"exact"``);
-            ``"exact"`` (THEORY section 5), ``"weights"`` (explicit matrices) or ``"gram"``
+            ``"exact"`` (docs/theory.md#samplers), ``"weights"`` (explicit matrices) or ``"gram"``
             (width-independent chain on V, supported configs only);
             see :data:`simulations.samplers.SAMPLERS`.
         seed: integer >= 0; the same seed gives the same numbers on the same device.

@@ -1,4 +1,4 @@
-"""The width-independent exact sampler ``method="gram"`` (THEORY section 5).
+"""The width-independent exact sampler ``method="gram"`` (docs/theory.md#samplers).
 
 The state of a sample is a factor ``L: (m, m)`` with ``L L^T = V = X X^T / n``; no token
 matrix is ever formed. Write ``X^T = Q R`` (thin QR) so that ``X = sqrt(n) L Q^T`` with
@@ -39,7 +39,7 @@ would synchronise a GPU); W^post is independent of (X, phi), giving the update a
 s = gamma sqrt(c / n).
 
 **Multi-head attention with W^O** (``X' = lambda X + gamma O W^O / sqrt(n_h d_p)``,
-``O = [A_1 X W^V_1, ..., A_H X W^V_H] / sqrt(n)``, any head size d_p, THEORY section 8):
+``O = [A_1 X W^V_1, ..., A_H X W^V_H] / sqrt(n)``, any head size d_p, docs/theory.md#head-size):
 ``X W^V_h / sqrt(n) = L Z_h`` with ``Z_h = Q^T W^V_h``: (m, d_p) iid, independent over heads,
 so ``O = [A_h L Z_h]_h`` and ``O O^T = sum_h A_h L (Z_h Z_h^T) L^T A_h^T`` with
 ``Z_h Z_h^T = D_h D_h^T ~ Wishart(d_p, I_m)`` (D_h its Bartlett factor, or Z_h itself when

@@ -4,7 +4,7 @@ A grid maps parameter names to a value (fixed for every point) or a non-empty li
 (a grid dimension, in the mapping's order). Names are the :class:`shapedtx.ModelConfig` fields
 plus the run parameters in :data:`RUN_PARAMS`; ``T`` (depth time) may replace ``depth``, in
 which case a network gets ``depth = round(T * width)`` blocks and the SDE runs to exactly ``T``
-(THEORY section 1: one block is one step of 1/n in depth time).
+(docs/theory.md#notation: one block is one step of 1/n in depth time).
 """
 
 from __future__ import annotations

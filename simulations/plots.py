@@ -1,4 +1,5 @@
-"""Figures of covariance Datasets (THEORY sections 4 and 6): one function per figure.
+"""Figures of covariance Datasets (docs/theory.md#rank-collapse and #checks): one function per
+figure.
 
 Every function takes Datasets of the shared contract (or the outputs of
 :func:`simulations.compare` / :func:`simulations.convergence`), draws into ``ax`` if given
@@ -70,7 +71,7 @@ def plot_mean_correlation(
 ) -> Figure:
     """Mean off-diagonal token correlation vs layer, one curve per model: the average over
     samples with a 5-95% band across samples; rank collapse is the curve reaching 1
-    (THEORY section 4). ``threshold`` draws the collapse threshold."""
+    (docs/theory.md#rank-collapse). ``threshold`` draws the collapse threshold."""
     fig, ax = _axes(ax)
     for label, ds in models.items():
         with np.errstate(all="ignore"):
@@ -100,7 +101,7 @@ def plot_collapse_metrics(
 ) -> Figure:
     """Three panels by layer, one curve per model (median over samples, band 25-75%): mean
     off-diagonal correlation rho (with the threshold and each model's median collapse layer
-    marked), stable rank of V, and ``log V^aa`` (THEORY section 4)."""
+    marked), stable rank of V, and ``log V^aa`` (docs/theory.md#rank-collapse)."""
     fig = Figure(figsize=(15.0, 5.2), layout="constrained")
     axes = fig.subplots(1, 3)
     for k, (label, ds) in enumerate(models.items()):
@@ -227,7 +228,7 @@ def plot_token_pairs(
     path: str | os.PathLike | None = None,
 ) -> Figure:
     """Mean ρ of individual token pairs vs t, network (solid, ±2 SE band) vs SDE (dashed),
-    from :func:`simulations.compare.token_pairs` (causal models: THEORY section 3b)."""
+    from :func:`simulations.compare.token_pairs` (causal models: docs/theory.md#causal-sde)."""
     fig, ax = _axes(ax)
     t = pairs["t"].values
     for k, label in enumerate(pairs["pair"].values):

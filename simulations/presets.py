@@ -1,4 +1,4 @@
-"""Named experiment set-ups of ``shapedtx compare`` (THEORY sections 4 and 6).
+"""Named experiment set-ups of ``shapedtx compare`` (docs/theory.md#rank-collapse and #checks).
 
 A preset fixes the shaped model, its input (m tokens, equicorrelated with rho0), the sample
 counts and the standard-attention baselines of the rank-collapse report.
@@ -47,7 +47,7 @@ QUICK = {"width": 32, "depth": 24, "samples": 256, "baseline_samples": 64, "widt
 def baselines(config: ModelConfig) -> dict[str, ModelConfig]:
     """The standard-architecture baselines of a shaped model at its width, depth and causality.
 
-    Two counterparts of the model itself (THEORY section 2: shaped attention -> softmax, shaped
+    Two counterparts of the model itself (docs/theory.md#layers: shaped attention -> softmax, shaped
     ReLU -> ReLU, the same lambda/gamma and heads, without normalisation and with pre-LN), and
     the three vanilla Transformers practitioners train (:mod:`shapedtx.presets`: ``pre_ln``
     (GPT-2), ``post_ln`` and ``no_norm``, unit residual, GELU 4n; 4 heads with W^O, or the

@@ -1,4 +1,5 @@
-"""Samplers: how one residual block of a random network is drawn (THEORY sections 2 and 5).
+"""Samplers: how one residual block of a random network is drawn (docs/theory.md#layers and
+#samplers).
 
 The driver (:func:`simulations.simulate`) only needs ``init(V0, samples) -> state``,
 ``step(state) -> state`` and ``covariance(state) -> V: (samples, m, m)``. The token-based
@@ -8,7 +9,7 @@ applied:
 
 - ``"weights"``: an explicit N(0, 1) matrix per sample (:func:`shapedtx.gaussian_linear`
   semantics), the reference;
-- ``"exact"``: THEORY section 5, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR, or
+- ``"exact"``: docs/theory.md#samplers, ``R^T Z / sqrt(fan_in)`` with ``x^T = Q R`` (thin QR, or
   the Cholesky factor of ``x x^T``) and ``Z`` iid N(0, 1): the same joint law, O(m^2 n) work,
   no n x n matrix; queries and keys as m x m Bartlett products with the same logits in law,
   and every draw of a block from one bulk fill per generator group (:class:`ExactSampler`).
@@ -140,7 +141,7 @@ class WeightsSampler(TokenSampler):
 
 
 class ExactSampler(TokenSampler):
-    """THEORY section 5: ``x W / sqrt(fan_in)`` drawn as ``R^T Z / sqrt(fan_in)``.
+    """docs/theory.md#samplers: ``x W / sqrt(fan_in)`` drawn as ``R^T Z / sqrt(fan_in)``.
 
     ``x^T = Q R`` (R: (k, m), k = min(fan_in, m)); Z: (k, out) iid N(0, 1). The factor R is
     reused while the same input tensor is passed (query, key and value share it).

@@ -1,4 +1,4 @@
-"""Exact Wishart(k, I_m) draws from an explicit generator (THEORY section 5).
+"""Exact Wishart(k, I_m) draws from an explicit generator (docs/theory.md#samplers).
 
 ``W = Z Z^T`` with ``Z: (m, k)`` iid N(0, 1) is drawn through a factor ``F`` (``F F^T = W`` in
 law) at a cost independent of ``k``:

@@ -1,4 +1,5 @@
-"""Shaped / standard attention matrices, logit scaling, fused == explicit (THEORY section 2)."""
+"""Shaped / standard attention matrices, logit scaling, fused == explicit
+(docs/theory.md#layers)."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""Low-rank bottleneck of attention heads [BH] (THEORY section 8)."""
+"""Low-rank bottleneck of attention heads [BH] (docs/theory.md#head-size)."""
 
 import math
 
@@ -52,7 +52,7 @@ def test_construction_batched_and_any_row_scale():
 
 def test_diagonal_must_act_on_rows():
     # softmax removes per-row constants (D0 P), not per-column ones (P D0): a column scaling
-    # changes the attention, so log(P D0) in THEORY section 8 must be read as log(D0 P).
+    # changes the attention, so log(P D0) in docs/theory.md#head-size must be read as log(D0 P).
     _, P = _random_problem(4, 4, seed=1)
     d = torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64)
     assert torch.allclose(torch.softmax(P.log() + d.log()[:, None], -1), P, atol=1e-12)
@@ -98,7 +98,8 @@ def test_low_rank_target_needs_only_its_rank():
     assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-8
 
 
-# Counterexample of THEORY section 8: d_p = 1, m = 3, X = I ----------------------------------
+# Counterexample of docs/theory.md#head-size: d_p = 1, m = 3, X = I
+# ----------------------------------
 def test_section_8_counterexample_is_unreachable_with_head_size_1():
     """Every row of a d_p = 1 head is softmax(s_i b): at most two rows peak on their own token,
     so ||A - P||_F >= 0.7 / sqrt(2) for P = 0.7 I + 0.1 11^T. Random heads and the optimiser
@@ -117,7 +118,7 @@ def test_section_8_counterexample_is_unreachable_with_head_size_1():
     assert fit.distance >= bound and float(fit.distances.min()) >= bound
     own_peak = fit.attention.argmax(-1) == torch.arange(3)
     assert int(own_peak.sum()) <= 2  # at most two rows peak on their own token
-    # d_p = m - 1 suffices (THEORY section 8): exact construction and optimisation
+    # d_p = m - 1 suffices (docs/theory.md#head-size): exact construction and optimisation
     W_Q, W_K = realise_attention_low_rank(X, P, 2)
     assert (attention_of(X, W_Q, W_K) - P).abs().max() < 1e-10
     assert fit_attention(X, P, 2, restarts=8, steps=400, lr=0.1).distance < 0.1 * bound
@@ -137,7 +138,8 @@ def test_rank_one_bound_is_zero_when_reachable_and_holds_for_random_targets():
     assert bool((dist >= bounds - 1e-12).all()) and float(bounds.max()) > 0.05
 
 
-# X = [[1], [0]]: rank 1, no head-size counterexample (THEORY section 8) ----------------------
+# X = [[1], [0]]: rank 1, no head-size counterexample (docs/theory.md#head-size)
+# ----------------------
 def test_zero_token_row_is_fixed_for_every_head():
     X = torch.tensor([[1.0], [0.0]], dtype=F64)
     gen = torch.Generator().manual_seed(0)

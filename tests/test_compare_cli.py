@@ -114,7 +114,7 @@ def test_at_width_keeps_T_and_derived_head_sizes():
 
 
 def test_compare_causal_writes_token_pairs(tmp_path, capsys):
-    """``--causal`` (THEORY section 3b) runs end to end and adds the per-token-pair outputs;
+    """``--causal`` (docs/theory.md#causal-sde) runs end to end and adds the per-token-pair outputs;
     the non-causal run has none (its outputs are unchanged)."""
     from simulations.compare import causal_pairs
 

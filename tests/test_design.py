@@ -1,4 +1,4 @@
-"""Depth/width/head-size design rules (THEORY sections 7 and 8)."""
+"""Depth/width/head-size design rules (docs/theory.md#depth-width and #head-size)."""
 
 import math
 
@@ -21,20 +21,21 @@ from shapedtx.design import (
 )
 
 
-# Anchors of THEORY section 7 ------------------------------------------------------------------
+# Anchors of docs/theory.md#depth-width
+# ------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("params", "depth", "width"), [(1.739e11, 80.5, 13.4e3), (1e12, 94.7, 29.6e3)]
 )
 def test_fit_reproduces_its_anchor_points(params, depth, width):
     shape = optimal_shape(params)
     assert shape.depth == pytest.approx(depth, abs=0.05)
-    # THEORY quotes 13.4K and 29.6K; the fit gives 13.42K and 29.66K (the text truncates)
+    # docs/theory.md quotes 13.4K and 29.6K; the fit gives 13.42K and 29.66K (the text truncates)
     assert shape.width == pytest.approx(width, rel=0.005)
     assert 12 * shape.depth * shape.width**2 == pytest.approx(params, rel=1e-12)
 
 
 def test_small_gpt3_comes_out_shallow_as_stated():
-    # THEORY section 7: "125M: L* ~ 23 at d* ~ 555" (size 12 L d^2 of GPT-3 Small)
+    # docs/theory.md#depth-width: "125M: L* ~ 23 at d* ~ 555" (size 12 L d^2 of GPT-3 Small)
     shape = optimal_shape(12 * 12 * 768**2)
     assert shape.depth == pytest.approx(23.0, abs=0.1)
     assert shape.width == pytest.approx(555, abs=2)

@@ -1,4 +1,4 @@
-"""The width-independent sampler ``method="gram"`` (simulations/gram.py, THEORY section 5).
+"""The width-independent sampler ``method="gram"`` (simulations/gram.py, docs/theory.md#samplers).
 
 Law: two-sample KS tests against "exact" and "weights" at small widths (several
 configurations, including the k < m corner cases), with a deliberately wrong variant rejected
@@ -140,7 +140,7 @@ def test_huge_width_one_step_and_width_independent_cost():
 
 @pytest.mark.slow
 def test_gram_matches_sde_medians_at_fixed_T():
-    """n = 256, T = 0.75 (THEORY section 6 configuration, m = 3): the medians of rho and
+    """n = 256, T = 0.75 (docs/theory.md#checks configuration, m = 3): the medians of rho and
     V^{aa} agree with ``sde.solve`` within 4 (cluster-robust) standard errors; the SDE with
     half the temperature (tau0 = 0.5) is rejected by the same check."""
     cfg = ModelConfig(width=256, depth=192)

@@ -41,7 +41,7 @@ def _input(m: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("mlp", ["shaped_relu", "relu"])
 def test_mlp_block_expected_covariance(mlp):
-    """E[V'] = lambda^2 V + gamma^2 c E[phi phi^T] exactly at any width (THEORY section 2)."""
+    """E[V'] = lambda^2 V + gamma^2 c E[phi phi^T] exactly at any width (docs/theory.md#layers)."""
     n, m, S = 64, 4, 4000
     gen = torch.Generator().manual_seed(10)
     cfg = ModelConfig(width=n, depth=1, attention="none", mlp=mlp, gamma=0.6, c_minus=-2.0)

@@ -1,5 +1,5 @@
-"""Causal covariance SDE (THEORY section 3b): closed forms against a literal transcription of
-the formulas, the reduction to section 3, token 1, and the exact law of the structured noise."""
+"""Causal covariance SDE (docs/theory.md#causal-sde): closed forms against a literal transcription
+of the formulas, the reduction to section 3, token 1, and the exact law of the structured noise."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def literal_P(a: int, m: int) -> torch.Tensor:
 
 
 def literal_drift_and_bracket(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """THEORY section 3b transcribed with loops: the drift bracket (without gamma^2 / tau0^2)
-    and the diffusion bracket (without gamma^4 / (tau0^2 n_h))."""
+    """docs/theory.md#causal-sde transcribed with loops: the drift bracket (without gamma^2 /
+    tau0^2) and the diffusion bracket (without gamma^4 / (tau0^2 n_h))."""
     m = V.shape[-1]
     P = [literal_P(a, m) for a in range(1, m + 1)]
     u = []

@@ -1,4 +1,4 @@
-"""Whole causal network vs the causal SDE (THEORY sections 3b and 6).
+"""Whole causal network vs the causal SDE (docs/theory.md#causal-sde and #checks).
 
 m = 4, n = 200, d = 100 (T = 0.5), gamma = 0.8, tau0 = 0.7, rho0 = 0.2, attention only. The
 mean correlation between tokens 1 and 4 at T is about 0.19 in the causal network and 0.22 in

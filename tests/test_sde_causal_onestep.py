@@ -1,6 +1,6 @@
-"""One-step Monte Carlo of the project's causal shaped attention vs THEORY section 3b.
+"""One-step Monte Carlo of the project's causal shaped attention vs docs/theory.md#causal-sde.
 
-Large n (10^6), following THEORY section 6: the value weights are integrated out analytically
+Large n (10^6), following docs/theory.md#checks: the value weights are integrated out analytically
 (one head, or n_h heads with W^O: ``E[V' | A] = lambda^2 V + gamma^2 mean_h A_h V A_h^T``),
 so only the queries and keys are sampled (``q = chol(V) Z_q``, the law of ``X W^Q / sqrt(n)``)
 and the project's ``attention_matrix`` (causal mask and causal centring) is applied. Drift:

@@ -21,7 +21,7 @@ def random_V(m: int, batch: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor
 
 
 def test_m2_closed_form():
-    """THEORY section 3: m = 2 gives b_att = (gamma^2 e^2 / (16 tau0^2)) V."""
+    """docs/theory.md#sde: m = 2 gives b_att = (gamma^2 e^2 / (16 tau0^2)) V."""
     V = random_V(2, (5,))
     e = V[:, 0, 0] + V[:, 1, 1] - 2 * V[:, 0, 1]
     expected = (ATT.gamma**2 * e**2 / (16 * ATT.tau0**2))[:, None, None] * V
@@ -33,7 +33,7 @@ def test_attention_drift_is_factored():
     V = random_V(5, (3,), seed=1)
     H = attention_drift_factor(V, ATT.gamma**2 / ATT.tau0**2)
     torch.testing.assert_close(H @ V + V @ H.mT, sde.drift(ATT, V), rtol=1e-12, atol=1e-13)
-    # the direct formula of THEORY section 3
+    # the direct formula of docs/theory.md#sde
     m = 5
     P = torch.eye(m, dtype=V.dtype) - 1 / m
     Vbar = P @ V @ P
@@ -69,7 +69,7 @@ def test_mlp_drift_nu_and_arccos_kernel():
     rho = torch.tensor([-0.5, 0.0, 0.3, 1.0], dtype=torch.float64)
     expected = (1.5**2 / (2 * math.pi)) * (torch.sqrt(1 - rho**2) - rho * torch.acos(rho))
     torch.testing.assert_close(sde.nu(rho, 0.3, -1.2), expected)
-    assert sde.nu(torch.tensor(0.0), 0.0, -1.0) > 0  # the sign THEORY warns about
+    assert sde.nu(torch.tensor(0.0), 0.0, -1.0) > 0  # the sign docs/theory.md warns about
 
 
 def test_block_adds_sub_blocks():
@@ -82,7 +82,7 @@ def test_block_adds_sub_blocks():
     )
     g2 = block.gamma**2
     const = sde.sde_constants(block, 3)
-    assert const.k_lin == pytest.approx(g2 * (4 - g2))  # THEORY's block coefficient
+    assert const.k_lin == pytest.approx(g2 * (4 - g2))  # docs/theory.md's block coefficient
 
 
 @pytest.mark.parametrize(

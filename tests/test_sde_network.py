@@ -1,4 +1,5 @@
-"""Whole finite network (``simulations.simulate``, exact sampler) vs the SDE (THEORY section 6).
+"""Whole finite network (``simulations.simulate``, exact sampler) vs the SDE
+(docs/theory.md#checks).
 
 n = 200, d = 150 (T = 0.75), gamma = 1/sqrt(8), tau0 = 1, rho0 = 0.2: quartiles of the
 off-diagonal rho_T agree within z bootstrap standard errors plus a small finite-width

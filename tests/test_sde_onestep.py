@@ -1,8 +1,8 @@
-"""One-step Monte Carlo of the finite network vs drift and diffusion (THEORY section 6).
+"""One-step Monte Carlo of the finite network vs drift and diffusion (docs/theory.md#checks).
 
-The finite block is the project's own ``shapedtx.block`` with an exact weight sampler (THEORY
-section 5: ``x W / sqrt(fan_in)`` has the law of ``chol(x x^T / fan_in) Z``, one fresh Z per
-weight name), float64, n = 2048. Drift: ``n E[V' - V]`` with variance reduction by
+The finite block is the project's own ``shapedtx.block`` with an exact weight sampler
+(docs/theory.md#samplers : ``x W / sqrt(fan_in)`` has the law of ``chol(x x^T / fan_in) Z``, one
+fresh Z per weight name), float64, n = 2048. Drift: ``n E[V' - V]`` with variance reduction by
 (i) a control network driven by the same Z with A = I (zero queries) and phi = identity
 (``c_pm = 0``), whose expected increment is exactly 0, and (ii) antithetic signs of the query
 and first MLP weights. Diffusion: ``n Cov(V')``. Tolerances: z standard errors plus a small

@@ -1,4 +1,5 @@
-"""Single-step moments and weak order of every SDE stepper (THEORY sections 3, 3b and 6).
+"""Single-step moments and weak order of every SDE stepper (docs/theory.md#sde, #causal-sde and
+#checks).
 
 One step of size dt from a fixed V with antithetic normals (xi, -xi): the mean increment over
 dt must equal ``b(V)`` and the covariance over dt must equal ``Sigma(V)``, up to the O(dt) the

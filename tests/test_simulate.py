@@ -1,5 +1,6 @@
 """simulations.simulate: Dataset contract, reproducibility, chunking, every configuration,
-bad input, non-finite reporting and rank collapse (THEORY sections 2, 4, 5)."""
+bad input, non-finite reporting and rank collapse (docs/theory.md#layers, #rank-collapse and
+#samplers)."""
 
 import contextlib
 import itertools
@@ -181,8 +182,8 @@ def _mean_rho(ds) -> np.ndarray:
 
 
 def test_standard_attention_collapses():
-    """THEORY section 4: gamma = 1/sqrt(8), n = 200, m = 4, rho0 = 0.2: mean rho about 0.41
-    after 5 layers and above 0.85 (about 0.93) by layer 25 (measured: 0.41, 0.93)."""
+    """docs/theory.md#rank-collapse: gamma = 1/sqrt(8), n = 200, m = 4, rho0 = 0.2: mean rho about
+    0.41 after 5 layers and above 0.85 (about 0.93) by layer 25 (measured: 0.41, 0.93)."""
     cfg = ModelConfig(width=200, depth=25, attention="softmax", gamma=8**-0.5)
     rho = _mean_rho(simulate(cfg, equicorrelated(4, 0.2), 64, seed=5))
     assert rho[25] > 0.85

@@ -1,7 +1,8 @@
 """The simulator's law: exact vs weights, one-step moments vs the SDE, rank collapse.
 
-THEORY sections 3-6. All statistical tests use fixed seeds; tolerances come from the Monte Carlo
-standard error (plus a stated finite-width allowance), and each test shows it can fail.
+docs/theory.md#sde, #rank-collapse, #samplers and #checks. All statistical tests use fixed seeds;
+tolerances come from the Monte Carlo standard error (plus a stated finite-width allowance), and each
+test shows it can fail.
 """
 
 import pytest
@@ -121,7 +122,7 @@ ONE_STEP = {
 
 @pytest.mark.parametrize("name", ONE_STEP)
 def test_one_step_diffusion_matches_sde(name):
-    """n Cov(V_1 - V_0) -> Sigma(V_0) (THEORY section 3; about 1% at this width)."""
+    """n Cov(V_1 - V_0) -> Sigma(V_0) (docs/theory.md#sde; about 1% at this width)."""
     n = 256
     cfg = ModelConfig(width=n, depth=1, **ONE_STEP[name])
     dV = _one_step(cfg, 6000, seed=3)
@@ -136,7 +137,7 @@ def test_one_step_diffusion_matches_sde(name):
 
 @pytest.mark.parametrize("name", ONE_STEP)
 def test_one_step_drift_matches_sde(name):
-    """n E[V_1 - V_0] -> b(V_0) (THEORY section 3).
+    """n E[V_1 - V_0] -> b(V_0) (docs/theory.md#sde).
 
     Small width and a large drift (gamma = 0.7, tau0 = 0.5, c_- = -2) so that max|b| is about
     30 MC standard errors. The allowance of 0.1 max|b| covers the finite-width bias, measured

@@ -1,7 +1,7 @@
 """Finite networks at the advised (gamma, tau0) meet the advisor's criteria; rejected ones do not.
 
 For each (width, depth, tokens) the advisor (``simulations.advise``, default grid and criteria)
-is run, then finite networks are sampled with the exact sampler (THEORY section 5,
+is run, then finite networks are sampled with the exact sampler (docs/theory.md#samplers,
 ``simulations.simulate``) at the advised configuration and at configurations the advisor
 rejects: the least-rejected one next to the advice (the smallest rejected gamma at the advised
 tau0) and an extreme one (gamma 1, tau0 0.25), and, if there is one, the smallest gamma left

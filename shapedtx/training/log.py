@@ -3,7 +3,7 @@
 Variables: ``train_loss`` (mean over the steps since the previous row), ``val_loss`` (NaN on
 rows without evaluation), ``lr``, ``grad_norm`` (global, before clipping) and
 ``grad_norm_block(step, block)``, and the token-covariance metrics of ``shapedtx.metrics``
-measured on a fixed validation batch after every block (THEORY section 4):
+measured on a fixed validation batch after every block (docs/theory.md#rank-collapse):
 ``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``centred_stable_rank(step,
 layer)``, ``eigenvalue_ratio(step, layer)``,
 ``residual(step, layer)`` (layer 0 = embedding output). Step 0 is the initialisation.

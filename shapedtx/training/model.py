@@ -16,10 +16,10 @@ class LanguageModel(nn.Module):
     """Bytes -> embedding -> ``Transformer(config)`` -> [LayerNorm] -> unembedding -> logits.
 
     ``init="fan_in"``: token and learned position embeddings are N(0, 1/2) each, so the input
-    token covariance has unit diagonal (V^{aa} = 1, THEORY section 1), and the unembedding is
+    token covariance has unit diagonal (V^{aa} = 1, docs/theory.md#notation), and the unembedding is
     N(0, 1/n). ``init="gpt2"``: embeddings and unembedding N(0, 0.02^2) (untied). The
     unembedding has a zero bias; ``config.final_norm`` adds an affine LayerNorm before it.
-    ``config.causal`` must be True (the causal shaped attention of THEORY section 2 goes
+    ``config.causal`` must be True (the causal shaped attention of docs/theory.md#layers goes
     through the fused SDPA path).
 
     tokens: (B, m) int64 -> logits (B, m, 256).

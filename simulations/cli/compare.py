@@ -4,7 +4,7 @@ The main job (README): one shaped model simulated as a finite network and as its
 compared time by time (``simulations.compare``), a convergence study in the width at fixed T
 (``simulations.convergence``), the standard-attention baselines (rank collapse,
 ``shapedtx.detect_collapse``), figures (``simulations.plots``) and ``summary.json``.
-With ``--causal`` (THEORY section 3b) the tokens are not exchangeable: the run also writes
+With ``--causal`` (docs/theory.md#causal-sde) the tokens are not exchangeable: the run also writes
 ``token_pairs.nc`` and ``figures/token_pairs`` (mean rho of the pairs (1, 2), (1, m) and
 (m - 1, m) over time, network vs SDE) and a ``token_pairs`` entry in ``summary.json``.
 """

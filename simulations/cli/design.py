@@ -1,6 +1,6 @@
 """``shapedtx design``: depth/width for a parameter budget, head-size check, GPT-3 table.
 
-THEORY sections 7 and 8; the fit constants are the BigScience restatement of [LW].
+docs/theory.md#depth-width and #head-size; the fit constants are the BigScience restatement of [LW].
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from shapedtx.design import (
 
 FIT_NOTE = (
     f"fit: ln d*(L) = {LW_FIT.a} + {LW_FIT.b} L, size N = 12 L d^2 (BigScience restatement of "
-    "Levine et al. 2020; THEORY section 7)"
+    "Levine et al. 2020; docs/theory.md#depth-width)"
 )
 
 
@@ -135,8 +135,8 @@ def _heads(width: int, depth: int, head_size: int, seq_len: int) -> str:
     ]
     return "\n".join(
         [
-            f"Head size at sequence length m = {seq_len} (Bhojanapalli et al. 2020; THEORY "
-            "section 8)",
+            f"Head size at sequence length m = {seq_len} (Bhojanapalli et al. 2020; "
+            "docs/theory.md#head-size)",
             _table(
                 ("layout", "heads", "d_p", "logit rank <=", "d_p < m", "attn params/layer"), rows
             ),
