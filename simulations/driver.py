@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
-from shapedtx._validation import check_int
+from shapedtx._validation import check_device, check_int
 
 from .rng import GroupedNormal
 from .samplers import SAMPLERS, TokenSampler
@@ -157,7 +157,7 @@ def simulate(
     sampler_cls = SAMPLERS[method]
     sampler_cls.check(config)
     V0 = check_covariance(V0)
-    device = torch.device(device) if device is not None else V0.device
+    device = check_device(device) if device is not None else V0.device
     V0 = V0.to(device=device, dtype=dtype)
     m = V0.shape[-1]
     if config.width < m:

@@ -1,0 +1,80 @@
+"""Every subcommand: bad input is one line on stderr naming the option, exit code 2, no
+traceback, and nothing written (checked before any computation)."""
+
+import pytest
+
+from simulations.cli import main
+
+BAD = [
+    # simulate
+    ["simulate", "--width", "0"],
+    ["simulate", "--depth", "-1"],
+    ["simulate", "--tokens", "1"],
+    ["simulate", "--rho0", "2"],
+    ["simulate", "--samples", "0"],
+    ["simulate", "--scale", "-1"],
+    ["simulate", "--model", "gpt5"],
+    ["simulate", "--mlp-ratio", "0"],
+    ["simulate", "--norm", "rms"],
+    ["simulate", "--out", "x.csv"],
+    ["simulate", "--out", "{tmp}"],
+    ["simulate", "--device", "tpu"],
+    ["simulate", "--gamma", "1.5"],
+    ["simulate", "--tau0", "0"],
+    ["simulate", "--heads", "7"],
+    # sde
+    ["sde", "--attention", "softmax"],
+    ["sde", "--residual", "unit"],
+    ["sde", "--mlp", "gelu"],
+    ["sde", "--norm", "post"],
+    ["sde", "--init", "gpt2"],
+    ["sde", "--tokens", "1"],
+    ["sde", "--out", "{tmp}"],
+    ["sde", "--dtype", "float16"],
+    # compare
+    ["compare", "--out", "{out}", "--samples", "1"],
+    ["compare", "--out", "{out}", "--dt", "0"],
+    ["compare", "--out", "{out}", "--threshold", "1.5"],
+    ["compare", "--out", "{out}", "--model", "pre_ln"],
+    ["compare", "--out", "{out}", "--convergence-widths", "a,b"],
+    ["compare", "--out", "{out}", "--tokens", "1"],
+    ["compare", "--out", "{file}"],
+    ["compare", "--out", "{out}", "--threads", "0"],
+    ["compare", "--out", "{out}", "--preset", "x"],
+    # train
+    ["train", "--steps", "0"],
+    ["train", "--lr", "-1"],
+    ["train", "--seq-len", "1"],
+    ["train", "--no-causal"],
+    ["train", "--width", "0"],
+    # design, advise, sweep, probe
+    ["design", "--params", "-1"],
+    ["design", "--params", "1e9", "--head-size", "0"],
+    ["design", "--params", "1e9", "--multiple", "0"],
+    ["advise", "--width", "0", "--depth", "4"],
+    ["advise", "--width", "64", "--depth", "4", "--tokens", "1"],
+    ["sweep", "{grid}", "--store", "{file}"],
+    ["probe", "{tmp}/missing-run"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD, ids=lambda a: " ".join(a))
+def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(argv, tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    grid = tmp_path / "grid.toml"
+    grid.write_text("[grid]\nwidth = [16, -3]\ndepth = 2\nsamples = 4\n")
+    before = sorted(tmp_path.rglob("*"))
+    argv = [a.format(tmp=tmp_path, out=tmp_path / "out", file=tmp_path / "file.txt", grid=grid)
+            for a in argv]  # fmt: skip
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "error" in err and "Traceback" not in err, err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_at_least_40_bad_invocations():
+    assert len(BAD) >= 40
