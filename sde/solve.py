@@ -12,6 +12,7 @@ from torch import Tensor
 from shapedtx._validation import check_device, check_dtype
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import check_covariance
+from shapedtx.options import RunOptions
 from shapedtx.results import covariance_dataset
 
 from .coefficients import sde_constants
@@ -49,6 +50,7 @@ def solve(
     save_every: int | None = None,
     bound: float = DEFAULT_BOUND,
     progress: bool | None = None,
+    options: RunOptions | None = None,
 ) -> xr.Dataset:
     """Solve ``dV = b dt + Sigma^{1/2} dB`` (docs/theory.md#sde and #causal-sde) for ``samples``
     paths.
@@ -68,6 +70,8 @@ def solve(
         save_every: save every this many steps (default: about 200 saved times) and at T.
         bound: a path exceeding ``bound * max_a V0^{aa}`` (or non-finite) is frozen and flagged.
         progress: tqdm progress bar (None: automatic, False: off).
+        options: a :class:`shapedtx.options.RunOptions` (seed, device, dtype, progress)
+            replacing those keyword arguments.
 
     Returns:
         Dataset ``V (sample, t, token_a, token_b)`` per ``shapedtx.results`` with
@@ -75,6 +79,13 @@ def solve(
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
         ``steps``, ``bound`` and ``exploded_fraction``.
     """
+    if options is not None:
+        seed, device, dtype, progress = (
+            options.seed,
+            options.device,
+            options.dtype,
+            options.progress,
+        )
     if isinstance(method, Solver):
         if dt is not None and dt != method.dt:
             raise ValueError(f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one")

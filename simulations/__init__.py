@@ -18,6 +18,7 @@ from .experiment import (
     summarise,
 )
 from .gram import GramSampler
+from .options import Auto, Exact, Gram, RunOptions, Weights
 from .plots import (
     plot_collapse_metrics,
     plot_convergence,
@@ -39,18 +40,23 @@ __all__ = [
     "QUANTILES",
     "SAMPLERS",
     "Advice",
+    "Auto",
     "Candidate",
     "Comparison",
     "Criteria",
+    "Exact",
     "ExactSampler",
     "Experiment",
+    "Gram",
     "GramSampler",
     "GroupedNormal",
     "Measurement",
     "Preset",
+    "RunOptions",
     "Sampler",
     "SweepSummary",
     "TokenSampler",
+    "Weights",
     "WeightsSampler",
     "advise",
     "align_times",

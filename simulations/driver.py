@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
 from shapedtx._validation import check_device, check_int
 
+from .options import RunOptions
+from .options import Sampler as SamplerChoice
 from .rng import GroupedNormal
 from .samplers import SAMPLERS, TokenSampler
 
@@ -116,13 +118,14 @@ def simulate(
     V0: Tensor,
     samples: int,
     *,
-    method: str | None = None,
+    method: str | SamplerChoice | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
     chunk_size: int | None = None,
     memory_budget: float = DEFAULT_MEMORY_BUDGET,
     progress: bool | None = None,
+    options: RunOptions | None = None,
 ) -> xr.Dataset:
     """Token covariances ``V_l = X_l X_l^T / n`` of random networks at initialisation.
 
@@ -143,6 +146,9 @@ def simulate(
             ``memory_budget``. Does not change the results.
         memory_budget: approximate working memory of one chunk, in bytes.
         progress: tqdm progress bar; ``None`` shows it only when stderr is a terminal.
+        options: a :class:`simulations.RunOptions` (seed, device, dtype, progress,
+            chunk_size) replacing those keyword arguments. ``method`` may also be a sampler
+            object (:class:`simulations.Exact`, ``Weights()``, ``Gram()``, ``Auto()``).
 
     Returns:
         The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
@@ -151,6 +157,11 @@ def simulate(
         ``"auto"`` for None), ``group_size`` and ``nonfinite`` (number of samples whose
         covariance became non-finite; a RuntimeWarning is issued when > 0).
     """
+    if isinstance(method, SamplerChoice):
+        method = method.name
+    if options is not None:
+        seed, device, dtype = options.seed, options.device, options.dtype
+        progress, chunk_size = options.progress, options.chunk_size
     _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
     requested = "auto" if method is None else method
     method = resolve_method(config, method)

@@ -242,3 +242,26 @@ def test_every_simulated_covariance_is_psd(config, V0, method, seed):
     V = ds["V"].values
     assert np.isfinite(V).all()
     _assert_psd(V)
+
+
+def test_sampler_objects_and_run_options_equal_the_keywords():
+    """``method=Exact()`` and ``options=RunOptions(...)`` are the keyword forms exactly, in
+    ``simulate`` and in ``sde.solve``; bad options raise naming the field."""
+    import sde
+    from simulations import Auto, Exact, Gram, RunOptions, Weights
+
+    config = ModelConfig(width=16, depth=3)
+    V0 = equicorrelated(3, 0.2)
+    for obj, name in ((Exact(), "exact"), (Weights(), "weights"), (Gram(), "gram")):
+        a = simulate(config, V0, 8, method=obj, options=RunOptions(seed=2, chunk_size=4))
+        b = simulate(config, V0, 8, method=name, seed=2, chunk_size=4)
+        assert np.array_equal(a["V"].values, b["V"].values) and a.attrs["method"] == name
+    assert simulate(config, V0, 8, method=Auto()).attrs["method"] == "gram"
+    x = sde.solve(config, V0, 8, options=RunOptions(seed=5, dtype=torch.float32))
+    y = sde.solve(config, V0, 8, seed=5, dtype=torch.float32)
+    assert np.array_equal(x["V"].values, y["V"].values)
+    bad_options = [({"seed": -1}, "seed"), ({"dtype": torch.float16}, "dtype"),
+                   ({"device": "tpu"}, "device"), ({"chunk_size": 0}, "chunk_size")]  # fmt: skip
+    for bad, field in bad_options:
+        with pytest.raises(ValueError, match=field):
+            RunOptions(**bad)
