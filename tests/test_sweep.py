@@ -22,7 +22,7 @@ from simulations import equicorrelated, open_point, open_sweep, simulate, sweep
 from simulations.grid import make_grid, point_seed
 from simulations.sweep import read_records
 
-sweep_module = importlib.import_module("simulations.sweep")  # the module, not the function
+sweep_module = importlib.import_module("simulations.sweep.run")  # where sweep() looks up _task
 
 
 @pytest.fixture(scope="module")
