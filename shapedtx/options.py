@@ -11,6 +11,9 @@ import torch
 
 from ._validation import check_device, check_dtype, check_int
 
+DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
+"""The simulation and SDE dtypes by name (the one table; training also takes bfloat16)."""
+
 
 @dataclass(frozen=True)
 class RunOptions:

@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
-from shapedtx._validation import check_device, check_int
+from shapedtx._validation import check_device, check_dtype, check_int
 
 from .options import RunOptions
 from .options import Sampler as SamplerChoice
@@ -26,8 +26,6 @@ from .samplers import SAMPLERS, TokenSampler
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
-
-_DTYPES = (torch.float32, torch.float64)
 
 
 def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget) -> None:
@@ -40,8 +38,7 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
         )
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    check_dtype(dtype)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)
     if (

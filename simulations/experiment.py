@@ -31,6 +31,7 @@ import xarray as xr
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import check_dtype, check_int
 from shapedtx.files import write_json
+from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
 
 from .compare import collapse_report, compare, token_pairs
@@ -117,7 +118,7 @@ class Experiment:
 
     @property
     def dtype_torch(self) -> torch.dtype:
-        return {"float64": torch.float64, "float32": torch.float32}.get(self.dtype, self.dtype)  # type: ignore[return-value]
+        return DTYPES.get(self.dtype, self.dtype)  # type: ignore[call-overload]
 
     @property
     def widths(self) -> tuple[int, ...]:

@@ -15,9 +15,8 @@ from typing import NoReturn
 import torch
 
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
+from shapedtx.options import DTYPES
 from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class UsageError(Exception):

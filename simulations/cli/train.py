@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from shapedtx.config import ModelConfig
+from shapedtx.options import DTYPES as SIM_DTYPES
 
 from ._common import (
     UsageError,
@@ -19,7 +20,7 @@ from ._common import (
     set_threads,
 )
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {**SIM_DTYPES, "bfloat16": torch.bfloat16}  # training also runs in bfloat16
 MODEL_DEFAULTS = ModelConfig(
     width=64, depth=4, attention="shaped", mlp="shaped_relu", heads=4, out_proj=True, causal=True
 )

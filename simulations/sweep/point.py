@@ -11,10 +11,10 @@ import torch
 import xarray as xr
 
 from shapedtx.covariance import equicorrelated
+from shapedtx.options import DTYPES
 
 from ..grid import Point
 from .store import (
-    _DTYPES,
     PENDING,
     _finish,
     _record,
@@ -100,7 +100,7 @@ def _task(
     group["status"][point.index] = PENDING
     started = time.time()
     try:
-        ds = run_point(point, _DTYPES[dtype_name], device)
+        ds = run_point(point, DTYPES[dtype_name], device)
         _write_point(group, point, ds)
     except Exception as err:  # every failure is recorded with its point
         record = _record(

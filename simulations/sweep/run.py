@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from shapedtx._validation import check_int
+from shapedtx.options import DTYPES
 
 from ..grid import make_grid
 from .point import _task
 from .store import (
-    _DTYPES,
     DONE,
     FAILED,
     _finish,
@@ -118,7 +118,7 @@ def sweep(
     from tqdm.auto import tqdm
 
     dtype_name = str(dtype).removeprefix("torch.")
-    if dtype_name not in _DTYPES:
+    if dtype_name not in DTYPES:
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype!r}")
     if client is not None and workers is not None:
         raise ValueError("workers sets the embedded cluster; do not pass it with client")

@@ -25,7 +25,6 @@ STATUS = ("pending", "done", "failed")
 _RECORDS = "_sweep"
 _LAYOUT = 1
 _CHUNK_BYTES = 64 * 2**20
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 def _padded_sizes(points: list[Point]) -> tuple[int, int, int]:
