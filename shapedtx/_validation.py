@@ -33,10 +33,10 @@ def check_device(device: Any, name: str = "device") -> Any:
                          f"{device!r} ({err})") from None  # fmt: skip
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name}={device!r}: CUDA is not available on this machine")
+            raise ValueError(f"{name} {device!r}: CUDA is not available on this machine")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(
-                f"{name}={device!r}: only {torch.cuda.device_count()} CUDA device(s) available"
+                f"{name} {device!r}: only {torch.cuda.device_count()} CUDA device(s) available"
             )
     elif dev.type not in ("cpu", "mps", "meta"):
         raise ValueError(f"{name} must be 'cpu' or 'cuda[:index]', got {device!r}")

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import check_dtype, check_int
 from shapedtx.files import write_json
@@ -41,8 +42,6 @@ from .samplers import SAMPLERS
 
 FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
 """Figures of :func:`run_comparison` (plus ``token_pairs`` for causal models)."""
-
-SDE_METHODS = ("euler", "em", "torchsde")
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,8 @@ class Experiment:
                 f"method must be 'auto' or one of {', '.join(map(repr, SAMPLERS))}, "
                 f"got {self.method!r}"
             )
-        if self.sde_method not in SDE_METHODS:
-            raise ValueError(f"sde_method must be one of {SDE_METHODS}, got {self.sde_method!r}")
+        if self.sde_method not in METHODS:
+            raise ValueError(f"sde_method must be one of {METHODS}, got {self.sde_method!r}")
         if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt!r}")
         if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
@@ -167,9 +166,6 @@ class Comparison:
     token_pairs: xr.Dataset | None
     summary: dict[str, Any]
     files: list[Path] = field(default_factory=list)
-
-
-Stage = Callable[[str, str], Any]
 
 
 class _Timer:

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import torch
 
+from shapedtx._validation import check_device
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
 from shapedtx.options import DTYPES
 from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
@@ -124,14 +125,12 @@ def add_run_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def parse_device(text: str | None) -> torch.device:
-    """``--device`` as a torch.device (default cpu); UsageError if unknown or unavailable."""
+    """``--device`` as a torch.device (default cpu); UsageError if unknown or unavailable
+    (the library's check, :func:`shapedtx._validation.check_device`)."""
     try:
-        device = torch.device(text) if text is not None else torch.device("cpu")
-    except RuntimeError as err:
-        raise UsageError(f"--device: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {text} requested but CUDA is not available")
-    return device
+        return check_device(text)
+    except ValueError as err:
+        raise UsageError(f"--{err}") from None
 
 
 def set_threads(threads: int | None, option: str = "--threads") -> None:
