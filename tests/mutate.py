@@ -65,6 +65,13 @@ TESTS: dict[str, list[str]] = {
     "sde/solvers.py": ["tests/test_sde_solvers.py", "tests/test_sde_onestep.py"],
     "sde/solve.py": ["tests/test_sde_solvers.py"],
     "sde/torchsde_solver.py": ["tests/test_sde_solvers.py"],
+    "simulations/experiment.py": ["tests/test_compare_cli.py", "tests/test_compare.py"],
+    "simulations/advise.py": ["tests/test_advise.py"],
+    "simulations/plots.py": ["tests/test_compare.py"],
+    "simulations/options.py": ["tests/test_simulate.py"],
+    "shapedtx/training/plots.py": ["tests/test_train.py"],
+    "sde/time_grid.py": ["tests/test_sde_solvers.py"],
+    "sde/options.py": ["tests/test_sde_solvers.py", "tests/test_sde_steppers.py"],
 }
 
 _BINOP_SWAP = {
