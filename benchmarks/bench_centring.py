@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import shapedtx.attention as attention
 from shapedtx import ModelConfig
 from shapedtx.attention import token_mean
+from shapedtx.blocks import merge_heads, split_heads
 from shapedtx.training import LanguageModel
 
 
@@ -63,16 +64,19 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     B, H, m, d = 16, 4, 128, 32
-    q, k, v = (torch.randn(B, H, m, d, generator=gen, requires_grad=True) for _ in range(3))
-    g = torch.randn(B, H, m, d, generator=gen)
+    q, k = (torch.randn(B, H, m, d, generator=gen, requires_grad=True) for _ in range(2))
+    values = torch.randn(B, m, H * d, generator=gen, requires_grad=True)  # merged heads
+    g = torch.randn(B, m, H * d, generator=gen)
     tau = (128 * 32) ** 0.5
 
     def call(variant: str) -> None:
+        # as in shapedtx.blocks.attention_branch: values split into heads, outputs merged
         if variant == "softmax (SDPA)":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, split_heads(values, H), is_causal=True)
+            out = merge_heads(out)
         else:
             with _centring(variant == "shaped, fused centring"):
-                out = attention.shaped_attention(q, k, v, tau, causal=True)
+                out = attention.shaped_attention_heads(q, k, values, tau, causal=True)
         out.backward(g)
 
     variants = ["softmax (SDPA)", "shaped, fused centring", "shaped, unfused centring"]

@@ -13,9 +13,11 @@ from .activation import relu_slopes, shaped_relu
 from .attention import (
     causal_uniform,
     shaped_attention,
+    shaped_attention_heads,
     shaped_attention_matrix,
     softmax_attention,
     softmax_attention_matrix,
+    token_cumsum,
     token_mean,
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
@@ -132,10 +134,12 @@ __all__ = [
     "residual",
     "save_dataset",
     "shaped_attention",
+    "shaped_attention_heads",
     "shaped_attention_matrix",
     "shaped_relu",
     "softmax_attention",
     "softmax_attention_matrix",
+    "token_cumsum",
     "token_mean",
     "train",
     "with_metrics",

@@ -56,15 +56,56 @@ def shaped_attention_matrix(Y: Tensor, tau: float, *, causal: bool = False) -> T
         centre = causal_uniform(m, dtype=Y.dtype, device=Y.device)
     else:
         centre = torch.full((m, m), 1.0 / m, dtype=Y.dtype, device=Y.device)
-    return _masked_softmax(Y / tau, causal).add_(eye - centre)  # (m, m) constant: one pass
+    A = _masked_softmax(Y / tau, causal)
+    if A.requires_grad:  # torch.softmax's backward needs its output unchanged
+        return A + (eye - centre)
+    return A.add_(eye - centre)  # (m, m) constant: one pass
 
 
 def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:
     """``(11^T/m) v`` or, if causal, ``C v`` (running mean over tokens); v: (..., m, d)."""
     if not causal:
         return v.mean(dim=-2, keepdim=True).expand_as(v)
-    counts = torch.arange(1, v.shape[-2] + 1, dtype=v.dtype, device=v.device)
-    return v.cumsum(dim=-2) / counts[:, None]
+    return token_cumsum(v) * _inverse_counts(v.shape[-2], v.dtype, v.device)
+
+
+CUMSUM_BLOCK = 16
+"""Block size of :func:`token_cumsum` on CPU (sums within blocks of this many tokens by one
+batched product with a triangular matrix of ones, then a running sum of the block totals)."""
+
+
+def token_cumsum(x: Tensor, *, reverse: bool = False) -> Tensor:
+    """Running sum over tokens, ``y_i = sum_{j <= i} x_j`` (or ``sum_{j >= i}`` if
+    ``reverse``); x: (..., m, d) -> (..., m, d).
+
+    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens it is computed blockwise (about 2.5x faster than
+    ``torch.cumsum`` over a non-last dimension, which is not vectorised over d); elsewhere
+    ``torch.cumsum``. The same sums up to rounding.
+    """
+    m, b = x.shape[-2], CUMSUM_BLOCK
+    if x.device.type != "cpu" or m < 2 * b:
+        if reverse:
+            return x.flip(-2).cumsum(dim=-2).flip(-2)
+        return x.cumsum(dim=-2)
+    pad = -m % b
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+    ones = _block_triangle(b, reverse, x.dtype, x.device)
+    within = torch.matmul(ones, x.unflatten(-2, (-1, b)))  # (..., m / b, b, d)
+    totals = within[..., 0 if reverse else -1, :]  # (..., m / b, d): each block's sum
+    if reverse:
+        before = totals.flip(-2).cumsum(dim=-2).flip(-2) - totals  # blocks after this one
+    else:
+        before = totals.cumsum(dim=-2) - totals  # blocks before this one
+    out = within.add_(before.unsqueeze(-2)).flatten(-3, -2)
+    return out[..., :m, :] if pad else out
+
+
+@functools.lru_cache(maxsize=16)
+def _block_triangle(b: int, reverse: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(b, b) ones on and below (above, if ``reverse``) the diagonal."""
+    ones = torch.ones(b, b, dtype=dtype, device=device)
+    return ones.triu() if reverse else ones.tril()
 
 
 def shaped_attention(
@@ -79,6 +120,20 @@ def shaped_attention(
     """
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
     return centred_sum(attended, v, causal=causal)
+
+
+def shaped_attention_heads(
+    q: Tensor, k: Tensor, values: Tensor, tau: float, *, causal: bool = False
+) -> Tensor:
+    """:func:`shaped_attention` of h heads, on and into the merged head layout.
+
+    q, k: (..., h, m, n_k); values: (..., m, h d) (head j in columns ``j d .. (j + 1) d``) ->
+    (..., m, h d), the heads' outputs side by side. The centring acts on tokens only, so it
+    runs once on the contiguous merged values instead of per head (faster on CPU).
+    """
+    v = values.unflatten(-1, (q.shape[-3], -1)).transpose(-3, -2)  # (..., h, m, d)
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
+    return centred_sum(attended.transpose(-3, -2).flatten(-2), values, causal=causal)
 
 
 def centred_sum(attended: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
@@ -102,7 +157,7 @@ class _CentredSum(torch.autograd.Function):
         ctx.causal = causal
         if causal:
             inv = _inverse_counts(v.shape[-2], v.dtype, v.device)
-            out = torch.addcmul(attended, v.cumsum(dim=-2), inv, value=-1.0)
+            out = torch.addcmul(attended, token_cumsum(v), inv, value=-1.0)
         else:
             out = torch.sub(attended, v.mean(dim=-2, keepdim=True))
         return out.add_(v)
@@ -113,11 +168,9 @@ class _CentredSum(torch.autograd.Function):
         grad_v = None
         if ctx.needs_input_grad[1]:
             if ctx.causal:
-                # C^T t = reversed cumulative sum of t = g / counts (flip, cumsum, flip: on
-                # the strided gradient of the merged heads 3x faster than the in-place form
-                # total - cumsum + t)
+                # C^T t = reversed cumulative sum of t = g / counts
                 t = g * _inverse_counts(g.shape[-2], g.dtype, g.device)
-                grad_v = g - t.flip(-2).cumsum(dim=-2).flip(-2)
+                grad_v = g - token_cumsum(t, reverse=True)
             else:
                 grad_v = g - g.mean(dim=-2, keepdim=True)
         return (g if ctx.needs_input_grad[0] else None), grad_v, None

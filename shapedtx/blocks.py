@@ -25,7 +25,7 @@ from torch import Tensor
 from ._matmul import small_matmul
 from .activation import relu_slopes, shaped_relu
 from .attention import (
-    shaped_attention,
+    shaped_attention_heads,
     shaped_attention_matrix,
     softmax_attention,
     softmax_attention_matrix,
@@ -81,16 +81,16 @@ def attention_branch(
     h, n_k = config.heads, config.key_dim
     q = split_heads(linear(X, h * n_k, "query"), h)
     k = split_heads(linear(X, h * n_k, "key"), h)
-    v = split_heads(linear(X, config.value_dim, "value"), h)
+    values = linear(X, config.value_dim, "value")
+    v = split_heads(values, h)
     if not fused:
-        out = small_matmul(attention_matrix(q, k, config), v)
+        out = merge_heads(small_matmul(attention_matrix(q, k, config), v))
     elif config.attention == "shaped":
-        out = shaped_attention(q, k, v, config.tau, causal=config.causal)
+        out = shaped_attention_heads(q, k, values, config.tau, causal=config.causal)
     elif config.attention == "softmax":
-        out = softmax_attention(q, k, v, causal=config.causal, key_dim=n_k)
+        out = merge_heads(softmax_attention(q, k, v, causal=config.causal, key_dim=n_k))
     else:
         raise ValueError(f"attention must be 'shaped' or 'softmax', got {config.attention!r}")
-    out = merge_heads(out)
     return linear(out, config.width, "out") if config.out_proj else out
 
 

@@ -5,11 +5,15 @@ import pytest
 import torch
 
 from shapedtx.attention import (
+    CUMSUM_BLOCK,
     causal_uniform,
     centred_sum,
     shaped_attention,
+    shaped_attention_heads,
     shaped_attention_matrix,
+    token_cumsum,
 )
+from shapedtx.blocks import merge_heads, split_heads
 
 
 def _centre(m: int, causal: bool) -> torch.Tensor:
@@ -18,15 +22,30 @@ def _centre(m: int, causal: bool) -> torch.Tensor:
     return torch.full((m, m), 1.0 / m, dtype=torch.float64)
 
 
+@pytest.mark.parametrize("m", [1, 5, 2 * CUMSUM_BLOCK - 1, 2 * CUMSUM_BLOCK, 37, 128])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_token_cumsum_equals_triangular_product(m, reverse):
+    """``token_cumsum`` is ``T x`` with T the (m, m) lower (upper, if reverse) triangle of
+    ones, for m below, at and above the blocked path's threshold, m not a multiple of the
+    block, and a strided input (the per-head view of merged values)."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(3, m, 2, 5, generator=gen, dtype=torch.float64).transpose(-3, -2)
+    ones = torch.ones(m, m, dtype=torch.float64)
+    T = ones.triu() if reverse else ones.tril()
+    torch.testing.assert_close(token_cumsum(x, reverse=reverse), T @ x, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", [9, 40])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_centring_equals_matrix_form(causal):
-    """Value and both gradients of ``attended + (I - C) v`` to 1e-10 in float64."""
+def test_fused_centring_equals_matrix_form(causal, m):
+    """Value and both gradients of ``attended + (I - C) v`` to 1e-10 in float64 (m = 40 takes
+    the blocked running sum)."""
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(3, 2, 9, 5, generator=gen, dtype=torch.float64)
+    a = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64)
     fused = centred_sum(a, v, causal=causal)
-    explicit = a + (torch.eye(9, dtype=torch.float64) - _centre(9, causal)) @ v
+    explicit = a + (torch.eye(m, dtype=torch.float64) - _centre(m, causal)) @ v
     torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
     ga, gv = torch.autograd.grad(fused, (a, v), g)
     ea, ev = torch.autograd.grad(explicit, (a, v), g)
@@ -52,6 +71,32 @@ def test_fused_shaped_attention_equals_matrix_form(causal):
     for x, y in zip(
         torch.autograd.grad(fused, (q, k, v), g),
         torch.autograd.grad(explicit, (q, k, v), g),
+        strict=True,
+    ):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("m", [6, 40])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shaped_attention_heads_equals_per_head_matrix_form(causal, m):
+    """Shaped attention on the merged head layout equals the per-head explicit ``A_h v_h``
+    side by side, in value and gradients (float64, 1e-10)."""
+    gen = torch.Generator().manual_seed(2)
+    h, d = 3, 4
+    q, k = (
+        torch.randn(2, h, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    values = torch.randn(2, m, h * d, generator=gen, dtype=torch.float64, requires_grad=True)
+    tau = 2.3
+    fused = shaped_attention_heads(q, k, values, tau, causal=causal)
+    A = shaped_attention_matrix(q @ k.mT, tau, causal=causal)
+    explicit = merge_heads(A @ split_heads(values, h))
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
+    g = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
+    for x, y in zip(
+        torch.autograd.grad(fused, (q, k, values), g),
+        torch.autograd.grad(explicit, (q, k, values), g),
         strict=True,
     ):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
