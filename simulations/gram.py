@@ -50,9 +50,10 @@ G: (k, m), F: Wishart(n - m, I_k)) and ``s = gamma / sqrt(n n_h d_p)``. The chai
 Markov. Each head has its own logits ``(L N_h)(L C_h)^T``.
 
 **Factors.** L' is the Cholesky factor of ``V' = M M^T`` (:func:`gram_factor`; the QR of
-M^T for the samples where V' is numerically singular). **Draws.** All N(0, 1) numbers of a
-block come from one buffer filled with one call per generator group, all chi-square variables
-(Bartlett diagonals) from one call per group (:class:`simulations.rng.GroupedNormal`).
+M^T for the samples where V' is numerically singular). **Draws.** The N(0, 1) numbers of a
+block come from one contiguous tensor per kind (N, C, G, F, D), each filled with one call per
+generator group, all chi-square variables (Bartlett diagonals) from one call per group
+(:class:`simulations.rng.GroupedNormal`).
 
 **Cost per block and sample.** Attention-only networks: O(H m^3), independent of the width
 and of n_k, d_p. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).
@@ -69,6 +70,7 @@ those columns, not only on V).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -90,12 +92,15 @@ def residual_update(L: Tensor, B: Tensor, G: Tensor, F: Tensor, lam: float, s: f
     F F^T) B^T`` (module doc); L: (..., m, m), B: (..., m, k), G: (..., k, m), F: (..., k, j)
     -> L': (..., m, m) lower triangular with ``L' L'^T = V'``.
 
-    ``V' = M M^T`` with ``M = [lambda L + s B G, s B F]``; L' is the Cholesky factor of V'
-    (batched m x m, about 15x cheaper than the QR of M^T on CPU), and for the samples whose V'
-    is numerically singular ``R^T`` from the QR ``M^T = Q R`` (exact also for singular V').
+    ``V' = P P^T + s^2 (B F)(B F)^T`` with ``P = lambda L + s B G``; L' is the Cholesky factor
+    of V' (batched m x m, about 15x cheaper than a QR on CPU), and for the samples whose V' is
+    numerically singular ``R^T`` from the QR ``M^T = Q R`` of ``M = [P, s B F]`` (exact also
+    for singular V').
     """
-    M = torch.cat([lam * L + s * small_matmul(B, G), s * small_matmul(B, F)], dim=-1)
-    return gram_factor(M)
+    P = small_matmul(B, G).mul_(s).add_(L, alpha=lam)
+    BF = small_matmul(B, F)
+    V = small_matmul(BF, BF.mT).mul_(s * s).add_(small_matmul(P, P.mT))
+    return _factor(V, lambda: torch.cat([P, s * BF], dim=-1))
 
 
 def gram_factor(M: Tensor) -> Tensor:
@@ -105,13 +110,19 @@ def gram_factor(M: Tensor) -> Tensor:
     whose ``M M^T`` is numerically singular (on CPU only those samples; on accelerators
     computed for all and selected, with no host synchronisation).
     """
-    out, info = torch.linalg.cholesky_ex(small_matmul(M, M.mT))
+    return _factor(small_matmul(M, M.mT), lambda: M)
+
+
+def _factor(V: Tensor, M: Callable[[], Tensor]) -> Tensor:
+    """The Cholesky factor of ``V = M M^T``: (..., m, m); ``M()`` (built only when needed on
+    CPU) gives the QR fallback for the numerically singular samples (:func:`gram_factor`)."""
+    out, info = torch.linalg.cholesky_ex(V)
     bad = info != 0
     if bad.device.type == "cpu":
         if bool(bad.any()):
-            out[bad] = torch.linalg.qr(M[bad].mT, mode="r").R.mT
+            out[bad] = torch.linalg.qr(M()[bad].mT, mode="r").R.mT
         return out
-    return torch.where(bad[..., None, None], torch.linalg.qr(M.mT, mode="r").R.mT, out)
+    return torch.where(bad[..., None, None], torch.linalg.qr(M().mT, mode="r").R.mT, out)
 
 
 def _triangular(packed: Tensor, diag: Tensor) -> Tensor:
@@ -217,18 +228,12 @@ class GramSampler(Sampler):
         return residual_update(L, B, Z["G"], Z["F"], cfg.lam, s)
 
     def _normals(self, L: Tensor, parts: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
-        """One buffer of N(0, 1) numbers for all ``parts`` (name -> shape per sample), filled
-        with one call per generator group; views by name."""
-        sizes = [math.prod(shape) for shape in parts.values()]
-        buf = torch.empty((L.shape[0], sum(sizes)), dtype=L.dtype, device=L.device)
-        self.rng.fill_normal(buf)
-        out, offset = {}, 0
-        for (name, shape), size in zip(parts.items(), sizes, strict=True):
-            # contiguous copies (one pass over the buffer): the products and index copies
-            # below are several times slower on the strided column slices
-            out[name] = buf[:, offset : offset + size].reshape(L.shape[0], *shape).contiguous()
-            offset += size
-        return out
+        """N(0, 1) numbers for all ``parts`` (name -> shape per sample): one contiguous
+        tensor per part, each filled with one call per generator group."""
+        return {
+            name: self.rng.fill_normal(L.new_empty((L.shape[0], *shape)))
+            for name, shape in parts.items()
+        }
 
     def _bartlett(self, L, dofs: dict[str, tuple[int, int, int]]) -> dict[str, Tensor]:
         """Bartlett diagonals for ``name -> (k, heads, m)``: sqrt(chi^2_{k - i}), i < m, per

@@ -86,14 +86,12 @@ class GroupedNormal:
             ]
             return torch.cat(out).to(dtype)
         self._numpy_generators()
-        d = dof.detach().cpu().double().numpy()
-        out = np.concatenate(
-            [
-                gen.chisquare(d, size=(s.stop - s.start, d.shape[0]))
-                for gen, s in zip(self._numpy, self.slices, strict=True)
-            ]
-        )
-        return torch.from_numpy(out).to(dtype)
+        half = dof.detach().cpu().double().numpy() / 2
+        out = np.empty((self.samples, half.shape[0]))
+        for gen, s in zip(self._numpy, self.slices, strict=True):
+            # chi^2_k = 2 Gamma(k / 2): the numbers of ``gen.chisquare``, written in place
+            gen.standard_gamma(half, size=out[s].shape, out=out[s])
+        return torch.from_numpy(out).mul_(2.0).to(dtype)
 
     def _numpy_generators(self) -> None:
         if self._numpy is None:
