@@ -54,6 +54,7 @@ BAD = [
     ["advise", "--width", "0", "--depth", "4"],
     ["advise", "--width", "64", "--depth", "4", "--tokens", "1"],
     ["sweep", "{grid}", "--store", "{file}"],
+    ["sweep", "{grid}", "--store", "{file}/s.zarr"],
     ["probe", "{tmp}/missing-run"],
 ]
 

@@ -345,6 +345,32 @@ def test_a_store_of_another_sweep_is_refused(client, tmp_path):
         open_point(store, width=9)
 
 
+def test_overwrite_replaces_a_sweep_store_and_nothing_else(client, tmp_path):
+    """``overwrite=True`` starts afresh: the other sweep's store is gone (no stale point or
+    record survives) and the new grid is complete; a directory that is not a sweep store is
+    never deleted, and an invalid grid is refused before the old store is touched."""
+    store = tmp_path / "s.zarr"
+    old = {"width": [8, 16], "depth": 2, "tokens": 2, "samples": 2}
+    sweep(old, store=store, client=client, progress=False)
+    new = {**old, "width": [12]}
+    with pytest.raises(ValueError, match="--overwrite"):
+        sweep(new, store=store, client=client, progress=False)
+    with pytest.raises(ValueError, match="grid value width = -3 is invalid"):
+        sweep({**new, "width": [12, -3]}, store=store, client=client, overwrite=True,
+              progress=False)  # fmt: skip
+    assert open_sweep(store).width.values.tolist() == [8, 16]  # untouched
+    summary = sweep(new, store=store, client=client, overwrite=True, progress=False)
+    assert (summary.total, summary.computed, summary.skipped) == (1, 1, 0)
+    assert open_sweep(store).width.values.tolist() == [12]
+    assert [r["params"]["width"] for r in read_records(store).values()] == [12]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no leftovers
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not a sweep store"):
+        sweep(new, store=tmp_path / "plain", client=client, overwrite=True, progress=False)
+    assert (tmp_path / "plain" / "notes.txt").read_text() == "mine"
+
+
 def test_a_task_lost_on_the_cluster_is_recorded_by_the_client(client, tmp_path, monkeypatch):
     # e.g. distributed.KilledWorker after a worker died repeatedly: the task raises on the
     # client side, which records the point as failed and finishes the others

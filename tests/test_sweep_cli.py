@@ -47,6 +47,19 @@ def test_sweep_command_runs_and_resumes(tmp_path, scheduler, capsys):
     assert "0 computed, 4 already done" in capsys.readouterr().out
 
 
+def test_another_sweep_into_a_used_store_needs_overwrite(tmp_path, scheduler, capsys):
+    store = str(tmp_path / "out.zarr")
+    first = _toml(tmp_path, GRID.replace("[8, 16]", "[8]"), "first.toml")
+    second = _toml(tmp_path, GRID.replace("[8, 16]", "[16]"), "second.toml")
+    common = ["--store", store, "--scheduler", scheduler, "--no-progress"]
+    assert main(["sweep", first, *common]) == 0
+    assert main(["sweep", second, *common]) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and len(err.splitlines()) == 1
+    assert main(["sweep", second, *common, "--overwrite"]) == 0
+    assert xr.open_zarr(store).width.values.tolist() == [16]
+
+
 def test_embedded_cluster_worker_processes(tmp_path, capsys):
     store = tmp_path / "out.zarr"
     toml = _toml(tmp_path, "[grid]\nwidth = [8, 12]\ndepth = 2\ntokens = 2\nsamples = 2\n")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._common import DTYPES, UsageError, parse_device
+from ._common import DTYPES, UsageError, check_output_folder, parse_device
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None, help="torch device on the workers (cpu)")
     parser.add_argument(
         "--no-retry-failed", action="store_true", help="do not rerun points that failed before"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete an existing sweep store at --store and start afresh (by default a store "
+        "of the same sweep is resumed and one of another sweep refused)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
     if Path(args.store).exists() and not Path(args.store).is_dir():
         raise UsageError(f"--store must be a directory, got the file {args.store!r}")
+    # in a writable place; its content (resume, refuse, overwrite) is checked by the library
+    check_output_folder(Path(args.store), overwrite=True, option="--store")
     if args.device is not None:
         parse_device(args.device)
     client = None
@@ -106,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=DTYPES[args.dtype],
             device=args.device,
             retry_failed=not args.no_retry_failed,
+            overwrite=args.overwrite,
             progress=False if args.no_progress else None,
         )
     finally:

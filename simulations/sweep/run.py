@@ -27,6 +27,7 @@ from .store import (
     _finish,
     _open_store,
     _record,
+    _remove_store,
     read_records,
 )
 
@@ -88,6 +89,7 @@ def sweep(
     dtype: torch.dtype = torch.float64,
     device: str | None = None,
     retry_failed: bool = True,
+    overwrite: bool = False,
     progress: bool | None = None,
 ) -> SweepSummary:
     """Run every point of ``grid`` as a Dask task into the zarr ``store`` (see module doc).
@@ -98,7 +100,7 @@ def sweep(
             ``tokens``, ``rho0``, ``scale``, ``samples``, ``seed``, ``method``,
             ``sde_method``, ``dt``, ``save_every``).
         store: directory of the zarr store; created if absent, resumed if it holds the same
-            sweep (same grid, kind and dtype), ValueError otherwise.
+            sweep (same grid, kind and dtype), ValueError otherwise (unless ``overwrite``).
         kind: ``"network"`` (simulate), ``"sde"`` (sde.solve) or ``"both"``.
         client: a ``distributed.Client`` or a scheduler address (``"tcp://host:8786"``) for
             any Dask cluster (SLURM/PBS via dask-jobqueue, Kubernetes via dask-kubernetes);
@@ -109,6 +111,8 @@ def sweep(
         processes: embedded workers as processes (default) or threads of this process.
         dtype, device: passed to every simulate / solve call (device as seen by workers).
         retry_failed: run points recorded as failed again (default True).
+        overwrite: delete an existing sweep store at ``store`` first and start afresh (after
+            the grid is validated; a directory that is not a sweep store is never deleted).
         progress: tqdm bar over points and the dashboard link (None: bar when interactive).
 
     Returns:
@@ -140,6 +144,8 @@ def sweep(
                     f"grid value {name} = {value!r} is invalid at every point: {holding[0].error}"
                 )
     path = Path(store).absolute()
+    if overwrite:
+        _remove_store(path)
     group = _open_store(path, g, points, dtype)
     status = group["status"][...]
     run_id = uuid.uuid4().hex

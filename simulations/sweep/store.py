@@ -103,6 +103,29 @@ def _template(grid: Grid, points: list[Point], dtype: torch.dtype) -> tuple[xr.D
     return ds, encoding
 
 
+def _remove_store(path: Path) -> None:
+    """Delete the sweep store at ``path`` (for ``overwrite``); ValueError if ``path`` is a
+    non-empty directory that is not a sweep store (never deleted)."""
+    import shutil
+
+    import zarr
+
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return
+    try:
+        is_sweep = "sweep.grid" in zarr.open_group(path, mode="r", zarr_format=2).attrs
+    except Exception:  # not a zarr group
+        is_sweep = False
+    if not is_sweep:
+        raise ValueError(
+            f"store {str(path)!r} exists and is not a sweep store; overwrite only replaces a "
+            "sweep store: choose another path"
+        )
+    old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex}")
+    os.rename(path, old)  # the store disappears at once; then its files
+    shutil.rmtree(old)
+
+
 def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype):
     """The store's zarr group, created atomically if absent; ValueError if it holds another
     sweep."""
@@ -139,7 +162,7 @@ def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype)
         diff = [k for k in expected if found[k] != expected[k]] or ["padded shape"]
         raise ValueError(
             f"store {str(path)!r} holds a different sweep ({', '.join(diff)} differ); "
-            f"use a new store path"
+            f"use a new store path, or overwrite=True (CLI: --overwrite) to replace it"
         )
     return group
 
