@@ -83,12 +83,13 @@ def plot_mean_correlation(
         lo, hi = np.quantile(r, [0.05, 0.95], axis=0)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
     if threshold is not None:
-        ax.axhline(threshold, color="k", ls=":", lw=1, label=f"collapse threshold {threshold:g}")
+        ax.axhline(threshold, color="k", ls=":", lw=1.5, label=f"collapse threshold {threshold:g}")
     ax.set_xlabel("layer")
-    ax.set_ylabel("mean token correlation ρ")
+    ax.set_ylabel(r"mean token correlation $\rho$")
     ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.02)
     ax.set_title("Rank collapse: mean correlation vs depth (band: 5-95% of samples)")
-    ax.legend(loc="lower right", fontsize="small")
+    # below the axes: inside, it would hide a band or a curve
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize="small", ncols=1)
     ax.grid(alpha=0.3)
     return _finish(fig, path)
 
@@ -164,13 +165,17 @@ def plot_rho_density(
         x = token_values(one)["rho"].ravel()
         if edges is None:
             edges = np.linspace(x.min(), x.max(), bins + 1)
-        ax.hist(x, bins=edges, density=True, alpha=0.35, color=COLORS[src])
+        # the network filled, the SDE as an outline: two fills would blend into one colour
+        if src == "network":
+            ax.hist(x, bins=edges, density=True, alpha=0.35, color=COLORS[src])
+        else:
+            ax.hist(x, bins=edges, density=True, histtype="step", lw=1.2, color=COLORS[src])
         grid = np.linspace(edges[0], edges[-1], 400)
         ax.plot(grid, stats.gaussian_kde(x)(grid), color=COLORS[src], lw=2,
                 label=f"{LABELS[src]} ({one.sizes['sample']} samples)")  # fmt: skip
-    ax.set_xlabel(f"token correlation ρ at t = {float(network['t'].values[ia[k]]):.3g}")
+    ax.set_xlabel(rf"token correlation $\rho$ at $t = {float(network['t'].values[ia[k]]):.3g}$")
     ax.set_ylabel("density")
-    ax.set_title("Distribution of ρ: histogram and KDE")
+    ax.set_title(r"Distribution of $\rho$: histogram (network filled, SDE outline) and KDE")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return _finish(fig, path)
@@ -182,8 +187,9 @@ def plot_quantile_bands(
     axes: tuple[Axes, Axes] | None = None,
     path: str | os.PathLike | None = None,
 ) -> Figure:
-    """Quantile bands over time of ρ (left) and V^aa (right), network vs SDE, from
-    :func:`simulations.compare`: median (line), 25-75% (dark band), 5-95% (light band)."""
+    """Quantiles over time of ρ (left) and V^aa (right), network vs SDE, from
+    :func:`simulations.compare`: the network as median (line), 25-75% (dark band) and 5-95%
+    (light band), the SDE as lines (median solid, 25/75% dashed, 5/95% dotted)."""
     if axes is None:
         fig = Figure(figsize=(11.0, 4.0), layout="constrained")
         axes = tuple(fig.subplots(1, 2))
@@ -198,25 +204,31 @@ def plot_quantile_bands(
     def q(var: str, src: str, p: float) -> np.ndarray:
         return comparison[var].sel(source=src).sel(quantile=p, method="nearest").values
 
+    # network: filled bands; SDE: lines only (overlapping fills would blend into one colour)
+    styles = {0.5: "-", 0.25: "--", 0.75: "--", 0.05: ":", 0.95: ":"}
     for ax, var, ylabel in zip(
         axes,
         ("rho_quantile", "Vaa_quantile"),
-        ("token correlation ρ", "squared norm V^aa"),
+        (r"token correlation $\rho$", r"squared norm $V^{aa}$"),
         strict=True,
     ):
-        for src in SOURCES:
-            c = COLORS[src]
-            ax.fill_between(t, q(var, src, 0.05), q(var, src, 0.95), color=c, alpha=0.12, lw=0)
-            ax.fill_between(t, q(var, src, 0.25), q(var, src, 0.75), color=c, alpha=0.3, lw=0)
-            ax.plot(t, q(var, src, 0.5), color=c, lw=2, label=f"{LABELS[src]} median")
-            for p in (0.05, 0.95):
-                ax.plot(t, q(var, src, p), color=c, lw=0.8, ls="--")
+        c = COLORS["network"]
+        ax.fill_between(t, q(var, "network", 0.05), q(var, "network", 0.95), color=c,
+                        alpha=0.15, lw=0, label="finite network: 5-95%")  # fmt: skip
+        ax.fill_between(t, q(var, "network", 0.25), q(var, "network", 0.75), color=c,
+                        alpha=0.35, lw=0, label="finite network: 25-75%")  # fmt: skip
+        ax.plot(t, q(var, "network", 0.5), color=c, lw=2, label="finite network: median")
+        for p, ls in styles.items():
+            ax.plot(t, q(var, "sde", p), color=COLORS["sde"], lw=2 if p == 0.5 else 1.2, ls=ls,
+                    label={0.5: "SDE limit: median", 0.25: "SDE limit: 25%, 75%",
+                           0.05: "SDE limit: 5%, 95%"}.get(p))  # fmt: skip
         ax.set_xlabel("t = layer / width")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="upper left")
-    axes[0].set_title("ρ: median, 25-75% and 5-95% bands")
-    axes[1].set_title("V^aa: median, 25-75% and 5-95% bands")
+    axes[0].set_title(r"$\rho$: median, 25-75% and 5-95% quantiles")
+    axes[1].set_title(r"$V^{aa}$: median, 25-75% and 5-95% quantiles")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     axes[1].set_yscale("log")
     return _finish(fig, path)
 
@@ -273,7 +285,11 @@ def plot_convergence(
     if np.isfinite(floor):
         ax.axhline(floor, color="k", ls=":", lw=1.5, label="Monte Carlo noise floor")
         if np.isfinite(sd):
-            ax.axhspan(max(floor - 2 * sd, 1e-12), floor + 2 * sd, color="k", alpha=0.08, lw=0)
+            # the band's lower edge stays within the data's range on the log axis
+            positive = d[np.isfinite(d) & (d > 0)]
+            bottom = 0.5 * min(floor, positive.min()) if positive.size else 0.5 * floor
+            ax.axhspan(max(floor - 2 * sd, bottom), floor + 2 * sd, color="k", alpha=0.08, lw=0,
+                       label="noise floor ± 2 MC spreads")  # fmt: skip
     slope = convergence.attrs.get(f"{statistic}_slope", np.nan)
     fitted = np.asarray(convergence.attrs.get(f"{statistic}_fit_widths", []), dtype=np.float64)
     if np.isfinite(slope) and fitted.size >= 2:
@@ -291,7 +307,7 @@ def plot_convergence(
     ax.set_xlabel("width $n$ (depth $= T n$)")
     ax.set_ylabel(label)
     ax.set_title(f"Convergence to the SDE at fixed $T = {convergence.attrs.get('T', np.nan):.3g}$")
-    ax.legend(fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize="small")
     ax.grid(alpha=0.3, which="both")
     return _finish(fig, path)
 
