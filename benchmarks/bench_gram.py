@@ -40,7 +40,52 @@ def _worker(args: argparse.Namespace) -> None:
     simulate(cfg.replace(depth=2), V0, 256, method="gram", progress=False)  # warm-up
     start = time.process_time()
     simulate(cfg, V0, args.samples, method="gram", progress=False)
-    print(json.dumps({"per_unit": (time.process_time() - start) / (args.samples * args.depth)}))
+    per_unit = (time.process_time() - start) / (args.samples * args.depth)
+    print(json.dumps({"per_unit": per_unit, "random_only": _random_only(cfg, V0, args)}))
+
+
+def _random_only(cfg, V0, args) -> float | None:
+    """CPU time per (sample x block) of drawing only the random numbers the gram sampler
+    draws (counted in a short run, then drawn in bulk from the same generators): the floor
+    of any exact sampler that needs these numbers. None for a tree without GroupedNormal's
+    bulk draws (e.g. the code before issue #18)."""
+    import numpy as np
+    import torch
+
+    from simulations import rng as rng_module
+    from simulations import simulate
+
+    cls = rng_module.GroupedNormal
+    if not hasattr(cls, "fill_normal") or not hasattr(cls, "chi2"):
+        return None
+    counts = {"normal": 0, "chi2": 0}
+    fill, chi2 = cls.fill_normal, cls.chi2
+
+    def counting_fill(self, buf):
+        counts["normal"] += buf.numel()
+        return fill(self, buf)
+
+    def counting_chi2(self, dof, dtype):
+        counts["chi2"] += dof.numel() * self.samples
+        return chi2(self, dof, dtype)
+
+    cls.fill_normal, cls.chi2 = counting_fill, counting_chi2
+    try:
+        simulate(cfg.replace(depth=4), V0, 256, method="gram", progress=False)
+    finally:
+        cls.fill_normal, cls.chi2 = fill, chi2
+    normals = counts["normal"] // (256 * 4)
+    chis = counts["chi2"] // (256 * 4)
+    group = 256
+    groups = range(args.samples // group)
+    draws = cls(0, groups, [group] * len(groups), torch.device("cpu"))
+    dof = torch.tensor(np.linspace(args.width - args.tokens, args.width, max(chis, 1)))
+    start = time.process_time()
+    for _ in range(args.depth):
+        draws.fill_normal(torch.empty(draws.samples, normals, dtype=torch.float64))
+        if chis:
+            draws.chi2(dof, torch.float64)
+    return (time.process_time() - start) / (draws.samples * args.depth)
 
 
 def _measure(tree: Path, args: argparse.Namespace, config: dict) -> float:
@@ -49,7 +94,7 @@ def _measure(tree: Path, args: argparse.Namespace, config: dict) -> float:
     cmd += ["--tokens", str(args.tokens), "--samples", str(args.samples)]
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tree)
-    return json.loads(out.stdout.strip().splitlines()[-1])["per_unit"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,24 +115,32 @@ def main(argv: list[str] | None = None) -> None:
         f"gram sampler, n {args.width}, m {args.tokens}, depth {args.depth}, {args.samples} "
         f"samples, float64, CPU, 1 thread, {args.rounds} interleaved rounds, CPU time"
     )
-    print("| config | tree | median us per (sample x block) | speed-up vs baseline |")
-    print("|---|---|---|---|")
+    print(
+        "| config | tree | median us per (sample x block) | speed-up vs baseline "
+        "| its random numbers alone (us) |"
+    )
+    print("|---|---|---|---|---|")
     for name, config in CONFIGS.items():
-        times: dict[str, list[float]] = {"this": [], "baseline": []}
+        runs: dict[str, list[dict]] = {"this": [], "baseline": []}
         for _ in range(args.rounds):
-            times["this"].append(_measure(HERE, args, config))
+            runs["this"].append(_measure(HERE, args, config))
             if args.baseline is not None:
-                times["baseline"].append(_measure(args.baseline, args, config))
+                runs["baseline"].append(_measure(args.baseline, args, config))
+        times = {tree: [r["per_unit"] for r in values] for tree, values in runs.items()}
         speedups = [b / t for t, b in zip(times["this"], times["baseline"], strict=False)]
         for tree, values in times.items():
-            if values:
-                extra = ""
-                if tree == "this" and speedups:
-                    extra = (
-                        f"{statistics.median(speedups):.2f}x "
-                        f"[{min(speedups):.2f}, {max(speedups):.2f}]"
-                    )
-                print(f"| {name} | {tree} | {1e6 * statistics.median(values):.2f} | {extra} |")
+            if not values:
+                continue
+            extra = ""
+            if tree == "this" and speedups:
+                extra = (
+                    f"{statistics.median(speedups):.2f}x [{min(speedups):.2f}, {max(speedups):.2f}]"
+                )
+            floors = [r["random_only"] for r in runs[tree] if r.get("random_only") is not None]
+            floor = f"{1e6 * statistics.median(floors):.2f}" if floors else "-"
+            print(
+                f"| {name} | {tree} | {1e6 * statistics.median(values):.2f} | {extra} | {floor} |"
+            )
 
 
 if __name__ == "__main__":
