@@ -30,7 +30,13 @@ import xarray as xr
 
 from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
-from shapedtx._validation import check_dtype, check_int
+from shapedtx._validation import (
+    check_choice,
+    check_dtype,
+    check_int,
+    check_number,
+    check_positive,
+)
 from shapedtx.files import write_json
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
@@ -101,12 +107,9 @@ class Experiment:
                 f"method must be 'auto' or one of {', '.join(map(repr, SAMPLERS))}, "
                 f"got {self.method!r}"
             )
-        if self.sde_method not in METHODS:
-            raise ValueError(f"sde_method must be one of {METHODS}, got {self.sde_method!r}")
-        if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
-            raise ValueError(f"dt must be a finite number > 0, got {self.dt!r}")
-        if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
-            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
+        check_choice("sde_method", self.sde_method, METHODS)
+        check_positive("dt", self.dt)
+        check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
         check_int("seed", self.seed, 0)
         check_dtype(self.dtype_torch)
         from sde import sde_constants
