@@ -82,8 +82,10 @@ class ModelConfig:
     bias: bool = False
     final_norm: bool = False
     heads: int = 1
-    key_dim: int | None = None
-    head_dim: int | None = None
+    # None (the default) is replaced in __post_init__, so the attributes are always ints;
+    # typed as such for the readers (the constructor accepts None, see Attributes).
+    key_dim: int = None  # type: ignore[assignment]  # derived in __post_init__
+    head_dim: int = None  # type: ignore[assignment]  # derived in __post_init__
     out_proj: bool = False
     tau0: float = 1.0
     gamma: float = 2**-1.5

@@ -425,7 +425,7 @@ class _BatchedEuler:
     def init(self, V0: Tensor) -> Tensor:
         return sde.psd_factor(V0)[0]
 
-    def step(self, L: Tensor, normals: Tensor, dt: float):
+    def step(self, L: Tensor, normals: Tensor, dt: float) -> tuple[Tensor, Tensor, None]:
         m = self.m
         V = L @ L.transpose(-1, -2)
         if self.has_mlp:
@@ -490,7 +490,9 @@ def solve_batch(
         ex = sol.exploded.reshape(len(batch), samples)
         for j, i in enumerate(batch):
             out[i] = (VT[j], ex[j])
-    return out  # type: ignore[return-value]
+    solved = [o for o in out if o is not None]
+    assert len(solved) == len(out)  # every configuration is either causal or in the batch
+    return solved
 
 
 def _check_grid(name: str, values: Sequence[float], low: float, high: float) -> tuple[float, ...]:

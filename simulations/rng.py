@@ -65,11 +65,10 @@ class GroupedNormal:
             for gen, s in zip(self.generators, self.slices, strict=True):
                 buf[s].normal_(generator=gen)
             return buf
-        self._numpy_generators()
         array = buf.numpy()
         dtype = np.float64 if buf.dtype == torch.float64 else np.float32
-        for gen, s in zip(self._numpy, self.slices, strict=True):
-            gen.standard_normal(out=array[s], dtype=dtype)
+        for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True):
+            np_gen.standard_normal(out=array[s], dtype=dtype)
         return buf
 
     def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
@@ -80,27 +79,28 @@ class GroupedNormal:
 
         if self.device.type != "cpu":
             dof = dof.to(device=self.device, dtype=torch.float64)
-            out = [
+            draws = [
                 chi2(dof.expand(s.stop - s.start, -1).contiguous(), gen)
                 for gen, s in zip(self.generators, self.slices, strict=True)
             ]
-            return torch.cat(out).to(dtype)
-        self._numpy_generators()
+            return torch.cat(draws).to(dtype)
         d = dof.detach().cpu().double().numpy()
         out = np.concatenate(
             [
-                gen.chisquare(d, size=(s.stop - s.start, d.shape[0]))
-                for gen, s in zip(self._numpy, self.slices, strict=True)
+                np_gen.chisquare(d, size=(s.stop - s.start, d.shape[0]))
+                for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True)
             ]
         )
         return torch.from_numpy(out).to(dtype)
 
-    def _numpy_generators(self) -> None:
+    def _numpy_generators(self) -> list[np.random.Generator]:
+        """The groups' numpy generators (fast CPU streams), created on first use."""
         if self._numpy is None:
             self._numpy = [
                 np.random.Generator(np.random.SFC64(np.random.SeedSequence([self.seed, g, 1])))
                 for g in self.groups
             ]
+        return self._numpy
 
     def split(self) -> list[tuple[slice, GroupedNormal]]:
         """(rows of the chunk, a GroupedNormal of that one group sharing its generators) for

@@ -42,7 +42,8 @@ class TrainConfig:
     seq_len: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int | None = None
+    # None (the default) is replaced in __post_init__: the attribute is always an int.
+    warmup_steps: int = None  # type: ignore[assignment]  # derived in __post_init__
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
@@ -116,5 +117,7 @@ class TrainConfig:
                 continue
             value = attrs[prefix + f.name]
             value = value.item() if hasattr(value, "item") else value
-            kwargs[f.name] = int(value) if f.name == "warmup_steps" else type(f.default)(value)
+            # every field is an int or a float (warmup_steps: an int, its default None)
+            kind = int if f.name == "warmup_steps" or isinstance(f.default, int) else float
+            kwargs[f.name] = kind(value)
         return cls(**kwargs)

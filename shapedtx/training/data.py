@@ -62,7 +62,7 @@ def default_corpus_root() -> Path:
 
 
 def _documents(root: Path, suffix: str | None, exclude: tuple[str, ...]) -> list[Path]:
-    files = []
+    files: list[Path] = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [d for d in subfolders if d not in exclude]
         files.extend(
