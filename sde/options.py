@@ -9,9 +9,10 @@ step whose state is non-finite, exceeds the bound or (EM) leaves the PSD cone, a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
+
+from shapedtx._validation import check_positive
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,7 @@ class Solver:
     name: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.dt, bool)
-            or not isinstance(self.dt, (int, float))
-            or not (math.isfinite(self.dt) and self.dt > 0)
-        ):
-            raise ValueError(f"dt must be a finite number > 0, got {self.dt!r}")
+        check_positive("dt", self.dt)
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import xarray as xr
 from torch import Tensor
 
-from shapedtx._validation import check_device, check_dtype
+from shapedtx._validation import check_device, check_dtype, check_int, check_positive
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import check_covariance
 from shapedtx.options import RunOptions
@@ -25,15 +23,6 @@ METHODS: tuple[str, ...] = tuple(SOLVERS)
 """Solver names accepted by :func:`solve` (see :mod:`sde.options`)."""
 DEFAULT_BOUND = 1e8
 """Default blow-up bound: a path beyond ``DEFAULT_BOUND * max_a V0^{aa}`` is flagged."""
-
-
-def _check_positive(name: str, value: object, kind: type = float) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        ok = ok and isinstance(value, int)
-    if not ok or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
-        what = "an integer" if kind is int else "a finite number"
-        raise ValueError(f"{name} must be {what} > 0, got {value!r}")
 
 
 def solve(
@@ -98,8 +87,8 @@ def solve(
             f"(sde.FactoredEuler, ...), got {method!r}"
         )
     method = solver.name
-    _check_positive("samples", samples, int)
-    _check_positive("bound", bound)
+    check_int("samples", samples, 1)
+    check_positive("bound", bound)
     check_dtype(dtype)
     device = check_device(device) if device is not None else None
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -47,6 +47,23 @@ from .noise import attention_noise_factor, noise_increment, psd_factor
 from .time_grid import save_steps
 
 NoiseSource = Callable[[int], Tensor]
+
+
+class Stepper(Protocol):
+    """What :func:`integrate` steps with (:class:`FactoredEulerStep`, :class:`EulerMaruyamaStep`
+    or any object with the same two methods)."""
+
+    def init(self, V0: Tensor, /) -> Tensor:
+        """The state of ``V0: (B, m, m)``."""
+        ...
+
+    def step(
+        self, state: Tensor, normals: Tensor, dt: float, /
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(new state, new V, per-path acceptance (B,) or None) from ``normals: (B, 2, m, m)``."""
+        ...
+
+
 """``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
 
 PSD_TOLERANCE = 1e-8
@@ -181,7 +198,7 @@ class Solution(NamedTuple):
 
 
 def integrate(
-    stepper: FactoredEulerStep | EulerMaruyamaStep,
+    stepper: Stepper,
     V0: Tensor,
     *,
     steps: int,

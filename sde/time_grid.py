@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shapedtx._validation import check_int, check_positive
 from shapedtx.config import ModelConfig
 
 MAX_SAVED = 200
@@ -48,17 +49,10 @@ def time_grid(
     ``dt`` and the grid ends exactly at T), saving every ``save_every`` steps (default about
     :data:`MAX_SAVED` times) and at T. ValueError names a bad argument."""
     T = config.T if T is None else T
-    for name, value in (("dt", dt), ("T", T)):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (math.isfinite(value) and value > 0)
-        ):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if save_every is not None and (
-        isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1
-    ):
-        raise ValueError(f"save_every must be an integer > 0, got {save_every!r}")
+    check_positive("dt", dt)
+    check_positive("T", T)
+    if save_every is not None:
+        check_int("save_every", save_every, 1)
     steps = max(1, math.ceil(T / dt - 1e-9))
     every = save_every or max(1, steps // MAX_SAVED)
     return TimeGrid(float(T), steps, T / steps, every, tuple(save_steps(steps, every)))

@@ -1,14 +1,97 @@
-"""Argument checks shared by the packages: one ValueError wording everywhere."""
+"""Argument checks shared by the packages: one ValueError wording everywhere.
+
+Every check raises ``ValueError("<name> must be <what is accepted>, got <value!r>")`` and
+returns the value (a number as a float) so that a caller can check and assign in one line:
+
+- :func:`check_int`: an integer (not a bool) in ``[minimum, maximum]``;
+- :func:`check_number`: a finite real number (not a bool), optionally in an interval;
+- :func:`check_positive`: a finite real number > 0;
+- :func:`check_choice`: one of a fixed set of values;
+- :func:`check_bool`: True or False;
+- :func:`check_dtype`, :func:`check_device`: torch dtypes and devices.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import numbers
+from collections.abc import Collection
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` if it is an integer (not a bool) >= ``minimum``; else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` if it is an integer (not a bool) in ``[minimum, maximum]``; else ValueError
+    naming it."""
+    ok = not isinstance(value, bool) and isinstance(value, int) and value >= minimum
+    if maximum is None:
+        if not ok:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    elif not (ok and value <= maximum):
+        raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {value!r}")
+    return value
+
+
+def _is_real(value: Any) -> bool:
+    # numbers.Real: Python and NumPy ints and floats; bools are not numbers here
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``float(value)`` if ``value`` is a finite real number (a Python or NumPy int or float,
+    not a bool) in the interval from ``low`` to ``high`` (each end closed unless ``*_open``;
+    an infinite end only asks for finiteness); else ValueError naming it and the range."""
+    number = math.nan
+    if _is_real(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range
+            number = math.inf
+    ok = math.isfinite(number)
+    if ok and math.isfinite(low):
+        ok = number > low if low_open else number >= low
+    if ok and math.isfinite(high):
+        ok = number < high if high_open else number <= high
+    if not ok:
+        lo, hi = (">" if low_open else ">="), ("<" if high_open else "<=")
+        if math.isfinite(low) and math.isfinite(high):
+            left, right = ("(" if low_open else "["), (")" if high_open else "]")
+            what = f"in {left}{low:g}, {high:g}{right}"
+        elif math.isfinite(low):
+            what = f"a finite number {lo} {low:g}"
+        elif math.isfinite(high):
+            what = f"a finite number {hi} {high:g}"
+        else:
+            what = "a finite number"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return number
+
+
+def check_positive(name: str, value: Any) -> float:
+    """``float(value)`` if ``value`` is a finite real number > 0; else ValueError naming it."""
+    return check_number(name, value, 0.0, low_open=True)
+
+
+def check_choice(name: str, value: T, choices: Collection[Any]) -> T:
+    """``value`` if it is one of ``choices``; else ValueError naming it and the choices."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (not 0/1); else ValueError naming it."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validation import check_int
+from ._validation import check_int, check_positive
 from .attention import softmax_attention_matrix
 
 
@@ -215,8 +215,7 @@ def rank_lower_bound(P: Tensor, rank: int) -> Tensor:
     """
     check_stochastic(P)
     m = P.shape[-1]
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    check_int("rank", rank, 0)
     C = torch.eye(m, dtype=P.dtype, device=P.device) - 1.0 / m
     s = torch.linalg.svdvals(P.log() @ C)
     tail = torch.linalg.vector_norm(s[..., rank:], dim=-1)
@@ -259,11 +258,8 @@ def fit_attention(
     check_int("head_size", head_size)
     check_int("restarts", restarts)
     check_int("steps", steps, 0)
-    for name, value in (("lr", lr), ("init_scale", init_scale)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    check_positive("lr", lr)
+    check_positive("init_scale", init_scale)
     n = X.shape[1]
     gen = torch.Generator(device=X.device).manual_seed(seed)
     shape = (restarts, n, head_size)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._validation import check_int
+from ._validation import check_bool, check_choice, check_int, check_number, check_positive
 
 Attention = Literal["shaped", "softmax", "none"]
 MLPKind = Literal["shaped_relu", "relu", "gelu", "none"]
@@ -34,16 +34,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 GPT2_STD = 0.02
 """Weight and embedding standard deviation of ``init="gpt2"`` (GPT-2, nanoGPT)."""
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-
-
-def _check_finite(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -92,8 +82,10 @@ class ModelConfig:
     bias: bool = False
     final_norm: bool = False
     heads: int = 1
-    key_dim: int | None = None
-    head_dim: int | None = None
+    # None (the default) is replaced in __post_init__, so the attributes are always ints;
+    # typed as such for the readers (the constructor accepts None, see Attributes).
+    key_dim: int = None  # type: ignore[assignment]  # derived in __post_init__
+    head_dim: int = None  # type: ignore[assignment]  # derived in __post_init__
     out_proj: bool = False
     tau0: float = 1.0
     gamma: float = 2**-1.5
@@ -105,7 +97,7 @@ class ModelConfig:
         check_int("width", self.width, 1)
         check_int("depth", self.depth, 1)
         for name, choices in CHOICES.items():
-            _check_choice(name, getattr(self, name), choices)
+            check_choice(name, getattr(self, name), choices)
         check_int("mlp_ratio", self.mlp_ratio, 1)
         if self.attention == "none" and self.mlp == "none":
             raise ValueError("attention and mlp cannot both be 'none' (the block would be empty)")
@@ -122,8 +114,7 @@ class ModelConfig:
             object.__setattr__(self, "key_dim", self.head_dim)
         check_int("key_dim", self.key_dim, 1)
         for name in ("out_proj", "causal", "bias", "final_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         if (
             self.attention != "none"
             and not self.out_proj
@@ -134,14 +125,10 @@ class ModelConfig:
                 f"(heads * head_dim = {self.heads * self.head_dim}, width = {self.width}); "
                 f"set out_proj=True for a fixed head size"
             )
-        _check_finite("tau0", self.tau0)
-        if self.tau0 <= 0:
-            raise ValueError(f"tau0 must be > 0, got {self.tau0!r}")
-        _check_finite("gamma", self.gamma)
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma!r}")
-        _check_finite("c_plus", self.c_plus)
-        _check_finite("c_minus", self.c_minus)
+        check_positive("tau0", self.tau0)
+        check_number("gamma", self.gamma, 0.0, 1.0, low_open=True)
+        check_number("c_plus", self.c_plus)
+        check_number("c_minus", self.c_minus)
         if self.mlp == "shaped_relu":
             for name in ("c_plus", "c_minus"):
                 if 1 + getattr(self, name) / math.sqrt(self.width) < 0:

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from ._validation import check_int, check_positive
+
 
 def equicorrelated(
     m: int,
@@ -18,12 +20,10 @@ def equicorrelated(
 ) -> Tensor:
     """``scale ((1 - rho0) I + rho0 11^T)``: m tokens of squared norm/n ``scale``, correlation
     ``rho0``; returns (m, m). Positive definite for -1/(m-1) < rho0 < 1."""
-    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
-        raise ValueError(f"m (number of tokens) must be an integer >= 2, got {m!r}")
+    check_int("m (number of tokens)", m, 2)
     if not (-1.0 / (m - 1) < rho0 < 1.0):
         raise ValueError(f"rho0 must be in (-1/(m-1), 1) = ({-1.0 / (m - 1):.4g}, 1), got {rho0!r}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    check_positive("scale", scale)
     eye = torch.eye(m, dtype=dtype, device=device)
     return scale * ((1 - rho0) * eye + rho0 * torch.ones_like(eye))
 

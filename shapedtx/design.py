@@ -14,26 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from scipy.special import lambertw
 
-from ._validation import check_int
+from ._validation import check_int, check_number, check_positive
 from .config import ModelConfig
-
-
-def _check_positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True) -> float:
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if not bad:
-        try:
-            value = float(value)
-        except OverflowError:
-            value = math.inf
-        bad = not math.isfinite(value) or (value <= minimum if strict else value < minimum)
-    if bad:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -44,8 +29,8 @@ class DepthWidthFit:
     b: float
 
     def __post_init__(self) -> None:
-        _check_positive("a", self.a)
-        _check_positive("b", self.b)
+        check_positive("a", self.a)
+        check_positive("b", self.b)
 
 
 #: BigScience restatement of the [LW] fit (docs/theory.md#depth-width): ln d*(L) = 5.039 + 0.0555 L.
@@ -71,7 +56,7 @@ GPT3_MODELS: tuple[tuple[str, int, int, int, int], ...] = (
 # Depth threshold and regime -------------------------------------------------------------------
 def depth_threshold(width: float) -> float:
     """``L_th = log_3(width)`` [LW] (docs/theory.md#depth-width); width >= 1."""
-    width = _check_positive("width", width, 1.0, strict=False)
+    width = check_number("width", width, 1.0)
     return math.log(width) / math.log(3.0)
 
 
@@ -81,14 +66,14 @@ def regime(depth: float, width: float) -> str:
     Below the threshold depth is double-exponentially more efficient than width; above it,
     depth and width contribute similarly [LW].
     """
-    depth = _check_positive("depth", depth)
+    depth = check_positive("depth", depth)
     return "depth-efficient" if depth < depth_threshold(width) else "depth-inefficient"
 
 
 # Fitted optimal shape -------------------------------------------------------------------------
 def optimal_width(depth: float, *, fit: DepthWidthFit = LW_FIT) -> float:
     """Fitted optimal width ``d*(L) = exp(a + b L)`` for depth L > 0."""
-    depth = _check_positive("depth", depth)
+    depth = check_positive("depth", depth)
     return math.exp(fit.a + fit.b * depth)
 
 
@@ -120,7 +105,7 @@ def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_F
     Inverts ``N = 12 L exp(2a + 2bL)``: ``L* = W0(N b / (6 e^{2a})) / (2b)`` (Lambert W,
     principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``).
     """
-    params = _check_positive("params", params)
+    params = check_positive("params", params)
     multiple = check_int("multiple", multiple, 1)
     w = lambertw(params * fit.b / (6.0 * math.exp(2.0 * fit.a)), 0)
     depth = float(w.real) / (2.0 * fit.b)
@@ -186,9 +171,9 @@ def allocation(
     that size by more than ``tolerance`` (relative), else ``"near optimal"``. (At fixed size,
     too deep is the same as ``width < optimal_width(depth)``.)
     """
-    depth = _check_positive("depth", depth)
-    width = _check_positive("width", width)
-    tolerance = _check_positive("tolerance", tolerance, strict=False)
+    depth = check_positive("depth", depth)
+    width = check_positive("width", width)
+    tolerance = check_number("tolerance", tolerance, 0.0)
     best = optimal_shape(12.0 * depth * width**2, fit=fit).depth
     if depth > best * (1 + tolerance):
         return "too deep"

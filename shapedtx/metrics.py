@@ -12,6 +12,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ._validation import check_number
+
 
 def covariance(X: Tensor) -> Tensor:
     """``V = X X^T / n``; X: (..., m, n) -> (..., m, m)."""
@@ -85,8 +87,7 @@ def detect_collapse(V: Tensor, threshold: float = 0.99) -> Collapse:
     V: (..., t, m, m), time on the third-to-last axis. Non-finite covariances count as
     collapsed (the representation has degenerated).
     """
-    if not 0 < threshold < 1:
-        raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
+    check_number("threshold", threshold, 0.0, 1.0, low_open=True, high_open=True)
     if V.dim() < 3:
         raise ValueError(f"V must have shape (..., t, m, m), got {tuple(V.shape)}")
     rho = mean_correlation(V)

@@ -199,7 +199,9 @@ def _record(
                 f"block {name!r} ran {count} times during model(inputs); the probe needs "
                 f"every block to run exactly once"
             )
-    V = torch.stack(covs, dim=1)  # type: ignore[arg-type]
+    recorded = [c for c in covs if c is not None]
+    assert len(recorded) == len(covs)  # every block ran once: its input and output recorded
+    V = torch.stack(recorded, dim=1)
     return V, int(info["shape"][-1]), info["dtype"]
 
 

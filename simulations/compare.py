@@ -55,16 +55,16 @@ def quantiles_with_se(
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3 or x.shape[0] < 2:
         raise ValueError(f"x must have shape (N, t, k) with N >= 2, got {x.shape}")
-    probs = np.asarray(probs, dtype=np.float64)
-    if probs.ndim != 1 or not ((probs > 0) & (probs < 1)).all():
-        raise ValueError(f"probs must be a 1-d sequence in (0, 1), got {probs}")
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 1 or not ((p > 0) & (p < 1)).all():
+        raise ValueError(f"probs must be a 1-d sequence in (0, 1), got {p}")
     N, nt, k = x.shape
     pooled = np.moveaxis(x, 1, 0).reshape(nt, N * k)
-    q = np.quantile(pooled, probs, axis=1).T  # (t, P)
-    h = _hall_sheather(N * k, probs)
-    lo = np.quantile(pooled, np.clip(probs - h, 0.0, 1.0), axis=1).T
-    hi = np.quantile(pooled, np.clip(probs + h, 0.0, 1.0), axis=1).T
-    sparsity = (hi - lo) / (np.clip(probs + h, 0.0, 1.0) - np.clip(probs - h, 0.0, 1.0))
+    q = np.quantile(pooled, p, axis=1).T  # (t, P)
+    h = _hall_sheather(N * k, p)
+    lo = np.quantile(pooled, np.clip(p - h, 0.0, 1.0), axis=1).T
+    hi = np.quantile(pooled, np.clip(p + h, 0.0, 1.0), axis=1).T
+    sparsity = (hi - lo) / (np.clip(p + h, 0.0, 1.0) - np.clip(p - h, 0.0, 1.0))
     g = (x[..., None] <= q[None, :, None, :]).mean(axis=2)  # (N, t, P)
     se = np.sqrt(g.var(axis=0, ddof=1) / N) * sparsity
     return q, se

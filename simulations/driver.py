@@ -36,8 +36,7 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
         raise ValueError(
             f"method must be one of {', '.join(map(repr, SAMPLERS))} or 'auto', got {method!r}"
         )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    check_int("seed", seed, 0)
     check_dtype(dtype)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)

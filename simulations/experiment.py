@@ -30,7 +30,12 @@ import xarray as xr
 
 from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
-from shapedtx._validation import check_dtype, check_int
+from shapedtx._validation import (
+    check_choice,
+    check_int,
+    check_number,
+    check_positive,
+)
 from shapedtx.files import write_json
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
@@ -101,14 +106,11 @@ class Experiment:
                 f"method must be 'auto' or one of {', '.join(map(repr, SAMPLERS))}, "
                 f"got {self.method!r}"
             )
-        if self.sde_method not in METHODS:
-            raise ValueError(f"sde_method must be one of {METHODS}, got {self.sde_method!r}")
-        if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
-            raise ValueError(f"dt must be a finite number > 0, got {self.dt!r}")
-        if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
-            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
+        check_choice("sde_method", self.sde_method, METHODS)
+        check_positive("dt", self.dt)
+        check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
         check_int("seed", self.seed, 0)
-        check_dtype(self.dtype_torch)
+        check_choice("dtype", self.dtype, tuple(DTYPES))
         from sde import sde_constants
 
         sde_constants(self.config, self.tokens)  # the model needs an SDE limit
@@ -117,7 +119,7 @@ class Experiment:
 
     @property
     def dtype_torch(self) -> torch.dtype:
-        return DTYPES.get(self.dtype, self.dtype)  # type: ignore[call-overload]
+        return DTYPES[self.dtype]
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -194,7 +196,7 @@ def run_collapse(
     from .driver import simulate
 
     e = experiment
-    common = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
+    common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
     if network is None:
         network = simulate(
             e.config, e.V0(), e.samples, method=e.sampler(e.config), seed=e.seed, **common
@@ -250,7 +252,7 @@ def run_comparison(
     e = experiment
     cfg = e.config
     timer = _Timer(stages, 5 + bool(e.widths) + bool(out is not None and figures))
-    common = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
+    common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
     with timer("network", f"finite network: {model_label(cfg)}, width {cfg.width}, depth "
                f"{cfg.depth}, {e.samples} samples"):  # fmt: skip
         network = simulate(cfg, e.V0(), e.samples, method=e.sampler(cfg), seed=e.seed, **common)
@@ -305,15 +307,15 @@ def write_figures(result: Comparison, folder: Path) -> list[Path]:
         ),
         "rho_density": lambda p: plots.plot_rho_density(result.network, result.limit, path=p),
         "quantile_bands": lambda p: plots.plot_quantile_bands(result.comparison, path=p),
-        "convergence": lambda p: plots.plot_convergence(result.convergence, path=p),
-        "token_pairs": lambda p: plots.plot_token_pairs(result.token_pairs, path=p),
     }
-    names = [*FIGURES, "token_pairs"]
+    convergence, token_pairs = result.convergence, result.token_pairs
+    if convergence is not None:
+        draw["convergence"] = lambda p: plots.plot_convergence(convergence, path=p)
+    if token_pairs is not None:
+        draw["token_pairs"] = lambda p: plots.plot_token_pairs(token_pairs, path=p)
     paths = []
-    for name in names:
-        if (name == "convergence" and result.convergence is None) or (
-            name == "token_pairs" and result.token_pairs is None
-        ):
+    for name in [*FIGURES, "token_pairs"]:
+        if name not in draw:  # skipped: no convergence study, or not causal
             continue
         draw[name](folder / name)
         paths += [folder / f"{name}.png", folder / f"{name}.pdf"]

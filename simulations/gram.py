@@ -263,8 +263,8 @@ class GramSampler(Sampler):
             R = L_g.new_zeros((g, m, m))  # R^T R = phi phi^T of the columns so far
             for start in range(0, n, cols):
                 width = min(cols, n - start)
-                Z = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
-                phi = shaped_relu(small_matmul(L_g, Z), s_plus, s_minus)
+                Z_g = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
+                phi = shaped_relu(small_matmul(L_g, Z_g), s_plus, s_minus)
                 R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
             factors.append(R.mT / math.sqrt(n))  # B B^T = K
         B = factors[0] if len(factors) == 1 else torch.cat(factors)

@@ -42,9 +42,15 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> list[Path]:
     return out
 
 
+def _figure(ax: Axes) -> Figure:
+    """The Figure that holds ``ax`` (the root one when ``ax`` is in a SubFigure)."""
+    fig = ax.figure
+    return fig if isinstance(fig, Figure) else fig.figure
+
+
 def _axes(ax: Axes | None, figsize: tuple[float, float] = (6.0, 4.0)) -> tuple[Figure, Axes]:
     if ax is not None:
-        return ax.figure, ax
+        return _figure(ax), ax
     fig = Figure(figsize=figsize, layout="constrained")
     return fig, fig.add_subplot()
 
@@ -75,8 +81,8 @@ def plot_mean_correlation(
     fig, ax = _axes(ax)
     for label, ds in models.items():
         with np.errstate(all="ignore"):
-            r = metrics.mean_correlation(torch.from_numpy(np.ascontiguousarray(ds["V"].values)))
-        r = r.numpy()
+            V = torch.from_numpy(np.ascontiguousarray(ds["V"].values))
+            r = metrics.mean_correlation(V).numpy()
         r = r[np.isfinite(r).all(axis=1)]
         x = _layers(ds)
         (line,) = ax.plot(x, r.mean(axis=0), lw=2, label=label)
@@ -166,10 +172,12 @@ def plot_rho_density(
         if edges is None:
             edges = np.linspace(x.min(), x.max(), bins + 1)
         # the network filled, the SDE as an outline: two fills would blend into one colour
+        # (bins as a list: matplotlib's stubs take a sequence, not an ndarray)
         if src == "network":
-            ax.hist(x, bins=edges, density=True, alpha=0.35, color=COLORS[src])
+            ax.hist(x, bins=edges.tolist(), density=True, alpha=0.35, color=COLORS[src])
         else:
-            ax.hist(x, bins=edges, density=True, histtype="step", lw=1.2, color=COLORS[src])
+            ax.hist(x, bins=edges.tolist(), density=True, histtype="step", lw=1.2,
+                    color=COLORS[src])  # fmt: skip
         grid = np.linspace(edges[0], edges[-1], 400)
         ax.plot(grid, stats.gaussian_kde(x)(grid), color=COLORS[src], lw=2,
                 label=f"{LABELS[src]} ({one.sizes['sample']} samples)")  # fmt: skip
@@ -194,7 +202,7 @@ def plot_quantile_bands(
         fig = Figure(figsize=(11.0, 4.0), layout="constrained")
         axes = tuple(fig.subplots(1, 2))
     else:
-        fig = axes[0].figure
+        fig = _figure(axes[0])
     t = comparison["t"].values
     probs = list(comparison["quantile"].values)
     need = {0.05, 0.25, 0.5, 0.75, 0.95}

@@ -65,11 +65,10 @@ class GroupedNormal:
             for gen, s in zip(self.generators, self.slices, strict=True):
                 buf[s].normal_(generator=gen)
             return buf
-        self._numpy_generators()
         array = buf.numpy()
         dtype = np.float64 if buf.dtype == torch.float64 else np.float32
-        for gen, s in zip(self._numpy, self.slices, strict=True):
-            gen.standard_normal(out=array[s], dtype=dtype)
+        for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True):
+            np_gen.standard_normal(out=array[s], dtype=dtype)
         return buf
 
     def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
@@ -80,25 +79,26 @@ class GroupedNormal:
 
         if self.device.type != "cpu":
             dof = dof.to(device=self.device, dtype=torch.float64)
-            out = [
+            draws = [
                 chi2(dof.expand(s.stop - s.start, -1).contiguous(), gen)
                 for gen, s in zip(self.generators, self.slices, strict=True)
             ]
-            return torch.cat(out).to(dtype)
-        self._numpy_generators()
+            return torch.cat(draws).to(dtype)
         half = dof.detach().cpu().double().numpy() / 2
         out = np.empty((self.samples, half.shape[0]))
-        for gen, s in zip(self._numpy, self.slices, strict=True):
-            # chi^2_k = 2 Gamma(k / 2): the numbers of ``gen.chisquare``, written in place
-            gen.standard_gamma(half, size=out[s].shape, out=out[s])
+        for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True):
+            # chi^2_k = 2 Gamma(k / 2): the numbers of ``np_gen.chisquare``, written in place
+            np_gen.standard_gamma(half, size=out[s].shape, out=out[s])
         return torch.from_numpy(out).mul_(2.0).to(dtype)
 
-    def _numpy_generators(self) -> None:
+    def _numpy_generators(self) -> list[np.random.Generator]:
+        """The groups' numpy generators (fast CPU streams), created on first use."""
         if self._numpy is None:
             self._numpy = [
                 np.random.Generator(np.random.SFC64(np.random.SeedSequence([self.seed, g, 1])))
                 for g in self.groups
             ]
+        return self._numpy
 
     def split(self) -> list[tuple[slice, GroupedNormal]]:
         """(rows of the chunk, a GroupedNormal of that one group sharing its generators) for

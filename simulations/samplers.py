@@ -246,7 +246,7 @@ class ExactSampler(TokenSampler):
         q = self.linear(X, cfg.key_dim, "query")
         k = self.linear(X, cfg.key_dim, "key")
         A = attention_matrix(q[:, None], k[:, None], cfg)[:, 0]
-        F = scale_standard(self._R, cfg, "value", n) * cfg.branch_weight
+        F = scale_standard(self._factor_of(X), cfg, "value", n) * cfg.branch_weight
         update = small_matmul(small_matmul(A, F), self._draws["value"])
         return update.add_(X, alpha=cfg.lam)
 
@@ -267,7 +267,7 @@ class ExactSampler(TokenSampler):
         m, fan_in = x.shape[-2], x.shape[-1]
         if x.device.type == "cpu" and fan_in >= m:
             X, V = self._gram
-            gram = V * fan_in if x is X else small_matmul(x, x.mT)
+            gram = V * fan_in if x is X and V is not None else small_matmul(x, x.mT)
             F, info = torch.linalg.cholesky_ex(gram)
             bad = info != 0
             if bool(bad.any()):  # per sample, so that the numbers do not depend on the chunk
@@ -275,14 +275,19 @@ class ExactSampler(TokenSampler):
             return F
         return torch.linalg.qr(x.mT, mode="r").R.mT
 
-    def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
-        if x is not self._x:
+    def _factor_of(self, x: Tensor) -> Tensor:
+        """:meth:`_factor` of ``x``, cached for the last ``x`` (the linear maps of one input)."""
+        if x is not self._x or self._R is None:
             self._x, self._R = x, self._factor(x)
+        return self._R
+
+    def linear(self, x: Tensor, out_features: int, name: str) -> Tensor:
+        R = self._factor_of(x)
         Z = self._draws[name]
         if name not in ("query", "key") and Z.shape[-1] != out_features:
             raise RuntimeError(f"linear {name!r}: {out_features} outputs, drew {Z.shape[-1]}")
         # the weight scale on the small factor (m, k), not on the (m, out) product
-        return small_matmul(scale_standard(self._R, self.config, name, x.shape[-1]), Z)
+        return small_matmul(scale_standard(R, self.config, name, x.shape[-1]), Z)
 
 
 SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}

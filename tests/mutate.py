@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: module -> the test files (or pytest node ids / -k expressions after "::") that own it.
 TESTS: dict[str, list[str]] = {
+    "shapedtx/_validation.py": ["tests/test_validation.py"],
     "shapedtx/metrics.py": ["tests/test_metrics.py"],
     "shapedtx/design.py": ["tests/test_design.py"],
     "shapedtx/bottleneck.py": ["tests/test_bottleneck.py"],

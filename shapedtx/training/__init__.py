@@ -5,11 +5,16 @@
 rank collapse over training.
 """
 
+from typing import TYPE_CHECKING
+
 from .config import TrainConfig
 from .data import ByteCorpus, load_corpus
 from .log import final_val_loss, log_dataset
 from .model import LanguageModel
 from .trainer import ResumeMismatch, TrainingDiverged, TrainResult, configs_of, lr_factor, train
+
+if TYPE_CHECKING:  # at run time __getattr__ imports them (and matplotlib) on first use
+    from .plots import plot_collapse, plot_losses
 
 __all__ = [
     "ByteCorpus",

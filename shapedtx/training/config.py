@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import check_int
-
-
-def _check_float(name: str, value: Any, low: float, high: float, *, open_low: bool) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = (value > low if open_low else value >= low) and value <= high
-    if not ok:
-        bracket = "(" if open_low else "["
-        raise ValueError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}")
+from .._validation import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -52,7 +42,8 @@ class TrainConfig:
     seq_len: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int | None = None
+    # None (the default) is replaced in __post_init__: the attribute is always an int.
+    warmup_steps: int = None  # type: ignore[assignment]  # derived in __post_init__
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
@@ -82,13 +73,13 @@ class TrainConfig:
             ("seed", 0),
         ):
             check_int(name, getattr(self, name), minimum)
-        _check_float("lr", self.lr, 0.0, 10.0, open_low=True)
-        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, open_low=False)
-        _check_float("weight_decay", self.weight_decay, 0.0, 1.0, open_low=False)
-        _check_float("beta1", self.beta1, 0.0, 0.999999, open_low=False)
-        _check_float("beta2", self.beta2, 0.0, 0.999999, open_low=False)
-        _check_float("eps", self.eps, 0.0, 1.0, open_low=True)
-        _check_float("grad_clip", self.grad_clip, 0.0, 1e6, open_low=False)
+        check_number("lr", self.lr, 0.0, 10.0, low_open=True)
+        check_number("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_number("weight_decay", self.weight_decay, 0.0, 1.0)
+        check_number("beta1", self.beta1, 0.0, 0.999999)
+        check_number("beta2", self.beta2, 0.0, 0.999999)
+        check_number("eps", self.eps, 0.0, 1.0, low_open=True)
+        check_number("grad_clip", self.grad_clip, 0.0, 1e6)
         if self.warmup_steps >= self.steps:
             raise ValueError(
                 f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
@@ -126,5 +117,7 @@ class TrainConfig:
                 continue
             value = attrs[prefix + f.name]
             value = value.item() if hasattr(value, "item") else value
-            kwargs[f.name] = int(value) if f.name == "warmup_steps" else type(f.default)(value)
+            # every field is an int or a float (warmup_steps: an int, its default None)
+            kind = int if f.name == "warmup_steps" or isinstance(f.default, int) else float
+            kwargs[f.name] = kind(value)
         return cls(**kwargs)

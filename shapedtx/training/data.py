@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._validation import check_int, check_number
+
 VOCAB = 256
 
 
@@ -60,7 +62,7 @@ def default_corpus_root() -> Path:
 
 
 def _documents(root: Path, suffix: str | None, exclude: tuple[str, ...]) -> list[Path]:
-    files = []
+    files: list[Path] = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [d for d in subfolders if d not in exclude]
         files.extend(
@@ -87,14 +89,9 @@ def load_corpus(
         suffix: only files with this suffix (e.g. ``".py"``); default all (``.py`` for the
             default corpus).
     """
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)):
-        raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    if max_bytes is not None and (
-        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 16
-    ):
-        raise ValueError(f"max_bytes must be an integer >= 16 or None, got {max_bytes!r}")
+    check_number("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    if max_bytes is not None:
+        check_int("max_bytes", max_bytes, 16)
     if path is None:
         root = default_corpus_root()
         files = _documents(root, suffix or ".py", ("site-packages", "__pycache__"))

@@ -229,7 +229,7 @@ def train(
             "rows": _rows_to_plain(rows),
             "step": step,
         }
-        _atomic_save(state, ckpt_path)
+        _atomic_save(state, out / CHECKPOINT)
         saved_step[0] = step
         save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
 
@@ -298,7 +298,7 @@ def train(
             loss = loss.detach().float()
             finite = torch.isfinite(loss) & torch.isfinite(total)
             first_bad = torch.where(~finite & (first_bad < 0), step, first_bad)
-            lr = scheduler.get_last_lr()[0]
+            lr = float(scheduler.get_last_lr()[0])
             optimizer.step()
             scheduler.step()
             loss_sum += loss

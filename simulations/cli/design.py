@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from shapedtx._validation import check_int, check_positive
 from shapedtx.config import ModelConfig
 from shapedtx.design import (
     GPT3_CONTEXT,
@@ -101,8 +102,7 @@ def _budget(args: argparse.Namespace) -> str:
 
 
 def _heads(width: int, depth: int, head_size: int, seq_len: int) -> str:
-    if head_size < 1:
-        raise ValueError(f"--head-size must be an integer >= 1, got {head_size}")
+    check_int("--head-size", head_size, 1)
     heads = max(1, width // head_size)
     config = ModelConfig(
         width=width,
@@ -194,18 +194,16 @@ def _gpt3(multiple: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.head_size is not None and args.head_size < 1:
-        raise ValueError(f"--head-size must be an integer >= 1, got {args.head_size}")
-    if args.multiple < 1:
-        raise ValueError(f"--multiple must be an integer >= 1, got {args.multiple}")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise ValueError(f"--seq-len must be an integer >= 1, got {args.seq_len}")
+    if args.head_size is not None:
+        check_int("--head-size", args.head_size, 1)
+    check_int("--multiple", args.multiple, 1)
+    if args.seq_len is not None:
+        check_int("--seq-len", args.seq_len, 1)
     if args.table is not None and (args.seq_len is not None or args.head_size is not None):
         raise ValueError("--seq-len and --head-size apply to --params only (GPT-3 uses m = 2048)")
     if args.table == "gpt3":
         print(_gpt3(args.multiple))
         return 0
-    if not args.params > 0 or args.params == float("inf"):
-        raise ValueError(f"--params must be a finite number > 0, got {args.params:g}")
+    check_positive("--params", args.params)
     print(_budget(args))
     return 0

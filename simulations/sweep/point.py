@@ -97,7 +97,9 @@ def _task(
         torch.set_num_threads(torch_threads)
     path = Path(store)
     group = zarr.open_group(path, mode="r+", zarr_format=2)
-    group["status"][point.index] = PENDING
+    status = group["status"]
+    assert isinstance(status, zarr.Array)  # the store's layout (_open_store): arrays only
+    status[point.index] = PENDING
     started = time.time()
     try:
         ds = run_point(point, DTYPES[dtype_name], device)

@@ -30,7 +30,9 @@ def open_sweep(store: str | os.PathLike) -> xr.Dataset:
     for record in read_records(store).values():
         if record["status"] == "failed":
             loc = [ds.indexes[d].get_loc(record["coords"][d]) for d in grid["dims"]]
-            errors[(*loc, sources.index(record["source"]))] = record["error"]
+            # the index in a variable: mypy reads errors[(*loc, i)] as 3.11-only syntax
+            index = (*loc, sources.index(record["source"]))
+            errors[index] = record["error"]
     errors = np.where(code.values == FAILED, errors, "").astype(str)
     return ds.assign(
         V=ds["V"].where(done),

@@ -152,7 +152,10 @@ def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype)
     try:
         group = zarr.open_group(path, mode="r+", zarr_format=2)
         attrs = dict(group.attrs)
-        shape = group["V"].shape
+        V = group["V"]
+        if not isinstance(V, zarr.Array):
+            raise TypeError("'V' is not an array")
+        shape = V.shape
     except Exception as err:  # any unreadable store is the same user error
         raise ValueError(f"store {str(path)!r} exists and is not a sweep store ({err})") from None
     keys = ("sweep.grid", "sweep.kind", "sweep.dtype", "sweep.layout")
