@@ -305,17 +305,27 @@ def _figure(table, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(SCORES), figsize=(4 * len(SCORES), 3.6))
+    finite = [t["loss"] for t in table if t["loss"] is not None]
+    # configurations that diverged at every learning rate: drawn on a row above the losses
+    top = max(finite) + 0.1 * (max(finite) - min(finite) + 1e-3) if finite else 1.0
     for ax, name in zip(axes, SCORES, strict=True):
         for t in table:
-            loss = t["loss"] if t["loss"] is not None else np.nan
+            loss = t["loss"] if t["loss"] is not None else top
             x = t[name] if t[name] is not None else np.nan
             marker = {"advised": "*", "rejected": "x"}.get(t["role"], "o")
+            colour = f"C{sorted({r['depth'] for r in table}).index(t['depth'])}"
+            hollow = t["loss"] is None and marker != "x"
             ax.scatter(x, loss, marker=marker, s=60 if marker == "*" else 25,
-                       c=f"C{sorted({r['depth'] for r in table}).index(t['depth'])}")  # fmt: skip
+                       facecolors="none" if hollow else colour,
+                       edgecolors=None if marker == "x" else colour)  # fmt: skip
+        ax.axhline(top, color="gray", lw=0.5, ls=":")
         ax.set_xlabel(name + " (SDE, at init)")
         ax.set_xscale("symlog", linthresh=1e-3) if name in ("collapse", "exploded") else None
     axes[0].set_ylabel("best final val loss")
-    fig.suptitle("init-time SDE scores vs trained loss (colour: depth; *: advised, x: rejected)")
+    axes[0].annotate("diverged at every lr", (0.02, top), xycoords=("axes fraction", "data"),
+                     va="bottom", fontsize="small", color="gray")  # fmt: skip
+    fig.suptitle("init-time SDE scores vs trained loss (colour: depth; *: advised, x: rejected; "
+                 "top row: diverged)")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
