@@ -359,3 +359,52 @@ def test_covariance_metrics_average_the_metrics_over_the_batch():
             V = metrics.covariance(hidden[layer].double())
             assert out[name][layer] == pytest.approx(fn(V).mean().item(), rel=1e-12)
         assert np.isnan(out[name][2])
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_language_model_is_embedding_body_norm_unembedding(final_norm):
+    """logits = W_U [LN](body(E[tokens] + P[:m])) + b, rebuilt from the parameters (m < max_len,
+    random bias and LayerNorm affine so that every term is seen); the positions are those of the
+    last (sequence) axis, so an unbatched sequence gives the logits of a batch of one."""
+    torch.manual_seed(2)
+    model = LanguageModel(MODEL.replace(final_norm=final_norm), 12)
+    with torch.no_grad():
+        model.unembed.bias.normal_()
+        if final_norm:
+            model.final_norm.weight.normal_()
+            model.final_norm.bias.normal_()
+    tokens = torch.randint(0, 256, (3, 7))
+    X0 = model.embed.weight[tokens] + model.position[:7]
+    with torch.no_grad():
+        torch.testing.assert_close(model.hidden_states(tokens)[0], X0)
+        H = model.body(X0)
+        if final_norm:
+            mean = H.mean(-1, keepdim=True)
+            var = (H - mean).pow(2).mean(-1, keepdim=True)
+            H = (H - mean) / torch.sqrt(var + model.final_norm.eps)
+            H = H * model.final_norm.weight + model.final_norm.bias
+        expected = H @ model.unembed.weight.T + model.unembed.bias
+        logits = model(tokens)
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(tokens[1]), logits[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("init", ["fan_in", "gpt2"])
+def test_language_model_initial_scales(init):
+    """fan_in: token and position embeddings N(0, 1/2) (unit input diagonal), unembedding
+    N(0, 1/n); gpt2: all N(0, 0.02^2); zero unembedding bias. The sample variance of k
+    entries has relative standard error sqrt(2 / k) (k = 16384: 1.1%)."""
+    torch.manual_seed(0)
+    n = 64
+    model = LanguageModel(MODEL.replace(width=n, heads=4, init=init), 256)
+    embed_var = 0.02**2 if init == "gpt2" else 0.5
+    unembed_var = 0.02**2 if init == "gpt2" else 1 / n
+    for weights, var in (
+        (model.embed.weight, embed_var),
+        (model.position, embed_var),
+        (model.unembed.weight, unembed_var),
+    ):
+        k = weights.numel()
+        sample = weights.detach().double().pow(2).mean().item()
+        assert abs(sample - var) < 5 * var * math.sqrt(2 / k), (weights.shape, sample, var)
+    assert torch.count_nonzero(model.unembed.bias) == 0
