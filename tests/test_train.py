@@ -408,3 +408,75 @@ def test_language_model_initial_scales(init):
         sample = weights.detach().double().pow(2).mean().item()
         assert abs(sample - var) < 5 * var * math.sqrt(2 / k), (weights.shape, sample, var)
     assert torch.count_nonzero(model.unembed.bias) == 0
+
+
+def test_train_config_defaults_are_the_documented_ones():
+    """The defaults listed in the TrainConfig docstring are the dataclass defaults (the
+    ``warmup_steps`` default is derived: ``min(50, steps // 10)``)."""
+    import dataclasses
+    import re
+
+    text = re.search(r"Defaults: ``(.*?)``", TrainConfig.__doc__, re.S).group(1)
+    documented = eval(f"dict({text})")  # our own docstring
+    assert documented == {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert TrainConfig().warmup_steps == 50 and TrainConfig(steps=30).warmup_steps == 3
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"steps": 1},
+        {"batch_size": 1},
+        {"seq_len": 2},
+        {"warmup_steps": 0},
+        {"log_interval": 1, "eval_interval": 1},
+        {"eval_batches": 1, "metrics_batch": 1, "checkpoint_interval": 0, "seed": 0},
+        {"lr": 10.0},
+        {"min_lr_ratio": 0.0},
+        {"min_lr_ratio": 1.0},
+        {"weight_decay": 0.0},
+        {"weight_decay": 1.0},
+        {"beta1": 0.0, "beta2": 0.0},
+        {"beta1": 0.999999, "beta2": 0.999999},
+        {"eps": 1.0},
+        {"grad_clip": 0.0},
+        {"grad_clip": 1e6},
+    ],
+)
+def test_train_config_accepts_the_ends_of_its_ranges(changes):
+    """Integers from their minimum (steps, batch_size, intervals >= 1; seq_len >= 2;
+    warmup_steps, checkpoint_interval, seed >= 0); lr in (0, 10], min_lr_ratio and weight_decay
+    in [0, 1], betas in [0, 0.999999], eps in (0, 1], grad_clip in [0, 1e6]."""
+    config = TrainConfig(**changes)
+    assert all(getattr(config, name) == value for name, value in changes.items())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"log_interval": 0}, "log_interval"),
+        ({"eval_batches": 0}, "eval_batches"),
+        ({"metrics_batch": 0}, "metrics_batch"),
+        ({"seed": -1}, "seed"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": 10.5}, "lr"),
+        ({"lr": True}, "lr"),
+        ({"min_lr_ratio": -0.01}, "min_lr_ratio"),
+        ({"min_lr_ratio": 1.05}, "min_lr_ratio"),
+        ({"weight_decay": 1.05}, "weight_decay"),
+        ({"beta1": 1.0}, "beta1"),
+        ({"beta2": 1.0}, "beta2"),
+        ({"beta1": -0.01}, "beta1"),
+        ({"eps": 0.0}, "eps"),
+        ({"grad_clip": 2e6}, "grad_clip"),
+    ],
+)
+def test_train_config_rejects_values_just_outside_its_ranges(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+
+
+def test_tokens_per_step_is_the_batch_token_count():
+    assert TrainConfig(batch_size=3, seq_len=7).tokens_per_step == 21
