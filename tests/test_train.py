@@ -480,3 +480,43 @@ def test_train_config_rejects_values_just_outside_its_ranges(changes, message):
 
 def test_tokens_per_step_is_the_batch_token_count():
     assert TrainConfig(batch_size=3, seq_len=7).tokens_per_step == 21
+
+
+def _collapse_log(mean_rho: np.ndarray) -> xr.Dataset:
+    steps, layers = mean_rho.shape
+    ds = xr.Dataset(
+        {
+            "mean_rho": (("step", "layer"), mean_rho),
+            "stable_rank": (
+                ("step", "layer"),
+                5.0 + np.arange(steps * layers).reshape(mean_rho.shape),
+            ),
+        },
+        coords={"step": np.arange(steps) * 10, "layer": np.arange(layers)},
+    )
+    ds.attrs.update(
+        {"config.attention": "shaped", "config.norm": "none", "config.depth": layers - 1}
+    )
+    return ds
+
+
+@pytest.mark.parametrize("metric", ["mean_rho", "stable_rank"])
+def test_collapse_plot_shows_the_last_layer_and_the_embedding_in_range(metric):
+    """Right panel: the last layer's and the embedding's (layer 0) values against step, with
+    a y-range that holds every plotted value; for the mean correlation it spans [0, 1] at least
+    (and reaches below 0 for negative correlations)."""
+    rho = np.array([[0.30, 0.4, 0.5], [0.35, 0.6, 0.8], [0.40, 0.7, 0.9], [0.45, 0.5, -0.1]])
+    ds = _collapse_log(rho)
+    fig = plot_collapse(ds, metric)
+    right = fig.axes[1]
+    lines = {line.get_label(): line for line in right.get_lines()}
+    values = ds[metric].values
+    np.testing.assert_array_equal(lines["last layer"].get_ydata(), values[:, -1])
+    np.testing.assert_array_equal(lines["embedding"].get_ydata(), values[:, 0])
+    np.testing.assert_array_equal(lines["last layer"].get_xdata(), ds["step"].values)
+    low, high = right.get_ylim()
+    assert low < values[:, [0, -1]].min() and high > values[:, [0, -1]].max()
+    if metric == "mean_rho":
+        assert low < 0.0 and high > 1.0
+        positive = plot_collapse(_collapse_log(np.abs(rho)), metric).axes[1].get_ylim()
+        assert positive[0] < 0.0 and positive[1] > 1.0
