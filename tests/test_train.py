@@ -520,3 +520,12 @@ def test_collapse_plot_shows_the_last_layer_and_the_embedding_in_range(metric):
         assert low < 0.0 and high > 1.0
         positive = plot_collapse(_collapse_log(np.abs(rho)), metric).axes[1].get_ylim()
         assert positive[0] < 0.0 and positive[1] > 1.0
+
+
+def test_progress_bar_counts_the_optimiser_steps(corpus, capsys):
+    """``progress=True``: the tqdm bar advances by one per optimiser step and ends at
+    steps/steps."""
+    train(MODEL, corpus, TRAIN.replace(steps=4, log_interval=2, eval_interval=4), progress=True)
+    frames = [f for f in capsys.readouterr().err.replace("\n", "\r").split("\r") if f.strip()]
+    assert frames and all("train" in f for f in frames)
+    assert "100%" in frames[-1] and "4/4" in frames[-1], frames[-1]
