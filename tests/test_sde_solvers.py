@@ -304,3 +304,49 @@ def test_every_sde_covariance_is_psd(config, V0, method, dt, seed):
     eig = np.linalg.eigvalsh(V)
     tol = 1e-8 * np.abs(eig).max(-1, keepdims=True) + 1e-300
     assert (eig >= -tol).all(), eig.min()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("samples", True, "samples must be an integer > 0"),
+        ("samples", 2.5, "samples must be an integer > 0"),
+        ("samples", "4", "samples must be an integer > 0"),
+        ("bound", True, "bound must be a finite number > 0"),
+        ("bound", "10", "bound must be a finite number > 0"),
+        ("bound", 0.0, "bound must be a finite number > 0"),
+        ("bound", math.inf, "bound must be a finite number > 0"),
+    ],
+)
+def test_samples_and_bound_must_be_positive_numbers_of_their_kind(name, value, match):
+    args = {"samples": 2, "bound": 1e8}
+    args[name] = value
+    with pytest.raises(ValueError, match=match):
+        sde.solve(ATT, equicorrelated(2, 0.1), args.pop("samples"), T=0.02, **args)
+
+
+def test_smallest_positive_samples_and_bound_and_the_default_dt():
+    """One path and a bound below 1 are accepted; without dt the largest step is 0.01, so
+    T = 0.75 takes ceil(0.75 / 0.01) = 75 steps of 0.01."""
+    ds = sde.solve(ATT, equicorrelated(2, 0.1), 1, bound=0.5, progress=False)
+    assert ds.sizes["sample"] == 1 and ds.attrs["bound"] == 0.5
+    assert ds.attrs["steps"] == 75 and ds.attrs["dt"] == pytest.approx(0.01)
+    assert ds["t"].values[-1] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("method", ["euler", "torchsde"])
+def test_blowups_are_only_dated_inside_the_horizon(method):
+    """Strong attention from V0 with a large diagonal: every path exceeds the bound by the
+    second step (T = 0.1), few or (torchsde's plain Euler step) none in the single step to
+    T = 0.05; a blow-up is never flagged after T (the integration stops at T)."""
+    strong = ATT.replace(tau0=0.1, gamma=0.9)
+    V0 = equicorrelated(3, 0.2, 4.0)
+    for T in (0.05, 0.1):
+        ds = sde.solve(strong, V0, 32, T=T, dt=0.05, method=method, seed=0, bound=50.0)
+        fraction = ds.attrs["exploded_fraction"]
+        if T == 0.1:
+            assert fraction == 1.0
+        else:
+            assert fraction <= (0.0 if method == "torchsde" else 0.25), fraction
+        t = ds["t_explode"].values[ds["exploded"].values]
+        assert np.all(t <= T + 1e-12)
