@@ -350,3 +350,55 @@ def test_blowups_are_only_dated_inside_the_horizon(method):
             assert fraction <= (0.0 if method == "torchsde" else 0.25), fraction
         t = ds["t_explode"].values[ds["exploded"].values]
         assert np.all(t <= T + 1e-12)
+
+
+def test_pack_and_unpack_are_inverse_on_any_batch_shape():
+    """pack keeps the upper triangle (row-major), unpack rebuilds the symmetric matrix:
+    (..., m, m) <-> (..., m (m + 1) / 2) for no, one and two batch dimensions."""
+    from sde.torchsde_solver import pack, unpack
+
+    m = 3
+    g = torch.Generator().manual_seed(0)
+    for batch in ((), (4,), (2, 5)):
+        X = torch.randn(*batch, m, m, generator=g, dtype=torch.float64)
+        V = X + X.mT
+        y = pack(V)
+        assert y.shape == (*batch, 6)
+        torch.testing.assert_close(y[..., 1], V[..., 0, 1], rtol=0, atol=0)
+        torch.testing.assert_close(y[..., 3], V[..., 1, 1], rtol=0, atol=0)
+        torch.testing.assert_close(unpack(y, m), V, rtol=0, atol=0)
+
+
+def test_torchsde_coefficients_vanish_beyond_the_bound_or_when_not_finite():
+    """CovarianceSDE: f = g = 0 on a state whose largest |V^{ab}| exceeds the path's limit or
+    that is not finite; the drift and the diffusion matrix of pack(V) otherwise."""
+    from sde.torchsde_solver import CovarianceSDE, pack
+
+    m = 3
+    V = equicorrelated(m, 0.3)
+    big, bad = 10.0 * V, V.clone()
+    bad[0, 1] = bad[1, 0] = math.nan
+    y = pack(torch.stack([V, big, bad]))
+    model = CovarianceSDE(BLOCK, m, torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64))
+    f, G = model.f(None, y), model.g(None, y)
+    assert f.shape == (3, 6) and G.shape == (3, 6, 2 * m * m)
+    torch.testing.assert_close(f[0], pack(sde.drift(BLOCK, V)))
+    assert G[0].abs().max() > 0
+    assert (f[1:] == 0).all() and (G[1:] == 0).all()
+    # g is the linear map of the normals: G G^T is the packed diffusion
+    Sigma = sde.diffusion(BLOCK, V)
+    i, j = torch.triu_indices(m, m)
+    torch.testing.assert_close(G[0] @ G[0].T, Sigma[i, j][:, i, j], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["euler", "em", "torchsde"])
+def test_a_path_at_the_bound_is_not_flagged(method):
+    """Flagged means exceeding ``bound * max_a V0^{aa}``: with bound = 1 the initial state
+    (whose largest entry is max_a V0^{aa}) is at the bound, not beyond it, so no path is
+    flagged at t = 0."""
+    ds = sde.solve(ATT, equicorrelated(3, 0.2), 16, T=0.1, dt=0.05, method=method, bound=1.0)
+    t = ds["t_explode"].values[ds["exploded"].values]
+    assert np.all(t > 0)
+    np.testing.assert_array_equal(
+        ds["V"].values[:, 0], np.broadcast_to(equicorrelated(3, 0.2), (16, 3, 3))
+    )
