@@ -402,3 +402,27 @@ def test_a_path_at_the_bound_is_not_flagged(method):
     np.testing.assert_array_equal(
         ds["V"].values[:, 0], np.broadcast_to(equicorrelated(3, 0.2), (16, 3, 3))
     )
+
+
+def test_time_grid_steps_saved_times_and_argument_checks():
+    """steps = ceil(T / dt) of size T / steps <= dt ending at T; saved every save_every steps
+    (1: every step) and at T; by default every max(1, steps // 200) steps (an integer);
+    T and dt must be > 0, save_every >= 1; the grid is an immutable value."""
+    import dataclasses
+
+    grid = sde.time_grid(ATT, 0.02, T=0.1, save_every=1)
+    assert grid.steps == 5 and grid.dt == pytest.approx(0.02) and grid.saved == (0, 1, 2, 3, 4, 5)
+    np.testing.assert_allclose(grid.times, [0, 0.02, 0.04, 0.06, 0.08, 0.1], atol=1e-15)
+    odd = sde.time_grid(ATT, 0.03, T=0.1, save_every=2)  # 4 steps of 0.025
+    assert odd.steps == 4 and odd.dt == pytest.approx(0.025) and odd.saved == (0, 2, 4)
+    long = sde.time_grid(ATT, 0.01, T=10.0)  # 1000 steps: every 5th of them, 201 times
+    assert long.steps == 1000 and long.save_every == 5 and isinstance(long.save_every, int)
+    assert long.saved == tuple(range(0, 1001, 5))
+    uneven = sde.time_grid(ATT, 0.01, T=7.5)  # 750 steps: every 3rd, and the last
+    assert uneven.save_every == 3 and uneven.saved[-2:] == (747, 750)
+    for bad in ({"T": 0.0}, {"T": math.nan}, {"T": True}, {"dt": 0.0}, {"save_every": 0}):
+        args = {"dt": 0.01, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sde.time_grid(ATT, args.pop("dt"), **args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grid.steps = 3
