@@ -426,3 +426,17 @@ def test_time_grid_steps_saved_times_and_argument_checks():
             sde.time_grid(ATT, args.pop("dt"), **args)
     with pytest.raises(dataclasses.FrozenInstanceError):
         grid.steps = 3
+
+
+@pytest.mark.parametrize("cls", [sde.FactoredEuler, sde.EulerMaruyama, sde.TorchSDE])
+def test_solver_objects_check_dt_and_default_to_the_string_names_step(cls):
+    """A solver's dt is a finite number > 0; its default is the step the string names mean
+    (solve's default dt, 0.01: T = 0.75 in 75 steps)."""
+    for bad in (0.0, -0.01, math.inf, math.nan, True, "0.01"):
+        with pytest.raises(ValueError, match="dt must be a finite number > 0"):
+            cls(bad)
+    assert cls(0.5).dt == 0.5 and cls(1).dt == 1
+    by_object = sde.solve(ATT, equicorrelated(2, 0.1), 1, method=cls(), progress=False)
+    by_name = sde.solve(ATT, equicorrelated(2, 0.1), 1, method=cls.name, progress=False)
+    assert by_object.attrs["steps"] == by_name.attrs["steps"] == 75
+    assert by_object.attrs["dt"] == by_name.attrs["dt"]
