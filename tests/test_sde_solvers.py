@@ -440,3 +440,36 @@ def test_solver_objects_check_dt_and_default_to_the_string_names_step(cls):
     by_name = sde.solve(ATT, equicorrelated(2, 0.1), 1, method=cls.name, progress=False)
     assert by_object.attrs["steps"] == by_name.attrs["steps"] == 75
     assert by_object.attrs["dt"] == by_name.attrs["dt"]
+
+
+FACTOR_CASES = {
+    "attention_cholesky_state": (ATT.replace(tau0=0.5, heads=2, out_proj=True), "cholesky"),
+    "block_jittered_cholesky": (BLOCK.replace(gamma=0.8, c_minus=-2.0), "init"),
+    "block_canonical": (BLOCK.replace(gamma=0.8, c_minus=-2.0), "canonical"),
+    "causal_block_cholesky_state": (BLOCK.replace(causal=True, c_minus=-2.0), "cholesky"),
+}
+
+
+@pytest.mark.parametrize("case", list(FACTOR_CASES))
+def test_factored_step_noise_has_the_diffusion_for_any_factor(case):
+    """The new V of one factored Euler step is a polynomial in the normals whose linear part
+    J z (J its Jacobian at z = 0) is the SDE noise times sqrt(dt): J J^T / dt = Sigma(V) + O(dt),
+    whatever the factor of V the state holds -- a non-symmetric (Cholesky) state, the jittered
+    Cholesky re-factorisation after an MLP drift step, or the canonical V^{1/2}. Deterministic:
+    dt = 1e-7 leaves a relative O(dt) error far below the tolerance."""
+    config, kind = FACTOR_CASES[case]
+    m, dt = 3, 1e-7
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(m, m + 1, generator=g, dtype=torch.float64)
+    V = (X @ X.T / (m + 1) + 0.3 * torch.eye(m, dtype=torch.float64))[None]
+    stepper = FactoredEulerStep(config, m, canonical=kind == "canonical")
+    state = torch.linalg.cholesky(V) if kind == "cholesky" else stepper.init(V)
+    if kind == "cholesky":
+        assert (state - state.mT).abs().max() > 0.1  # a genuinely non-symmetric factor
+
+    def new_V(z: torch.Tensor) -> torch.Tensor:
+        return stepper.step(state, z.view(1, 2, m, m), dt)[1].reshape(-1)
+
+    J = torch.autograd.functional.jacobian(new_V, torch.zeros(2 * m * m, dtype=torch.float64))
+    Sigma = sde.diffusion(config, V[0]).reshape(m * m, m * m)
+    torch.testing.assert_close(J @ J.T / dt, Sigma, rtol=0, atol=1e-4 * Sigma.abs().max().item())
