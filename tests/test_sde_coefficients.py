@@ -234,3 +234,14 @@ def test_sample_noise_draws_two_normal_matrices_per_covariance_of_any_batch_shap
             one = sde.sample_noise(config, V[i, j], normals=normals[i, j])
             torch.testing.assert_close(xi[i, j], one, rtol=1e-12, atol=1e-13)
     assert (xi[0, 0] - xi[0, 1]).abs().max() > 1e-3
+
+
+def test_constants_without_attention_are_not_causal():
+    """SDEConstants.causal is False without attention (its documented invariant), both from
+    sde_constants and for constants built without the causal field."""
+    from sde.coefficients import SDEConstants
+
+    mlp = ModelConfig(attention="none", mlp="shaped_relu", causal=True)
+    assert sde.sde_constants(mlp, 3).causal is False
+    assert sde.sde_constants(ATT.replace(causal=True), 3).causal is True
+    assert SDEConstants(k_lin=1.0, k_att=0.0, a_att=0.0, k_mlp=0.5, heads=1).causal is False
