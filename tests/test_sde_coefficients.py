@@ -180,3 +180,68 @@ def test_nu_clamps_correlations_just_outside_the_unit_interval():
     assert torch.isfinite(out).all()
     assert out[0] == out[1] == 0.0
     assert out[2] == out[3] == pytest.approx(1 / (2 * math.pi) * math.pi)
+
+
+NOISE_CONFIGS = {
+    "attention": ModelConfig(width=2048, gamma=1.0, tau0=0.5, heads=2, out_proj=True),
+    "mlp_only": ModelConfig(width=2048, attention="none", mlp="shaped_relu", c_minus=-1.2),
+}
+
+
+@pytest.mark.parametrize("name", list(NOISE_CONFIGS))
+@pytest.mark.parametrize("factor", ["symmetric", "cholesky"])
+def test_noise_is_linear_in_the_normals_with_exactly_the_diffusion(name, factor):
+    """The noise is linear in the normals (N1, N2): its covariance J J^T (J the Jacobian) is
+    diffusion(config, V) to rounding, for any factor with L L^T = V (the symmetric root or a
+    Cholesky factor; module docstring of sde.noise), non-causal by default, and symmetric.
+    A leading batch dimension of size 1 checks that only the matrix axes are transposed."""
+    from sde.noise import noise_increment, psd_factor
+
+    config = NOISE_CONFIGS[name]
+    m = 4
+    V = random_V(m, (1,), seed=3)
+    const = sde.sde_constants(config, m)
+    L = psd_factor(V)[0] if factor == "symmetric" else torch.linalg.cholesky(V)
+    torch.testing.assert_close(L @ L.mT, V, rtol=1e-12, atol=1e-12)
+
+    def noise(z: torch.Tensor) -> torch.Tensor:
+        return noise_increment(L, V, z.view(1, 2, m, m), const.k_lin, const.k_att).reshape(-1)
+
+    J = torch.autograd.functional.jacobian(noise, torch.zeros(2 * m * m, dtype=torch.float64))
+    Sigma = sde.diffusion(config, V[0]).reshape(m * m, m * m)
+    torch.testing.assert_close(J @ J.T, Sigma, rtol=1e-12, atol=1e-12)
+    z = torch.randn(1, 2, m, m, generator=torch.Generator().manual_seed(0), dtype=V.dtype)
+    xi = noise_increment(L, V, z, const.k_lin, const.k_att)
+    torch.testing.assert_close(xi, xi.mT, rtol=0, atol=1e-14)
+    if factor == "symmetric":  # sample_noise factors V itself (symmetric root)
+        torch.testing.assert_close(sde.sample_noise(config, V, normals=z), xi)
+
+
+def test_sample_noise_draws_two_normal_matrices_per_covariance_of_any_batch_shape():
+    """Without ``normals`` the draw is ``normals = randn((..., 2, m, m), generator)``; every
+    covariance of a (2, 3, m, m) batch gets the noise of its own normals."""
+    config = NOISE_CONFIGS["attention"]
+    m = 4
+    V = random_V(m, (2, 3), seed=5)
+    xi = sde.sample_noise(config, V, torch.Generator().manual_seed(7))
+    normals = torch.randn(
+        (2, 3, 2, m, m), generator=torch.Generator().manual_seed(7), dtype=torch.float64
+    )
+    torch.testing.assert_close(sde.sample_noise(config, V, normals=normals), xi, rtol=0, atol=0)
+    assert xi.shape == (2, 3, m, m)
+    for i in range(2):
+        for j in range(3):
+            one = sde.sample_noise(config, V[i, j], normals=normals[i, j])
+            torch.testing.assert_close(xi[i, j], one, rtol=1e-12, atol=1e-13)
+    assert (xi[0, 0] - xi[0, 1]).abs().max() > 1e-3
+
+
+def test_constants_without_attention_are_not_causal():
+    """SDEConstants.causal is False without attention (its documented invariant), both from
+    sde_constants and for constants built without the causal field."""
+    from sde.coefficients import SDEConstants
+
+    mlp = ModelConfig(attention="none", mlp="shaped_relu", causal=True)
+    assert sde.sde_constants(mlp, 3).causal is False
+    assert sde.sde_constants(ATT.replace(causal=True), 3).causal is True
+    assert SDEConstants(k_lin=1.0, k_att=0.0, a_att=0.0, k_mlp=0.5, heads=1).causal is False

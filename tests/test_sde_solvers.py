@@ -304,3 +304,184 @@ def test_every_sde_covariance_is_psd(config, V0, method, dt, seed):
     eig = np.linalg.eigvalsh(V)
     tol = 1e-8 * np.abs(eig).max(-1, keepdims=True) + 1e-300
     assert (eig >= -tol).all(), eig.min()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("samples", True, "samples must be an integer > 0"),
+        ("samples", 2.5, "samples must be an integer > 0"),
+        ("samples", "4", "samples must be an integer > 0"),
+        ("bound", True, "bound must be a finite number > 0"),
+        ("bound", "10", "bound must be a finite number > 0"),
+        ("bound", 0.0, "bound must be a finite number > 0"),
+        ("bound", math.inf, "bound must be a finite number > 0"),
+    ],
+)
+def test_samples_and_bound_must_be_positive_numbers_of_their_kind(name, value, match):
+    args = {"samples": 2, "bound": 1e8}
+    args[name] = value
+    with pytest.raises(ValueError, match=match):
+        sde.solve(ATT, equicorrelated(2, 0.1), args.pop("samples"), T=0.02, **args)
+
+
+def test_smallest_positive_samples_and_bound_and_the_default_dt():
+    """One path and a bound below 1 are accepted; without dt the largest step is 0.01, so
+    T = 0.75 takes ceil(0.75 / 0.01) = 75 steps of 0.01."""
+    ds = sde.solve(ATT, equicorrelated(2, 0.1), 1, bound=0.5, progress=False)
+    assert ds.sizes["sample"] == 1 and ds.attrs["bound"] == 0.5
+    assert ds.attrs["steps"] == 75 and ds.attrs["dt"] == pytest.approx(0.01)
+    assert ds["t"].values[-1] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("method", ["euler", "torchsde"])
+def test_blowups_are_only_dated_inside_the_horizon(method):
+    """Strong attention from V0 with a large diagonal: every path exceeds the bound by the
+    second step (T = 0.1), few or (torchsde's plain Euler step) none in the single step to
+    T = 0.05; a blow-up is never flagged after T (the integration stops at T)."""
+    strong = ATT.replace(tau0=0.1, gamma=0.9)
+    V0 = equicorrelated(3, 0.2, 4.0)
+    for T in (0.05, 0.1):
+        ds = sde.solve(strong, V0, 32, T=T, dt=0.05, method=method, seed=0, bound=50.0)
+        fraction = ds.attrs["exploded_fraction"]
+        if T == 0.1:
+            assert fraction == 1.0
+        else:
+            assert fraction <= (0.0 if method == "torchsde" else 0.25), fraction
+        t = ds["t_explode"].values[ds["exploded"].values]
+        assert np.all(t <= T + 1e-12)
+
+
+def test_pack_and_unpack_are_inverse_on_any_batch_shape():
+    """pack keeps the upper triangle (row-major), unpack rebuilds the symmetric matrix:
+    (..., m, m) <-> (..., m (m + 1) / 2) for no, one and two batch dimensions."""
+    from sde.torchsde_solver import pack, unpack
+
+    m = 3
+    g = torch.Generator().manual_seed(0)
+    for batch in ((), (4,), (2, 5)):
+        X = torch.randn(*batch, m, m, generator=g, dtype=torch.float64)
+        V = X + X.mT
+        y = pack(V)
+        assert y.shape == (*batch, 6)
+        torch.testing.assert_close(y[..., 1], V[..., 0, 1], rtol=0, atol=0)
+        torch.testing.assert_close(y[..., 3], V[..., 1, 1], rtol=0, atol=0)
+        torch.testing.assert_close(unpack(y, m), V, rtol=0, atol=0)
+
+
+def test_torchsde_coefficients_vanish_beyond_the_bound_or_when_not_finite():
+    """CovarianceSDE: f = g = 0 on a state whose largest |V^{ab}| exceeds the path's limit or
+    that is not finite; the drift and the diffusion matrix of pack(V) otherwise."""
+    from sde.torchsde_solver import CovarianceSDE, pack
+
+    m = 3
+    V = equicorrelated(m, 0.3)
+    big, bad = 10.0 * V, V.clone()
+    bad[0, 1] = bad[1, 0] = math.nan
+    y = pack(torch.stack([V, big, bad]))
+    model = CovarianceSDE(BLOCK, m, torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64))
+    f, G = model.f(None, y), model.g(None, y)
+    assert f.shape == (3, 6) and G.shape == (3, 6, 2 * m * m)
+    torch.testing.assert_close(f[0], pack(sde.drift(BLOCK, V)))
+    assert G[0].abs().max() > 0
+    assert (f[1:] == 0).all() and (G[1:] == 0).all()
+    # g is the linear map of the normals: G G^T is the packed diffusion
+    Sigma = sde.diffusion(BLOCK, V)
+    i, j = torch.triu_indices(m, m)
+    torch.testing.assert_close(G[0] @ G[0].T, Sigma[i, j][:, i, j], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["euler", "em", "torchsde"])
+def test_a_path_at_the_bound_is_not_flagged(method):
+    """Flagged means exceeding ``bound * max_a V0^{aa}``: with bound = 1 the initial state
+    (whose largest entry is max_a V0^{aa}) is at the bound, not beyond it, so no path is
+    flagged at t = 0."""
+    ds = sde.solve(ATT, equicorrelated(3, 0.2), 16, T=0.1, dt=0.05, method=method, bound=1.0)
+    t = ds["t_explode"].values[ds["exploded"].values]
+    assert np.all(t > 0)
+    np.testing.assert_array_equal(
+        ds["V"].values[:, 0], np.broadcast_to(equicorrelated(3, 0.2), (16, 3, 3))
+    )
+
+
+def test_time_grid_steps_saved_times_and_argument_checks():
+    """steps = ceil(T / dt) of size T / steps <= dt ending at T; saved every save_every steps
+    (1: every step) and at T; by default every max(1, steps // 200) steps (an integer);
+    T and dt must be > 0, save_every >= 1; the grid is an immutable value."""
+    import dataclasses
+
+    grid = sde.time_grid(ATT, 0.02, T=0.1, save_every=1)
+    assert grid.steps == 5 and grid.dt == pytest.approx(0.02) and grid.saved == (0, 1, 2, 3, 4, 5)
+    np.testing.assert_allclose(grid.times, [0, 0.02, 0.04, 0.06, 0.08, 0.1], atol=1e-15)
+    odd = sde.time_grid(ATT, 0.03, T=0.1, save_every=2)  # 4 steps of 0.025
+    assert odd.steps == 4 and odd.dt == pytest.approx(0.025) and odd.saved == (0, 2, 4)
+    long = sde.time_grid(ATT, 0.01, T=10.0)  # 1000 steps: every 5th of them, 201 times
+    assert long.steps == 1000 and long.save_every == 5 and isinstance(long.save_every, int)
+    assert long.saved == tuple(range(0, 1001, 5))
+    uneven = sde.time_grid(ATT, 0.01, T=7.5)  # 750 steps: every 3rd, and the last
+    assert uneven.save_every == 3 and uneven.saved[-2:] == (747, 750)
+    for bad in ({"T": 0.0}, {"T": math.nan}, {"T": True}, {"dt": 0.0}, {"save_every": 0}):
+        args = {"dt": 0.01, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sde.time_grid(ATT, args.pop("dt"), **args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grid.steps = 3
+
+
+@pytest.mark.parametrize("cls", [sde.FactoredEuler, sde.EulerMaruyama, sde.TorchSDE])
+def test_solver_objects_check_dt_and_default_to_the_string_names_step(cls):
+    """A solver's dt is a finite number > 0; its default is the step the string names mean
+    (solve's default dt, 0.01: T = 0.75 in 75 steps)."""
+    for bad in (0.0, -0.01, math.inf, math.nan, True, "0.01"):
+        with pytest.raises(ValueError, match="dt must be a finite number > 0"):
+            cls(bad)
+    assert cls(0.5).dt == 0.5 and cls(1).dt == 1
+    by_object = sde.solve(ATT, equicorrelated(2, 0.1), 1, method=cls(), progress=False)
+    by_name = sde.solve(ATT, equicorrelated(2, 0.1), 1, method=cls.name, progress=False)
+    assert by_object.attrs["steps"] == by_name.attrs["steps"] == 75
+    assert by_object.attrs["dt"] == by_name.attrs["dt"]
+
+
+FACTOR_CASES = {
+    "attention_cholesky_state": (ATT.replace(tau0=0.5, heads=2, out_proj=True), "cholesky"),
+    "block_jittered_cholesky": (BLOCK.replace(gamma=0.8, c_minus=-2.0), "init"),
+    "block_canonical": (BLOCK.replace(gamma=0.8, c_minus=-2.0), "canonical"),
+    "causal_block_cholesky_state": (BLOCK.replace(causal=True, c_minus=-2.0), "cholesky"),
+}
+
+
+@pytest.mark.parametrize("case", list(FACTOR_CASES))
+def test_factored_step_noise_has_the_diffusion_for_any_factor(case):
+    """The new V of one factored Euler step is a polynomial in the normals whose linear part
+    J z (J its Jacobian at z = 0) is the SDE noise times sqrt(dt): J J^T / dt = Sigma(V) + O(dt),
+    whatever the factor of V the state holds -- a non-symmetric (Cholesky) state, the jittered
+    Cholesky re-factorisation after an MLP drift step, or the canonical V^{1/2}. Deterministic:
+    dt = 1e-7 leaves a relative O(dt) error far below the tolerance."""
+    config, kind = FACTOR_CASES[case]
+    m, dt = 3, 1e-7
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(m, m + 1, generator=g, dtype=torch.float64)
+    V = (X @ X.T / (m + 1) + 0.3 * torch.eye(m, dtype=torch.float64))[None]
+    stepper = FactoredEulerStep(config, m, canonical=kind == "canonical")
+    state = torch.linalg.cholesky(V) if kind == "cholesky" else stepper.init(V)
+    if kind == "cholesky":
+        assert (state - state.mT).abs().max() > 0.1  # a genuinely non-symmetric factor
+
+    def new_V(z: torch.Tensor) -> torch.Tensor:
+        return stepper.step(state, z.view(1, 2, m, m), dt)[1].reshape(-1)
+
+    J = torch.autograd.functional.jacobian(new_V, torch.zeros(2 * m * m, dtype=torch.float64))
+    Sigma = sde.diffusion(config, V[0]).reshape(m * m, m * m)
+    torch.testing.assert_close(J @ J.T / dt, Sigma, rtol=0, atol=1e-4 * Sigma.abs().max().item())
+
+
+@pytest.mark.parametrize("method", ["euler", "em"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_saved_covariances_are_exactly_symmetric(method, causal):
+    """Every state is symmetrised (module docstring of sde.solvers): saved V equal their
+    transposes bitwise, also where round-off makes F F^T + (Hadamard term) or the EM update
+    slightly asymmetric."""
+    config = BLOCK.replace(causal=causal)
+    ds = sde.solve(config, equicorrelated(4, 0.3), 64, dt=0.05, method=method, seed=1)
+    V = ds["V"].values
+    np.testing.assert_array_equal(V, np.swapaxes(V, -1, -2))

@@ -359,3 +359,173 @@ def test_covariance_metrics_average_the_metrics_over_the_batch():
             V = metrics.covariance(hidden[layer].double())
             assert out[name][layer] == pytest.approx(fn(V).mean().item(), rel=1e-12)
         assert np.isnan(out[name][2])
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_language_model_is_embedding_body_norm_unembedding(final_norm):
+    """logits = W_U [LN](body(E[tokens] + P[:m])) + b, rebuilt from the parameters (m < max_len,
+    random bias and LayerNorm affine so that every term is seen); the positions are those of the
+    last (sequence) axis, so an unbatched sequence gives the logits of a batch of one."""
+    torch.manual_seed(2)
+    model = LanguageModel(MODEL.replace(final_norm=final_norm), 12)
+    with torch.no_grad():
+        model.unembed.bias.normal_()
+        if final_norm:
+            model.final_norm.weight.normal_()
+            model.final_norm.bias.normal_()
+    tokens = torch.randint(0, 256, (3, 7))
+    X0 = model.embed.weight[tokens] + model.position[:7]
+    with torch.no_grad():
+        torch.testing.assert_close(model.hidden_states(tokens)[0], X0)
+        H = model.body(X0)
+        if final_norm:
+            mean = H.mean(-1, keepdim=True)
+            var = (H - mean).pow(2).mean(-1, keepdim=True)
+            H = (H - mean) / torch.sqrt(var + model.final_norm.eps)
+            H = H * model.final_norm.weight + model.final_norm.bias
+        expected = H @ model.unembed.weight.T + model.unembed.bias
+        logits = model(tokens)
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(tokens[1]), logits[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("init", ["fan_in", "gpt2"])
+def test_language_model_initial_scales(init):
+    """fan_in: token and position embeddings N(0, 1/2) (unit input diagonal), unembedding
+    N(0, 1/n); gpt2: all N(0, 0.02^2); zero unembedding bias. The sample variance of k
+    entries has relative standard error sqrt(2 / k) (k = 16384: 1.1%)."""
+    torch.manual_seed(0)
+    n = 64
+    model = LanguageModel(MODEL.replace(width=n, heads=4, init=init), 256)
+    embed_var = 0.02**2 if init == "gpt2" else 0.5
+    unembed_var = 0.02**2 if init == "gpt2" else 1 / n
+    for weights, var in (
+        (model.embed.weight, embed_var),
+        (model.position, embed_var),
+        (model.unembed.weight, unembed_var),
+    ):
+        k = weights.numel()
+        sample = weights.detach().double().pow(2).mean().item()
+        assert abs(sample - var) < 5 * var * math.sqrt(2 / k), (weights.shape, sample, var)
+    assert torch.count_nonzero(model.unembed.bias) == 0
+
+
+def test_train_config_defaults_are_the_documented_ones():
+    """The defaults listed in the TrainConfig docstring are the dataclass defaults (the
+    ``warmup_steps`` default is derived: ``min(50, steps // 10)``)."""
+    import dataclasses
+    import re
+
+    text = re.search(r"Defaults: ``(.*?)``", TrainConfig.__doc__, re.S).group(1)
+    documented = eval(f"dict({text})")  # our own docstring
+    assert documented == {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert TrainConfig().warmup_steps == 50 and TrainConfig(steps=30).warmup_steps == 3
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"steps": 1},
+        {"batch_size": 1},
+        {"seq_len": 2},
+        {"warmup_steps": 0},
+        {"log_interval": 1, "eval_interval": 1},
+        {"eval_batches": 1, "metrics_batch": 1, "checkpoint_interval": 0, "seed": 0},
+        {"lr": 10.0},
+        {"min_lr_ratio": 0.0},
+        {"min_lr_ratio": 1.0},
+        {"weight_decay": 0.0},
+        {"weight_decay": 1.0},
+        {"beta1": 0.0, "beta2": 0.0},
+        {"beta1": 0.999999, "beta2": 0.999999},
+        {"eps": 1.0},
+        {"grad_clip": 0.0},
+        {"grad_clip": 1e6},
+    ],
+)
+def test_train_config_accepts_the_ends_of_its_ranges(changes):
+    """Integers from their minimum (steps, batch_size, intervals >= 1; seq_len >= 2;
+    warmup_steps, checkpoint_interval, seed >= 0); lr in (0, 10], min_lr_ratio and weight_decay
+    in [0, 1], betas in [0, 0.999999], eps in (0, 1], grad_clip in [0, 1e6]."""
+    config = TrainConfig(**changes)
+    assert all(getattr(config, name) == value for name, value in changes.items())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"log_interval": 0}, "log_interval"),
+        ({"eval_batches": 0}, "eval_batches"),
+        ({"metrics_batch": 0}, "metrics_batch"),
+        ({"seed": -1}, "seed"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": 10.5}, "lr"),
+        ({"lr": True}, "lr"),
+        ({"min_lr_ratio": -0.01}, "min_lr_ratio"),
+        ({"min_lr_ratio": 1.05}, "min_lr_ratio"),
+        ({"weight_decay": 1.05}, "weight_decay"),
+        ({"beta1": 1.0}, "beta1"),
+        ({"beta2": 1.0}, "beta2"),
+        ({"beta1": -0.01}, "beta1"),
+        ({"eps": 0.0}, "eps"),
+        ({"grad_clip": 2e6}, "grad_clip"),
+    ],
+)
+def test_train_config_rejects_values_just_outside_its_ranges(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+
+
+def test_tokens_per_step_is_the_batch_token_count():
+    assert TrainConfig(batch_size=3, seq_len=7).tokens_per_step == 21
+
+
+def _collapse_log(mean_rho: np.ndarray) -> xr.Dataset:
+    steps, layers = mean_rho.shape
+    ds = xr.Dataset(
+        {
+            "mean_rho": (("step", "layer"), mean_rho),
+            "stable_rank": (
+                ("step", "layer"),
+                5.0 + np.arange(steps * layers).reshape(mean_rho.shape),
+            ),
+        },
+        coords={"step": np.arange(steps) * 10, "layer": np.arange(layers)},
+    )
+    ds.attrs.update(
+        {"config.attention": "shaped", "config.norm": "none", "config.depth": layers - 1}
+    )
+    return ds
+
+
+@pytest.mark.parametrize("metric", ["mean_rho", "stable_rank"])
+def test_collapse_plot_shows_the_last_layer_and_the_embedding_in_range(metric):
+    """Right panel: the last layer's and the embedding's (layer 0) values against step, with
+    a y-range that holds every plotted value; for the mean correlation it spans [0, 1] at least
+    (and reaches below 0 for negative correlations)."""
+    rho = np.array([[0.30, 0.4, 0.5], [0.35, 0.6, 0.8], [0.40, 0.7, 0.9], [0.45, 0.5, -0.1]])
+    ds = _collapse_log(rho)
+    fig = plot_collapse(ds, metric)
+    right = fig.axes[1]
+    lines = {line.get_label(): line for line in right.get_lines()}
+    values = ds[metric].values
+    np.testing.assert_array_equal(lines["last layer"].get_ydata(), values[:, -1])
+    np.testing.assert_array_equal(lines["embedding"].get_ydata(), values[:, 0])
+    np.testing.assert_array_equal(lines["last layer"].get_xdata(), ds["step"].values)
+    low, high = right.get_ylim()
+    assert low < values[:, [0, -1]].min() and high > values[:, [0, -1]].max()
+    if metric == "mean_rho":
+        assert low < 0.0 and high > 1.0
+        positive = plot_collapse(_collapse_log(np.abs(rho)), metric).axes[1].get_ylim()
+        assert positive[0] < 0.0 and positive[1] > 1.0
+
+
+def test_progress_bar_counts_the_optimiser_steps(corpus, capsys):
+    """``progress=True``: the tqdm bar advances by one per optimiser step and ends at
+    steps/steps."""
+    train(MODEL, corpus, TRAIN.replace(steps=4, log_interval=2, eval_interval=4), progress=True)
+    frames = [f for f in capsys.readouterr().err.replace("\n", "\r").split("\r") if f.strip()]
+    assert frames and all("train" in f for f in frames)
+    assert "100%" in frames[-1] and "4/4" in frames[-1], frames[-1]

@@ -119,3 +119,34 @@ def test_fixed_windows_are_evenly_spaced():
     assert fixed[:, 0].tolist() == [0, 30, 60, 90]
     assert fixed.dtype == torch.int64 and fixed.shape == (4, 11)
     assert fixed_windows(data, 1, 100)[0].tolist() == list(range(101))
+
+
+def test_folder_corpus_skips_cache_and_git_folders(tmp_path):
+    """``__pycache__`` and ``.git`` folders are not documents of a folder corpus."""
+    _write(tmp_path / "src", ["keep.py"])
+    (tmp_path / "src" / "pkg").mkdir()
+    (tmp_path / "src" / "pkg" / "inner.py").write_text("# nested document\n" * 4)
+    for hidden in ("__pycache__", ".git"):
+        (tmp_path / "src" / hidden).mkdir()
+        (tmp_path / "src" / hidden / "junk.py").write_text(f"# from {hidden}\n" * 4)
+    corpus = load_corpus(tmp_path / "src", val_fraction=0.5, max_bytes=None)
+    text = bytes(corpus.train.numpy()) + bytes(corpus.val.numpy())
+    assert corpus.documents == 2
+    assert b"# document keep.py\n" in text and b"# nested document\n" in text
+    assert b"# from" not in text
+
+
+def test_default_corpus_reads_only_py_files_outside_site_packages(tmp_path, monkeypatch):
+    """``path=None``: the ``.py`` files under the stdlib root, ``site-packages`` excluded."""
+    root = tmp_path / "stdlib"
+    _write(root, ["a.py", "b.py", "notes.txt"])
+    (root / "site-packages").mkdir()
+    (root / "site-packages" / "third.py").write_text("# third party\n" * 4)
+    monkeypatch.setattr("shapedtx.training.data.default_corpus_root", lambda: root)
+    corpus = load_corpus(val_fraction=0.5, max_bytes=None)
+    text = bytes(corpus.train.numpy()) + bytes(corpus.val.numpy())
+    assert corpus.documents == 2
+    assert b"# document a.py\n" in text and b"# document b.py\n" in text
+    assert b"notes.txt" not in text and b"third party" not in text
+    txt = load_corpus(val_fraction=0.5, max_bytes=None, suffix=".txt")
+    assert txt.documents == 1

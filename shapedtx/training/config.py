@@ -33,6 +33,11 @@ class TrainConfig:
             ``0``: only at the end).
         seed: seeds the initialisation and the data order.
 
+    Defaults: ``steps=1000, batch_size=16, seq_len=64, lr=1e-3, min_lr_ratio=0.1,
+    warmup_steps=None, weight_decay=0.0, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip=1.0,
+    log_interval=10, eval_interval=50, eval_batches=4, metrics_batch=4,
+    checkpoint_interval=100, seed=0``.
+
     The architecture, the readout LayerNorm included (``ModelConfig.final_norm``), is the
     ``ModelConfig``.
     """
