@@ -61,18 +61,26 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/training/config.py": ["tests/test_train.py"],
     "shapedtx/training/data.py": ["tests/test_train_data.py"],
     "shapedtx/training/log.py": ["tests/test_train.py"],
-    "sde/coefficients.py": ["tests/test_sde_coefficients.py"],
-    "sde/noise.py": ["tests/test_sde_onestep.py", "tests/test_sde_solvers.py"],
-    "sde/solvers.py": ["tests/test_sde_solvers.py", "tests/test_sde_onestep.py"],
+    "sde/coefficients.py": ["tests/test_sde_coefficients.py", "tests/test_sde_causal.py"],
+    "sde/noise.py": [
+        "tests/test_sde_solvers.py",
+        "tests/test_sde_causal.py",
+        "tests/test_sde_coefficients.py",
+    ],
+    "sde/solvers.py": [
+        "tests/test_sde_solvers.py",
+        "tests/test_sde_steppers.py",
+        "tests/test_sde_causal.py",
+    ],
     "sde/solve.py": ["tests/test_sde_solvers.py"],
-    "sde/torchsde_solver.py": ["tests/test_sde_solvers.py"],
+    "sde/torchsde_solver.py": ["tests/test_sde_solvers.py", "tests/test_sde_causal.py"],
     "simulations/experiment.py": ["tests/test_compare_cli.py", "tests/test_compare.py"],
     "simulations/advise.py": ["tests/test_advise.py"],
     "simulations/plots.py": ["tests/test_compare.py"],
     "simulations/options.py": ["tests/test_simulate.py"],
     "shapedtx/training/plots.py": ["tests/test_train.py"],
     "sde/time_grid.py": ["tests/test_sde_solvers.py"],
-    "sde/options.py": ["tests/test_sde_solvers.py", "tests/test_sde_steppers.py"],
+    "sde/options.py": ["tests/test_sde_solvers.py"],
 }
 
 _BINOP_SWAP = {
