@@ -265,3 +265,75 @@ def test_sampler_objects_and_run_options_equal_the_keywords():
     for bad, field in bad_options:
         with pytest.raises(ValueError, match=field):
             RunOptions(**bad)
+
+
+def test_weights_sampler_is_the_library_block_with_each_groups_generator():
+    """``method="weights"``: a block is :func:`shapedtx.block` with
+    :func:`shapedtx.gaussian_linear` on each group's own generator (explicit matrices, the
+    reference), here computed group by group with the unfused block."""
+    from shapedtx import block, gaussian_linear
+    from simulations.samplers import WeightsSampler
+
+    cfg = ModelConfig(width=12, depth=2, mlp="shaped_relu", c_minus=-2.0, causal=True)
+    G = WeightsSampler.group_size
+    sizes = [G, 2]
+    X = torch.randn(G + 2, 3, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sampler = WeightsSampler(cfg, GroupedNormal(5, [0, 1], sizes, torch.device("cpu")))
+    out = sampler.step(X.clone())
+    ref_rng = GroupedNormal(5, [0, 1], sizes, torch.device("cpu"))
+    ref = torch.cat(
+        [
+            block(X[s], cfg, gaussian_linear(gen, cfg), fused=False)
+            for gen, s in zip(ref_rng.generators, ref_rng.slices, strict=True)
+        ]
+    )
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(width=12, depth=3, heads=2, attention="softmax"),  # two heads, no W^O
+        ModelConfig(width=12, depth=3, heads=2, out_proj=True, mlp="relu"),
+        ModelConfig(width=12, depth=3, norm="pre", causal=True),
+        ModelConfig(width=12, depth=3, mlp="shaped_relu", causal=True),  # the direct path
+    ],
+)
+def test_exact_direct_attention_path_gives_the_block_numbers(cfg, monkeypatch):
+    """The exact sampler's direct attention sub-block (one head, no W^O, no LayerNorm) and
+    :func:`shapedtx.block` give the same numbers with the same draws (up to rounding), and
+    every other configuration runs the block function itself (identical bits)."""
+    from simulations import samplers
+
+    V0 = equicorrelated(4, 0.3)
+    fast = simulate(cfg, V0, 10, method="exact", seed=3)["V"].values
+    monkeypatch.setattr(samplers, "FAST_ATTENTION", False)
+    slow = simulate(cfg, V0, 10, method="exact", seed=3)["V"].values
+    if cfg.heads == 1 and cfg.norm == "none":
+        np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(fast, slow)
+
+
+def test_token_sampler_memory_counts_m_by_widest_tensors():
+    """The token samplers' working memory per sample is a number of (m, widest) tensors of
+    the dtype (at least the state X: m x n); the weights sampler's fixed part holds one
+    group's explicit weight matrices (at least group_size matrices n x widest)."""
+    from simulations.samplers import ExactSampler, WeightsSampler
+
+    cfg = ModelConfig(width=24, depth=2, mlp="relu")
+    f64, f32 = torch.float64, torch.float32
+    for cls in (ExactSampler, WeightsSampler):
+        per, fixed = cls.memory(cfg, 4, f64)
+        assert per >= 4 * 24 * 8
+        assert cls.memory(cfg, 8, f64)[0] == 2 * per
+        assert cls.memory(cfg, 4, f32)[0] * 2 == per
+        # the widest map sets the size: a 4x wider MLP, or 200 query columns
+        assert cls.memory(cfg.replace(mlp_ratio=4), 4, f64)[0] == 4 * per
+        wide_keys = ModelConfig(width=24, depth=2, heads=2, key_dim=100, mlp="relu")
+        assert cls.memory(wide_keys, 4, f64)[0] > 8 * per
+    assert ExactSampler.memory(cfg, 4, f64)[1] == 0
+    fixed = WeightsSampler.memory(cfg, 4, f64)[1]
+    assert fixed >= WeightsSampler.group_size * 24 * 24 * 8
+    assert WeightsSampler.memory(cfg, 4, f32)[1] * 2 == fixed
+    assert WeightsSampler.memory(cfg.replace(mlp_ratio=4), 4, f64)[1] >= 4 * fixed
