@@ -337,3 +337,51 @@ def test_token_sampler_memory_counts_m_by_widest_tensors():
     assert fixed >= WeightsSampler.group_size * 24 * 24 * 8
     assert WeightsSampler.memory(cfg, 4, f32)[1] * 2 == fixed
     assert WeightsSampler.memory(cfg.replace(mlp_ratio=4), 4, f64)[1] >= 4 * fixed
+
+
+class _FixedMemory(SAMPLERS["weights"]):
+    """A sampler with a stated memory estimate and no cache-sized chunk."""
+
+    group_size = 4
+    chunk_bytes = None
+
+    @classmethod
+    def memory(cls, config, m, dtype):
+        return 1000, 5000
+
+
+def test_default_chunk_is_the_largest_that_fits_the_budget():
+    """Without chunk_size the chunk is the largest whole number of groups whose memory (the
+    sampler's estimate per sample plus the recorded covariances, (depth + 1) m^2 numbers per
+    sample, plus the fixed part) fits ``memory_budget`` (default 1 GiB); a budget below one
+    group gives one group with a warning, and any budget > 0 bytes is accepted."""
+    from simulations import driver
+
+    assert driver.DEFAULT_MEMORY_BUDGET == 1024**3
+    cfg, m, f64 = ModelConfig(width=16, depth=9), 3, torch.float64
+    per_group = 4 * (1000 + 10 * m * m * 8)  # G (per sample + recorded covariances)
+    for budget in (5000 + 3 * per_group, 5000 + 4 * per_group - 1, 1e6):
+        groups = driver._chunk_groups(_FixedMemory, cfg, m, f64, None, budget)
+        assert 5000 + groups * per_group <= budget < 5000 + (groups + 1) * per_group
+    assert driver._chunk_groups(_FixedMemory, cfg, m, f64, 9, 1.0) == 3  # rounded up
+    for budget in (5000 + per_group, 5000 + 2 * per_group - 1):
+        assert driver._chunk_groups(_FixedMemory, cfg, m, f64, None, budget) == 1
+    with pytest.warns(RuntimeWarning, match="below one group"):
+        assert driver._chunk_groups(_FixedMemory, cfg, m, f64, None, 100.0) == 1
+    with pytest.warns(RuntimeWarning, match="below one group"):
+        ds = simulate(cfg.replace(depth=1), equicorrelated(3, 0.2), 2, memory_budget=0.5)
+    assert ds["V"].shape == (2, 2, 3, 3)
+
+
+def test_exact_default_chunk_holds_about_chunk_bytes_per_tensor():
+    """The exact sampler's default chunk: the most whole groups whose (m, widest) tensor holds
+    at most ``chunk_bytes`` (at least one group, even when one group's tensor is larger)."""
+    from simulations import ExactSampler, driver
+
+    G, f64 = ExactSampler.group_size, torch.float64
+    for width, m in ((1024, 8), (256, 4), (4096, 8)):
+        cfg = ModelConfig(width=width, depth=2)
+        groups = driver._chunk_groups(ExactSampler, cfg, m, f64, None, 2**30)
+        tensor = m * width * 8 * G  # bytes of one (m, n) float64 tensor per group
+        assert groups == max(1, ExactSampler.chunk_bytes // tensor)
+        assert groups == 1 or groups * tensor <= ExactSampler.chunk_bytes
