@@ -385,3 +385,57 @@ def test_exact_default_chunk_holds_about_chunk_bytes_per_tensor():
         tensor = m * width * 8 * G  # bytes of one (m, n) float64 tensor per group
         assert groups == max(1, ExactSampler.chunk_bytes // tensor)
         assert groups == 1 or groups * tensor <= ExactSampler.chunk_bytes
+
+
+def test_grouped_fast_streams_on_cpu_are_numpy_sfc64():
+    """On CPU, group g's fast stream is numpy's SFC64 generator seeded from (seed, g, 1):
+    fill_normal fills the buffer in place (and returns it) with each group's next standard
+    normals, chi2 draws from the same stream, and the one-group views of ``split`` (made before
+    or after the first draw) continue that stream rather than restarting it."""
+
+    def streams():
+        return {
+            g: np.random.Generator(np.random.SFC64(np.random.SeedSequence([9, g, 1])))
+            for g in (2, 3)
+        }
+
+    ref = streams()
+    rows = {2: slice(0, 4), 3: slice(4, 5)}
+    rng = GroupedNormal(9, [2, 3], [4, 1], torch.device("cpu"))
+    buf = torch.empty(5, 6, dtype=torch.float64)
+    assert rng.fill_normal(buf) is buf
+    for g, s in rows.items():
+        np.testing.assert_array_equal(buf[s].numpy(), ref[g].standard_normal((s.stop - s.start, 6)))
+    f32 = rng.fill_normal(torch.empty(5, 3, dtype=torch.float32))
+    for g, s in rows.items():
+        expected = ref[g].standard_normal((s.stop - s.start, 3), dtype=np.float32)
+        np.testing.assert_array_equal(f32[s].numpy(), expected)
+    dof = torch.tensor([3.0, 5.5], dtype=torch.float64)
+    chi = rng.chi2(dof, torch.float64)
+    for g, s in rows.items():
+        expected = ref[g].chisquare(dof.numpy(), size=(s.stop - s.start, 2))
+        np.testing.assert_array_equal(chi[s].numpy(), expected)
+    for (s, sub), g in zip(rng.split(), (2, 3), strict=True):
+        assert s == rows[g] and sub.samples == s.stop - s.start
+        z = sub.fill_normal(torch.empty(sub.samples, 2, dtype=torch.float64)).numpy()
+        np.testing.assert_array_equal(z, ref[g].standard_normal((sub.samples, 2)))
+        c = sub.chi2(dof, torch.float64).numpy()
+        np.testing.assert_array_equal(c, ref[g].chisquare(dof.numpy(), size=(sub.samples, 2)))
+    # split before any draw: the views and the chunk still share one stream per group
+    ref = streams()
+    rng = GroupedNormal(9, [2, 3], [4, 1], torch.device("cpu"))
+    for _, sub in rng.split():
+        sub.fill_normal(torch.empty(sub.samples, 2, dtype=torch.float64))
+    after = rng.fill_normal(torch.empty(5, 2, dtype=torch.float64))
+    for g, s in rows.items():
+        ref[g].standard_normal((s.stop - s.start, 2))  # the views' draws
+        np.testing.assert_array_equal(
+            after[s].numpy(), ref[g].standard_normal((s.stop - s.start, 2))
+        )
+
+
+def test_grouped_normal_of_a_single_group():
+    rng = GroupedNormal(9, [3], [2], torch.device("cpu"))
+    Z = rng.normal((4,), torch.float64)
+    gen = torch.Generator().manual_seed(group_seed(9, 3))
+    assert torch.equal(Z, torch.randn((2, 4), generator=gen, dtype=torch.float64))
