@@ -293,10 +293,15 @@ def test_p_value_formatting():
     assert (_p(0.5), _p(0.01), _p(0.0012345)) == ("0.500", "0.010", "0.0012")
 
 
-def test_run_collapse_seeds_and_stage_count(tmp_path):
+def test_run_collapse_seeds_and_stage_count(tmp_path, capfd):
     """Baseline k is simulated with seed ``seed + 2 + k`` (Experiment docs); ``stages`` gets
-    ``(k, total)`` with k running 1..total, whatever the outputs asked for."""
+    ``(k, total)`` with k running 1..total, whatever the outputs asked for. From Python the
+    runs are quiet (no progress bars unless asked) and draw figures unless ``figures=False``."""
+    import inspect
+
     from simulations import run_collapse, run_comparison
+
+    assert inspect.signature(run_comparison).parameters["figures"].default is True
 
     e = _tiny_experiment(seed=5)
     report, models = run_collapse(e)
@@ -313,3 +318,4 @@ def test_run_collapse_seeds_and_stage_count(tmp_path):
         )
         assert [k for k, _ in calls] == list(range(1, len(calls) + 1))
         assert {n for _, n in calls} == {len(calls)} and len(calls) in (5, 6)
+    assert "simulate[" not in capfd.readouterr().err  # no tqdm bars by default
