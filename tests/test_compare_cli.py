@@ -298,6 +298,7 @@ def test_run_collapse_seeds_and_stage_count(tmp_path, capfd):
     ``(k, total)`` with k running 1..total, whatever the outputs asked for. From Python the
     runs are quiet (no progress bars unless asked) and draw figures unless ``figures=False``."""
     import inspect
+    from dataclasses import replace
 
     from simulations import run_collapse, run_comparison
 
@@ -310,7 +311,7 @@ def test_run_collapse_seeds_and_stage_count(tmp_path, capfd):
     assert list(report["model"].values) == list(models)
     for widths, out in (((4,), None), ((), tmp_path / "run")):
         calls = []
-        run_comparison(
+        result = run_comparison(
             _tiny_experiment(convergence_widths=widths),
             out,
             figures=False,
@@ -319,3 +320,14 @@ def test_run_collapse_seeds_and_stage_count(tmp_path, capfd):
         assert [k for k, _ in calls] == list(range(1, len(calls) + 1))
         assert {n for _, n in calls} == {len(calls)} and len(calls) in (5, 6)
     assert "simulate[" not in capfd.readouterr().err  # no tqdm bars by default
+    # the summary is taken at T, the last time (layer 6 of width 8: T = 0.75)
+    summary = result.summary
+    assert summary["t_final"] == {"network": 0.75, "sde": pytest.approx(0.75)}
+    net_last = result.comparison.isel(t=-1)["rho_quantile"].sel(source="network").values
+    assert summary["rho_T"]["network"]["quantiles"] == pytest.approx(list(net_last), rel=1e-12)
+    # a limit without the solver's 'exploded' record has no exploded paths
+    from simulations.experiment import summarise
+
+    assert (
+        summarise(replace(result, limit=result.limit.drop_vars("exploded")))["sde"]["exploded"] == 0
+    )
