@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from shapedtx import load_dataset
@@ -136,6 +137,10 @@ def test_compare_causal_writes_token_pairs(tmp_path, capsys):
         assert (out / "figures" / f"token_pairs.{ext}").stat().st_size > 1000
     pairs = load_dataset(out / "token_pairs.nc")
     assert pairs["mean_rho"].dims == ("source", "pair", "t")
+    last = pairs.isel(t=-1)  # the summary is at T, the last time
+    for src in ("network", "sde"):
+        np.testing.assert_allclose(tp["mean_rho_T"][src], last["mean_rho"].sel(source=src))
+        np.testing.assert_allclose(tp["V_diag_mean_T"][src], last["V_diag_mean"].sel(source=src))
     assert load_dataset(out / "sde.nc").attrs["config.causal"] == 1
     plain = tmp_path / "plain"
     argv = [a for a in argv if a != "--causal"]
