@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 import zarr
 from distributed import Client, LocalCluster
@@ -419,3 +420,16 @@ def test_point_validity_boundaries(grid, kind, error):
         assert point.error is None and point.config is not None
     else:
         assert point.config is None and error in point.error
+
+
+def test_run_point_is_the_direct_call_without_progress_bars(capfd):
+    """A worker's point runs quietly (no tqdm bar per point) and returns the direct call's
+    Dataset."""
+    from simulations.sweep.point import run_point
+
+    grid = {"width": 8, "depth": 2, "tokens": 2, "samples": 2, "dt": 0.1, "seed": 1}
+    for p in make_grid(grid, "both").points():
+        ds = run_point(p, torch.float64)
+        direct = _direct(p.config, {**grid, "T": p.T}, p.source, p.seed)
+        np.testing.assert_array_equal(ds["V"].values, direct["V"].values)
+    assert capfd.readouterr().err == ""
