@@ -325,6 +325,11 @@ def test_a_store_of_another_sweep_is_refused(client, tmp_path):
         sweep({**grid, "width": [8, 16]}, store=store, client=client, progress=False)
     with pytest.raises(ValueError, match="kind"):
         sweep(grid, store=store, kind="both", client=client, progress=False)
+    # the same padded shape is not enough: other grid values or another dtype are refused
+    with pytest.raises(ValueError, match=r"\(sweep.grid differ\)"):
+        sweep({**grid, "width": [12]}, store=store, client=client, progress=False)
+    with pytest.raises(ValueError, match=r"\(sweep.dtype differ\)"):
+        sweep(grid, store=store, dtype=torch.float32, client=client, progress=False)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("not a store")
     with pytest.raises(ValueError, match="is not a sweep store"):
