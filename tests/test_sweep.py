@@ -438,3 +438,32 @@ def test_run_point_is_the_direct_call_without_progress_bars(capfd):
         direct = _direct(p.config, {**grid, "T": p.T}, p.source, p.seed)
         np.testing.assert_array_equal(ds["V"].values, direct["V"].values)
     assert capfd.readouterr().err == ""
+
+
+def test_embedded_cluster_defaults_progress_and_chunks(client, tmp_path, monkeypatch, capfd):
+    """The embedded cluster has ``min(2, cpu_count)`` workers and never becomes the global
+    default client; ``progress=False`` prints nothing, ``progress=True`` a bar and the
+    dashboard link; a point's samples are one chunk, never larger than the samples."""
+    import distributed
+
+    seen = {}
+    real = distributed.LocalCluster
+
+    def recording(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(distributed, "LocalCluster", recording)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    grid = {"width": 8, "depth": 2, "tokens": 2, "samples": 1}
+    assert sweep(grid, store=tmp_path / "a.zarr", processes=False, progress=False).ok
+    assert seen["n_workers"] == 2
+    assert distributed.default_client() is client  # the caller's default is untouched
+    assert capfd.readouterr().err == ""
+    assert zarr.open_group(tmp_path / "a.zarr")["V"].chunks[-4] == 1
+    assert sweep({**grid, "samples": 3}, store=tmp_path / "b.zarr", client=client).ok
+    assert zarr.open_group(tmp_path / "b.zarr")["V"].chunks[-4] == 3
+    capfd.readouterr()
+    assert sweep({**grid, "width": 12}, store=tmp_path / "c.zarr", client=client, progress=True).ok
+    err = capfd.readouterr().err
+    assert f"Dask dashboard at {client.dashboard_link}" in err and "sweep" in err and "1/1" in err
