@@ -285,17 +285,19 @@ def test_multi_head_test_has_power():
 
 
 def test_single_column_batches_follow_the_documented_batch_size(monkeypatch):
-    """The column batch is ``max(1, HIDDEN_ELEMENTS // (group_size m))`` (and with it the
-    random stream): a budget below one column per group and a budget of exactly one column
-    per group both mean one hidden column per batch, hence the same numbers."""
+    """The column batch is ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and fixes the random
+    stream: a budget below one column per group and a budget of exactly one column per group
+    both mean one hidden column per batch (the same numbers); two columns per batch draw
+    other numbers."""
     cfg = ModelConfig(width=8, depth=2, attention="none", mlp="relu", gamma=0.6)
     V0 = equicorrelated(3, 0.3)
     runs = []
-    for elements in (1, GramSampler.group_size * 3):
+    for elements in (1, GramSampler.group_size * 3, GramSampler.group_size * 6):
         monkeypatch.setattr(gram_module, "HIDDEN_ELEMENTS", elements)
         runs.append(_V(simulate(cfg, V0, 20, method="gram", seed=4)))
     assert bool(torch.isfinite(runs[0]).all())
     assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0][:, -1], runs[2][:, -1])
 
 
 def test_memory_estimate_is_in_bytes_of_m_by_m_matrices():
