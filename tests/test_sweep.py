@@ -2,6 +2,7 @@
 kill without recomputing finished points, failing points recorded while the others complete."""
 
 import importlib
+import itertools
 import json
 import math
 import os
@@ -467,3 +468,28 @@ def test_embedded_cluster_defaults_progress_and_chunks(client, tmp_path, monkeyp
     assert sweep({**grid, "width": 12}, store=tmp_path / "c.zarr", client=client, progress=True).ok
     err = capfd.readouterr().err
     assert f"Dask dashboard at {client.dashboard_link}" in err and "sweep" in err and "1/1" in err
+
+
+def test_sde_points_read_back_with_their_own_sample_count_and_masked_explosions(client, tmp_path):
+    """An SDE sweep whose points differ in sample count (padded store) and with one failing
+    combination: open_point gives each point's own samples (``exploded`` included), exactly the
+    direct call; open_sweep's ``exploded`` is the point's where done and False elsewhere."""
+    store = tmp_path / "sde.zarr"
+    grid = {"width": [8, 12], "heads": [1, 3], "T": 0.25, "tokens": 2, "samples": [2, 3],
+            "dt": 0.05, "gamma": 0.9, "seed": 2}  # fmt: skip
+    summary = sweep(grid, store=store, kind="sde", client=client, progress=False)
+    assert summary.computed == 6 and len(summary.failed) == 2  # heads 3 does not divide 8
+    view = open_sweep(store).load()
+    for width, heads, samples in itertools.product([8, 12], [1, 3], [2, 3]):
+        cell = view.sel(width=width, heads=heads, samples=samples, source="sde")
+        if width == 8 and heads == 3:
+            assert str(cell["status"].values) == "failed" and not cell["exploded"].any()
+            continue
+        point = open_point(store, width=width, heads=heads, samples=samples)
+        params = {**grid, "width": width, "heads": heads, "samples": samples}
+        config = ModelConfig(width=width, depth=2 if width == 8 else 3, heads=heads, gamma=0.9)
+        direct = _direct(config, params, "sde", int(cell["seed"]))
+        xr.testing.assert_identical(_without_sweep_attrs(point), direct)
+        padded = np.zeros(3, dtype=bool)
+        padded[:samples] = direct["exploded"].values
+        np.testing.assert_array_equal(cell["exploded"].values, padded)
