@@ -251,7 +251,8 @@ def run_comparison(
 
     e = experiment
     cfg = e.config
-    timer = _Timer(stages, 5 + bool(e.widths) + bool(out is not None and figures))
+    writes = out is not None
+    timer = _Timer(stages, 4 + bool(e.widths) + writes + (writes and figures))
     common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
     with timer("network", f"finite network: {model_label(cfg)}, width {cfg.width}, depth "
                f"{cfg.depth}, {e.samples} samples"):  # fmt: skip

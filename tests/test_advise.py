@@ -1,5 +1,6 @@
 """``simulations.advise`` and ``shapedtx advise``: criteria, ranking, CLI, finite networks."""
 
+import importlib
 import itertools
 import json
 import math
@@ -228,3 +229,101 @@ def test_nothing_passes_gives_no_advice_and_exit_1(capsys):
     argv = ["advise", "--width", "64", "--depth", "64", "--tokens", "4", "--gammas", "0.9,1"]
     assert main([*argv, "--tau0s", "0.25", "--samples", "64", "--screen-samples", "64"]) == 1
     assert "NO candidate" in capsys.readouterr().out
+
+
+def test_measure_norm_quantile_and_its_order_statistic_se_by_hand():
+    """100 paths, m = 2, V0 = I, V_T = diag(k, k) for k = 1..100: 200 pooled ratios. q = 0.99,
+    half = sqrt(q (1 - q) / N) (N paths): the ceil(p n)-th smallest at p = q, q +- half and
+    q - 2 half are 99, 100 / 99 and 98, so norm = 99, norm_se = (100 - 99) / 2, norm_low = 98."""
+    k = torch.arange(1, 101, dtype=torch.float64)
+    VT = torch.diag_embed(torch.stack([k, k], -1))
+    meas = measure(torch.eye(2, dtype=torch.float64), VT, torch.zeros(100, dtype=torch.bool))
+    assert (meas.norm, meas.norm_se, meas.norm_low) == (99.0, 0.5, 98.0)
+    assert meas.collapse == meas.exploded == 0.0 and meas.rho_spread == 0.0
+
+
+def test_measure_two_paths_and_a_zero_token():
+    """Two usable paths give a spread (the sd of their two correlations); a path with a
+    zero-norm token has no correlation and is excluded like a blown-up one."""
+    V = torch.tensor([[1.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    VT = torch.stack([V, V.clone(), torch.diag(torch.tensor([0.0, 1.0], dtype=torch.float64))])
+    VT[1, 0, 1] = VT[1, 1, 0] = -0.1
+    meas = measure(torch.eye(2, dtype=torch.float64), VT, torch.zeros(3, dtype=torch.bool))
+    assert meas.rho_spread == pytest.approx(np.std([0.3, -0.1]))
+    assert meas.rho_mean == pytest.approx(0.1)
+    assert meas.exploded == pytest.approx(1 / 3) and meas.collapse == pytest.approx(1 / 3)
+
+
+def test_criteria_thresholds_are_open_intervals():
+    for name in ("rho_max", "collapse", "exploded", "norm_quantile"):
+        for bad in (0.0, 1.0):
+            with pytest.raises(ValueError, match=name):
+                Criteria(**{name: bad})
+    with pytest.raises(ValueError, match="norm_ratio"):
+        Criteria(norm_ratio=1.0)
+    Criteria(rho_max=0.999, collapse=1e-6, norm_ratio=1.001)
+
+
+def test_batched_euler_step_is_the_factored_euler_step_per_row():
+    """``_BatchedEuler``: the same step as :class:`sde.solvers.FactoredEulerStep` with each
+    row's own constants (same factor, same normals)."""
+    from sde.solvers import FactoredEulerStep
+    from simulations.advise import _BatchedEuler
+
+    gen = torch.Generator().manual_seed(0)
+    V0 = equicorrelated(3, 0.3).double()
+    for mlp in ("shaped_relu", "none"):
+        configs = [
+            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.3, tau0=1.0),
+            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.7, tau0=0.5),
+        ]
+        batched = _BatchedEuler(configs, [2, 2], 3, torch.float64)
+        L = batched.init(V0.expand(4, 3, 3))
+        normals = torch.randn((4, 2, 3, 3), generator=gen, dtype=torch.float64)
+        F, Vn, _ = batched.step(L, normals, 0.05)
+        for j, cfg in enumerate(configs):
+            rows = slice(2 * j, 2 * j + 2)
+            Fr, Vr, _ = FactoredEulerStep(cfg, 3).step(L[rows], normals[rows], 0.05)
+            torch.testing.assert_close(F[rows], Fr, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(Vn[rows], Vr, rtol=1e-12, atol=1e-12)
+
+
+def _fake_law(spread: float, samples: int) -> torch.Tensor:
+    """V_T with unit diagonals and correlations +-spread (sd exactly ``spread``)."""
+    r = torch.full((samples,), spread, dtype=torch.float64)
+    r[1::2] = -spread
+    VT = torch.eye(2, dtype=torch.float64).repeat(samples, 1, 1)
+    VT[:, 0, 1] = VT[:, 1, 0] = r
+    return VT
+
+
+def test_confirmation_keeps_a_candidate_only_if_it_stays_within_the_target(monkeypatch):
+    """gamma 0.2 screens within the spread target but its confirmed spread exceeds it: the
+    advisor confirms the next candidate (gamma 0.1, within the target) and picks it, with no
+    'smallest spread' note; a generous target keeps gamma 0.2."""
+    advise_module = importlib.import_module("simulations.advise")  # the function shadows it
+    screen = {0.1: 0.05, 0.2: 0.09}
+    confirm = {0.1: 0.05, 0.2: 0.2}
+
+    def fake_solve_batch(configs, V0, samples, *, T, steps, seed):
+        law = screen if len(configs) > 1 else confirm
+        return [(_fake_law(law[c.gamma], samples), torch.zeros(samples, dtype=torch.bool))
+                for c in configs]  # fmt: skip
+
+    monkeypatch.setattr(advise_module, "solve_batch", fake_solve_batch)
+    kw = dict(gammas=(0.1, 0.2), tau0s=(1.0,), samples=32, screen_samples=32)
+    a = advise(16, 4, 2, spread_target=0.1, **kw)
+    assert a.gamma == 0.1 and a.best is a.candidates[0] and a.best.gamma == 0.1
+    assert [c.stage for c in a.candidates] == ["confirmed", "confirmed"]
+    assert not any("smallest spread" in n for n in a.notes)
+    a = advise(16, 4, 2, spread_target=0.5, **kw)
+    assert a.gamma == 0.2 and not any("smallest spread" in n for n in a.notes)
+    a = advise(16, 4, 2, spread_target=0.01, **kw)  # nothing within: the smallest spread
+    assert a.gamma == 0.1 and any("smallest spread" in n for n in a.notes)
+
+
+def test_depth_one_is_a_valid_network():
+    a = advise(8, 1, 2, gammas=(0.1,), tau0s=(1.0,), samples=16, screen_samples=16, steps=5)
+    assert a.T == 1 / 8 and a.gamma == 0.1
+    with pytest.raises(ValueError, match="depth"):
+        advise(8, 0, 2)

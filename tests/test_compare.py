@@ -559,3 +559,107 @@ def test_convergence_runs_the_direct_calls_it_documents():
     given = convergence(config, [4, 8], V0, 24, limit=limit, networks=nets, **kw)
     np.testing.assert_array_equal(run["w1_rho"].values, given["w1_rho"].values)
     np.testing.assert_array_equal(run["ks_logVaa"].values, given["ks_logVaa"].values)
+
+
+def _mean_rho_np(V: np.ndarray) -> np.ndarray:
+    """Mean off-diagonal correlation (N, t) by hand."""
+    d = np.sqrt(np.diagonal(V, axis1=-2, axis2=-1))
+    r = V / (d[..., :, None] * d[..., None, :])
+    m = V.shape[-1]
+    return (r.sum((-1, -2)) - m) / (m * (m - 1))
+
+
+def _band_ys(collection) -> np.ndarray:
+    return np.concatenate([p.vertices[:, 1] for p in collection.get_paths()])
+
+
+def test_plots_draw_the_documented_statistics():
+    """The figures show what their docs say: mean rho (finite samples) with its 5-95% band
+    and the threshold; quantile-band medians and 5/95% lines; token-pair means with a +-2 SE
+    band; per panel the median collapse layer; KDE over the histogram's range."""
+    from simulations import plots
+    from simulations.compare import token_pairs
+
+    V = _random_V(40, 4, 3, 11)
+    V[3, 2] = float("nan")  # excluded sample
+    net = _dataset(V, layer=np.arange(4))
+    ax = plots.plot_mean_correlation({"a": net}, threshold=0.9).axes[0]
+    r = _mean_rho_np(V.numpy())
+    r = r[np.isfinite(r).all(1)]
+    line, thr = ax.get_lines()
+    np.testing.assert_allclose(line.get_xdata(), np.arange(4))
+    np.testing.assert_allclose(line.get_ydata(), r.mean(0), rtol=1e-12)
+    assert list(thr.get_ydata()) == [0.9, 0.9]
+    band = _band_ys(ax.collections[0])
+    for y in np.quantile(r, [0.05, 0.95], axis=0).ravel():
+        assert np.isclose(band, y, rtol=1e-12).any()
+
+    lim = _dataset(_random_V(50, 4, 3, 12))
+    # extra quantiles besides the five the bands need: the lines still show 5/50/95%
+    cmp = compare(net, lim, quantiles=(0.01, 0.05, 0.25, 0.5, 0.55, 0.75, 0.95, 0.99))
+    fig = plots.plot_quantile_bands(cmp)
+    for ax, var in zip(fig.axes, ("rho_quantile", "Vaa_quantile"), strict=True):
+        ys = [ln.get_ydata() for ln in ax.get_lines()]
+        assert len(ys) == 6  # per source: median and the 5%, 95% dashed lines
+        for src in ("network", "sde"):
+            for p in (0.05, 0.5, 0.95):
+                q = cmp[var].sel(source=src, quantile=p).values
+                assert any(np.allclose(y, q, rtol=1e-12) for y in ys), (var, src, p)
+        bands = np.concatenate([_band_ys(c) for c in ax.collections])
+        for p in (0.05, 0.25, 0.75, 0.95):
+            for y in cmp[var].sel(quantile=p).values.ravel():
+                assert np.isclose(bands, y, rtol=1e-12).any(), (var, p)
+
+    pairs = token_pairs(net, lim)
+    ax = plots.plot_token_pairs(pairs).axes[0]
+    mean = pairs["mean_rho"].sel(source="network").values[0]
+    se = pairs["mean_rho_se"].sel(source="network").values[0]
+    band = _band_ys(ax.collections[0])
+    for y in (*(mean - 2 * se), *(mean + 2 * se)):
+        assert np.isclose(band, y, rtol=1e-12).any()
+
+    # a model whose every sample collapses at layer 2: the dashed line on the rho panel
+    collapsing = np.full((8, 4), 0.5)
+    collapsing[:, 2:] = 0.999
+    fig = plots.plot_collapse_metrics({"c": _dataset(_two_token(collapsing), layer=np.arange(4))})
+    vlines = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert len(vlines) == 1 and list(vlines[0].get_xdata()) == [2.0, 2.0]
+    assert not any(ln.get_linestyle() == "--" for ax in fig.axes[1:] for ln in ax.get_lines())
+
+    ax = plots.plot_rho_density(net, lim).axes[0]
+    kde = ax.get_lines()[0].get_xdata()  # network's KDE grid: the range of its rho at T
+    last = V.numpy()[:, -1]  # every sample finite at the last time
+    d = np.sqrt(np.diagonal(last, axis1=-2, axis2=-1))
+    rho = (last / (d[:, :, None] * d[:, None, :]))[:, [0, 0, 1], [1, 2, 2]]
+    assert (kde[0], kde[-1]) == pytest.approx((rho.min(), rho.max()), rel=1e-12)
+
+
+def test_convergence_plot_draws_the_fit_floor_and_reference():
+    """plot_convergence: the points, the n^(-1/2) reference through the first point, the
+    noise-floor line, and the fit ``exp(intercept) n^slope`` over the fitted widths only (a
+    note instead when fewer than two widths were fitted)."""
+    import xarray as xr
+
+    from simulations import plots
+
+    n = np.array([4.0, 8.0, 16.0, 32.0])
+    d = np.array([0.2, 0.15, 0.1, 0.02])
+    attrs = {"w1_rho_slope": -0.6, "w1_rho_intercept": 0.1, "w1_rho_fit_widths": [4, 8, 16],
+             "w1_rho_noise_floor": 0.03, "w1_rho_noise_sd": 0.004, "w1_rho_slope_se": 0.1,
+             "T": 0.75}  # fmt: skip
+    conv = xr.Dataset({"w1_rho": ("width", d)}, coords={"width": n.astype(int)}, attrs=attrs)
+    ax = plots.plot_convergence(conv).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    fit = next(ln for k, ln in lines.items() if k.startswith("fit above the floor"))
+    np.testing.assert_allclose(fit.get_xdata(), [4, 8, 16])
+    np.testing.assert_allclose(fit.get_ydata(), np.exp(0.1) * np.array([4, 8, 16]) ** -0.6)
+    ref = lines[r"$n^{-1/2}$ reference"]
+    np.testing.assert_allclose(ref.get_ydata(), 0.2 * (n / 4) ** -0.5)
+    assert list(lines["Monte Carlo noise floor"].get_ydata()) == [0.03, 0.03]
+    assert not ax.texts
+    for few in ([16], []):
+        ax = plots.plot_convergence(conv.assign_attrs(w1_rho_fit_widths=few)).axes[0]
+        assert not any(ln.get_label().startswith("fit") for ln in ax.get_lines())
+        assert "no slope fitted" in ax.texts[0].get_text()
+    ax = plots.plot_convergence(conv.assign_attrs(w1_rho_slope=float("nan"))).axes[0]
+    assert "no slope fitted" in ax.texts[0].get_text()

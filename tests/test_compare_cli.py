@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from shapedtx import load_dataset
@@ -136,6 +137,10 @@ def test_compare_causal_writes_token_pairs(tmp_path, capsys):
         assert (out / "figures" / f"token_pairs.{ext}").stat().st_size > 1000
     pairs = load_dataset(out / "token_pairs.nc")
     assert pairs["mean_rho"].dims == ("source", "pair", "t")
+    last = pairs.isel(t=-1)  # the summary is at T, the last time
+    for src in ("network", "sde"):
+        np.testing.assert_allclose(tp["mean_rho_T"][src], last["mean_rho"].sel(source=src))
+        np.testing.assert_allclose(tp["V_diag_mean_T"][src], last["V_diag_mean"].sel(source=src))
     assert load_dataset(out / "sde.nc").attrs["config.causal"] == 1
     plain = tmp_path / "plain"
     argv = [a for a in argv if a != "--causal"]
@@ -209,3 +214,125 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_presets_match_the_documented_setup():
+    """README (``shapedtx compare``): every preset at width 200, depth 150 (T = 0.75),
+    gamma = 1/sqrt(8), tau0 = 1, m = 4 tokens, rho0 = 0.2, 4096 samples, 256 per baseline,
+    convergence widths 4,8,16,32,64; ``--quick`` (width 32, 256 samples) keeps T, so every
+    quick size is a valid depth; presets are read-only."""
+    import dataclasses
+
+    from simulations.presets import QUICK
+
+    kinds = {"block": ("shaped", "shaped_relu"), "attention": ("shaped", "none"),
+             "mlp": ("none", "shaped_relu")}  # fmt: skip
+    for name, p in PRESETS.items():
+        c = p.config
+        assert (c.attention, c.mlp) == kinds[name]
+        assert (c.width, c.depth, c.T, c.tau0) == (200, 150, 0.75, 1.0)
+        assert math.isclose(c.gamma, 8**-0.5)
+        assert (p.tokens, p.rho0, p.samples, p.baseline_samples) == (4, 0.2, 4096, 256)
+        assert p.convergence_widths == (4, 8, 16, 32, 64)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            p.samples = 1
+    assert (QUICK["width"], QUICK["samples"]) == (32, 256)
+    assert QUICK["depth"] == 0.75 * QUICK["width"] and QUICK["baseline_samples"] >= 2
+    for w in QUICK["widths"]:
+        assert w < QUICK["width"] and (0.75 * w).is_integer()
+
+
+def test_baseline_heads_and_model_labels():
+    """Vanilla baselines: 4 heads with W^O, else the largest of 2 and 1 dividing the width;
+    labels name attention, MLP (with its ratio), LayerNorm, unit residual, init, causality."""
+    from shapedtx import ModelConfig
+    from simulations.presets import model_label
+
+    for width, heads in ((200, 4), (36, 4), (30, 2), (18, 2), (15, 1), (9, 1)):
+        base = baselines(ModelConfig(width=width, depth=width // 3 * 2))
+        vanilla = [c for k, c in base.items() if not k.startswith("standard")]
+        assert all(c.heads == heads and c.out_proj for c in vanilla), width
+    cfg = ModelConfig(width=16, depth=8, mlp="shaped_relu")
+    assert model_label(cfg) == "shaped attn + shaped_relu MLP"
+    assert model_label(cfg.replace(attention="none", mlp="relu", mlp_ratio=2)) == "relu MLP x2"
+    assert model_label(cfg.replace(mlp="none", mlp_ratio=2, causal=True)) == "shaped attn, causal"
+    label = model_label(cfg.replace(norm="pre", residual="unit", init="gpt2", mlp_ratio=4))
+    assert label == "shaped attn + shaped_relu MLP x4, pre-LN, X + f(X), gpt2 init"
+
+
+def _tiny_experiment(**kw):
+    from shapedtx import ModelConfig
+    from simulations import Experiment
+
+    kw = {"samples": 16, "baseline_samples": 4, "convergence_widths": (), **kw}
+    return Experiment(ModelConfig(width=8, depth=6, mlp="shaped_relu"), **kw)
+
+
+def test_experiment_defaults_and_validation_boundaries():
+    """Defaults are the compare presets' (README: m = 4, rho0 = 0.2, 4096 samples, 256 per
+    baseline, widths 4,8,16,32,64); rho0 must lie in the open interval (-1/(m-1), 1) where
+    the equicorrelated matrix is positive definite, dt > 0 finite, threshold in (0, 1)."""
+    from shapedtx import ModelConfig
+    from simulations import Experiment
+
+    e = Experiment(ModelConfig(width=16, depth=12, mlp="shaped_relu"))
+    assert (e.tokens, e.rho0, e.samples, e.baseline_samples) == (4, 0.2, 4096, 256)
+    assert e.convergence_widths == (4, 8, 16, 32, 64) and e.widths == (4, 8, 32, 64)
+    assert (e.method, e.threshold, e.seed) == ("auto", 0.99, 0)
+    for ok in ({"rho0": -0.33}, {"rho0": 0.999}, {"dt": 1e-4}, {"threshold": 0.5},
+               {"method": "exact"}, {"tokens": 8}):  # fmt: skip
+        _tiny_experiment(**ok)
+    for bad, field in (({"rho0": -1 / 3}, "rho0"), ({"rho0": 1.0}, "rho0"),
+                       ({"tokens": 3, "rho0": -0.5}, "rho0"), ({"dt": 0.0}, "dt"),
+                       ({"dt": float("inf")}, "dt"), ({"threshold": 0.0}, "threshold"),
+                       ({"threshold": 1.0}, "threshold"), ({"method": "bogus"}, "method"),
+                       ({"tokens": 9}, "tokens")):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            _tiny_experiment(**bad)
+
+
+def test_p_value_formatting():
+    from simulations.experiment import _p
+
+    assert _p(None) == "nan" and _p(0.9995) == "> 0.999" and _p(0.999) == "0.999"
+    assert (_p(0.5), _p(0.01), _p(0.0012345)) == ("0.500", "0.010", "0.0012")
+
+
+def test_run_collapse_seeds_and_stage_count(tmp_path, capfd):
+    """Baseline k is simulated with seed ``seed + 2 + k`` (Experiment docs); ``stages`` gets
+    ``(k, total)`` with k running 1..total, whatever the outputs asked for. From Python the
+    runs are quiet (no progress bars unless asked) and draw figures unless ``figures=False``."""
+    import inspect
+    from dataclasses import replace
+
+    from simulations import run_collapse, run_comparison
+
+    assert inspect.signature(run_comparison).parameters["figures"].default is True
+
+    e = _tiny_experiment(seed=5)
+    report, models = run_collapse(e)
+    seeds = [ds.attrs["seed"] for ds in models.values()]
+    assert seeds == [5, *(7 + k for k in range(len(models) - 1))]
+    assert list(report["model"].values) == list(models)
+    for widths, out in (((4,), None), ((), tmp_path / "run")):
+        calls = []
+        result = run_comparison(
+            _tiny_experiment(convergence_widths=widths),
+            out,
+            figures=False,
+            stages=lambda k, n, t: calls.append((k, n)),  # noqa: B023
+        )
+        assert [k for k, _ in calls] == list(range(1, len(calls) + 1))
+        assert {n for _, n in calls} == {len(calls)} and len(calls) in (5, 6)
+    assert "simulate[" not in capfd.readouterr().err  # no tqdm bars by default
+    # the summary is taken at T, the last time (layer 6 of width 8: T = 0.75)
+    summary = result.summary
+    assert summary["t_final"] == {"network": 0.75, "sde": pytest.approx(0.75)}
+    net_last = result.comparison.isel(t=-1)["rho_quantile"].sel(source="network").values
+    assert summary["rho_T"]["network"]["quantiles"] == pytest.approx(list(net_last), rel=1e-12)
+    # a limit without the solver's 'exploded' record has no exploded paths
+    from simulations.experiment import summarise
+
+    assert (
+        summarise(replace(result, limit=result.limit.drop_vars("exploded")))["sde"]["exploded"] == 0
+    )

@@ -282,3 +282,36 @@ def test_multi_head_test_has_power():
     wrong = cfg.replace(gamma=cfg.gamma * 1.3)
     g = _V(simulate(wrong, V0, 2000, method="gram", seed=1))
     assert min(_pvalues(g, ref, (cfg.depth,)).values()) < P_MIN
+
+
+def test_single_column_batches_follow_the_documented_batch_size(monkeypatch):
+    """The column batch is ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and fixes the random
+    stream: a budget below one column per group and a budget of exactly one column per group
+    both mean one hidden column per batch (the same numbers); two columns per batch draw
+    other numbers."""
+    cfg = ModelConfig(width=8, depth=2, attention="none", mlp="relu", gamma=0.6)
+    V0 = equicorrelated(3, 0.3)
+    runs = []
+    for elements in (1, GramSampler.group_size * 3, GramSampler.group_size * 6):
+        monkeypatch.setattr(gram_module, "HIDDEN_ELEMENTS", elements)
+        runs.append(_V(simulate(cfg, V0, 20, method="gram", seed=4)))
+    assert bool(torch.isfinite(runs[0]).all())
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0][:, -1], runs[2][:, -1])
+
+
+def test_memory_estimate_is_in_bytes_of_m_by_m_matrices():
+    """The working memory per sample counts m x m matrices of the dtype: it scales as m^2 and
+    as the item size, and grows with the number of attention heads; the fixed part is the
+    hidden-column buffer, only with an MLP."""
+    attn = ModelConfig(width=64, depth=2, heads=2, out_proj=True)
+    per64, fixed = GramSampler.memory(attn, 4, torch.float64)
+    assert fixed == 0 and per64 >= 4 * 4 * 8  # at least the state L itself
+    assert GramSampler.memory(attn, 8, torch.float64)[0] == 4 * per64
+    assert GramSampler.memory(attn, 4, torch.float32)[0] * 2 == per64
+    assert GramSampler.memory(attn.replace(heads=4), 4, torch.float64)[0] > per64
+    mlp = ModelConfig(width=64, depth=2, attention="none", mlp="relu")
+    per_mlp, hidden = GramSampler.memory(mlp, 4, torch.float64)
+    assert per_mlp < per64  # no attention heads
+    assert hidden >= gram_module.HIDDEN_ELEMENTS * 8  # at least one batch of hidden numbers
+    assert GramSampler.memory(mlp, 4, torch.float32)[1] * 2 == hidden

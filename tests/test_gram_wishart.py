@@ -85,3 +85,28 @@ def test_wishart_reproducible_and_typed():
 def test_wishart_rejects_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         wishart_factor(*args)
+
+
+@pytest.mark.parametrize("k", [2, 7])
+def test_wishart_factor_draws_in_the_documented_order(k):
+    """Every number comes from ``generator`` in the documented order: the normals of
+    ``torch.randn`` first (F itself when k < m, its strictly lower triangle when k >= m), then
+    the m chi-square variables ``2 Gamma((k - i) / 2)`` of the Bartlett diagonal."""
+    m, batch = 4, 3
+    F = wishart_factor(k, m, batch, torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(9)
+    normals = torch.randn((batch, m, min(k, m)), generator=gen, dtype=torch.float64)
+    if k < m:
+        assert torch.equal(F, normals)
+        return
+    assert torch.equal(F.tril(-1), normals.tril(-1))
+    assert bool((F.triu(1) == 0).all())  # lower triangular
+    dof = torch.tensor([k - i for i in range(m)], dtype=torch.float64).expand(batch, m)
+    chi = 2.0 * torch._standard_gamma(dof.contiguous() / 2, generator=gen)
+    torch.testing.assert_close(F.diagonal(dim1=-2, dim2=-1) ** 2, chi, rtol=1e-12, atol=0)
+
+
+def test_wishart_of_an_empty_batch():
+    """batch = 0 is allowed (an empty draw), as k = 0 is."""
+    assert wishart_factor(5, 3, 0).shape == (0, 3, 3)
+    assert wishart(2, 3, 0).shape == (0, 3, 3)

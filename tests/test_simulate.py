@@ -265,3 +265,177 @@ def test_sampler_objects_and_run_options_equal_the_keywords():
     for bad, field in bad_options:
         with pytest.raises(ValueError, match=field):
             RunOptions(**bad)
+
+
+def test_weights_sampler_is_the_library_block_with_each_groups_generator():
+    """``method="weights"``: a block is :func:`shapedtx.block` with
+    :func:`shapedtx.gaussian_linear` on each group's own generator (explicit matrices, the
+    reference), here computed group by group with the unfused block."""
+    from shapedtx import block, gaussian_linear
+    from simulations.samplers import WeightsSampler
+
+    cfg = ModelConfig(width=12, depth=2, mlp="shaped_relu", c_minus=-2.0, causal=True)
+    G = WeightsSampler.group_size
+    sizes = [G, 2]
+    X = torch.randn(G + 2, 3, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sampler = WeightsSampler(cfg, GroupedNormal(5, [0, 1], sizes, torch.device("cpu")))
+    out = sampler.step(X.clone())
+    ref_rng = GroupedNormal(5, [0, 1], sizes, torch.device("cpu"))
+    ref = torch.cat(
+        [
+            block(X[s], cfg, gaussian_linear(gen, cfg), fused=False)
+            for gen, s in zip(ref_rng.generators, ref_rng.slices, strict=True)
+        ]
+    )
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(width=12, depth=3, heads=2, attention="softmax"),  # two heads, no W^O
+        ModelConfig(width=12, depth=3, heads=2, out_proj=True, mlp="relu"),
+        ModelConfig(width=12, depth=3, norm="pre", causal=True),
+        ModelConfig(width=12, depth=3, mlp="shaped_relu", causal=True),  # the direct path
+    ],
+)
+def test_exact_direct_attention_path_gives_the_block_numbers(cfg, monkeypatch):
+    """The exact sampler's direct attention sub-block (one head, no W^O, no LayerNorm) and
+    :func:`shapedtx.block` give the same numbers with the same draws (up to rounding), and
+    every other configuration runs the block function itself (identical bits)."""
+    from simulations import samplers
+
+    V0 = equicorrelated(4, 0.3)
+    fast = simulate(cfg, V0, 10, method="exact", seed=3)["V"].values
+    monkeypatch.setattr(samplers, "FAST_ATTENTION", False)
+    slow = simulate(cfg, V0, 10, method="exact", seed=3)["V"].values
+    if cfg.heads == 1 and cfg.norm == "none":
+        np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(fast, slow)
+
+
+def test_token_sampler_memory_counts_m_by_widest_tensors():
+    """The token samplers' working memory per sample is a number of (m, widest) tensors of
+    the dtype (at least the state X: m x n); the weights sampler's fixed part holds one
+    group's explicit weight matrices (at least group_size matrices n x widest)."""
+    from simulations.samplers import ExactSampler, WeightsSampler
+
+    cfg = ModelConfig(width=24, depth=2, mlp="relu")
+    f64, f32 = torch.float64, torch.float32
+    for cls in (ExactSampler, WeightsSampler):
+        per, fixed = cls.memory(cfg, 4, f64)
+        assert per >= 4 * 24 * 8
+        assert cls.memory(cfg, 8, f64)[0] == 2 * per
+        assert cls.memory(cfg, 4, f32)[0] * 2 == per
+        # the widest map sets the size: a 4x wider MLP, or 200 query columns
+        assert cls.memory(cfg.replace(mlp_ratio=4), 4, f64)[0] == 4 * per
+        wide_keys = ModelConfig(width=24, depth=2, heads=2, key_dim=100, mlp="relu")
+        assert cls.memory(wide_keys, 4, f64)[0] > 8 * per
+    assert ExactSampler.memory(cfg, 4, f64)[1] == 0
+    fixed = WeightsSampler.memory(cfg, 4, f64)[1]
+    assert fixed >= WeightsSampler.group_size * 24 * 24 * 8
+    assert WeightsSampler.memory(cfg, 4, f32)[1] * 2 == fixed
+    assert WeightsSampler.memory(cfg.replace(mlp_ratio=4), 4, f64)[1] >= 4 * fixed
+
+
+class _FixedMemory(SAMPLERS["weights"]):
+    """A sampler with a stated memory estimate and no cache-sized chunk."""
+
+    group_size = 4
+    chunk_bytes = None
+
+    @classmethod
+    def memory(cls, config, m, dtype):
+        return 1000, 5000
+
+
+def test_default_chunk_is_the_largest_that_fits_the_budget():
+    """Without chunk_size the chunk is the largest whole number of groups whose memory (the
+    sampler's estimate per sample plus the recorded covariances, (depth + 1) m^2 numbers per
+    sample, plus the fixed part) fits ``memory_budget`` (default 1 GiB); a budget below one
+    group gives one group with a warning, and any budget > 0 bytes is accepted."""
+    from simulations import driver
+
+    assert driver.DEFAULT_MEMORY_BUDGET == 1024**3
+    cfg, m, f64 = ModelConfig(width=16, depth=9), 3, torch.float64
+    per_group = 4 * (1000 + 10 * m * m * 8)  # G (per sample + recorded covariances)
+    for budget in (5000 + 3 * per_group, 5000 + 4 * per_group - 1, 1e6):
+        groups = driver._chunk_groups(_FixedMemory, cfg, m, f64, None, budget)
+        assert 5000 + groups * per_group <= budget < 5000 + (groups + 1) * per_group
+    assert driver._chunk_groups(_FixedMemory, cfg, m, f64, 9, 1.0) == 3  # rounded up
+    for budget in (5000 + per_group, 5000 + 2 * per_group - 1):
+        assert driver._chunk_groups(_FixedMemory, cfg, m, f64, None, budget) == 1
+    with pytest.warns(RuntimeWarning, match="below one group"):
+        assert driver._chunk_groups(_FixedMemory, cfg, m, f64, None, 100.0) == 1
+    with pytest.warns(RuntimeWarning, match="below one group"):
+        ds = simulate(cfg.replace(depth=1), equicorrelated(3, 0.2), 2, memory_budget=0.5)
+    assert ds["V"].shape == (2, 2, 3, 3)
+
+
+def test_exact_default_chunk_holds_about_chunk_bytes_per_tensor():
+    """The exact sampler's default chunk: the most whole groups whose (m, widest) tensor holds
+    at most ``chunk_bytes`` (at least one group, even when one group's tensor is larger)."""
+    from simulations import ExactSampler, driver
+
+    G, f64 = ExactSampler.group_size, torch.float64
+    for width, m in ((1024, 8), (256, 4), (4096, 8)):
+        cfg = ModelConfig(width=width, depth=2)
+        groups = driver._chunk_groups(ExactSampler, cfg, m, f64, None, 2**30)
+        tensor = m * width * 8 * G  # bytes of one (m, n) float64 tensor per group
+        assert groups == max(1, ExactSampler.chunk_bytes // tensor)
+        assert groups == 1 or groups * tensor <= ExactSampler.chunk_bytes
+
+
+def test_grouped_fast_streams_on_cpu_are_numpy_sfc64():
+    """On CPU, group g's fast stream is numpy's SFC64 generator seeded from (seed, g, 1):
+    fill_normal fills the buffer in place (and returns it) with each group's next standard
+    normals, chi2 draws from the same stream, and the one-group views of ``split`` (made before
+    or after the first draw) continue that stream rather than restarting it."""
+
+    def streams():
+        return {
+            g: np.random.Generator(np.random.SFC64(np.random.SeedSequence([9, g, 1])))
+            for g in (2, 3)
+        }
+
+    ref = streams()
+    rows = {2: slice(0, 4), 3: slice(4, 5)}
+    rng = GroupedNormal(9, [2, 3], [4, 1], torch.device("cpu"))
+    buf = torch.empty(5, 6, dtype=torch.float64)
+    assert rng.fill_normal(buf) is buf
+    for g, s in rows.items():
+        np.testing.assert_array_equal(buf[s].numpy(), ref[g].standard_normal((s.stop - s.start, 6)))
+    f32 = rng.fill_normal(torch.empty(5, 3, dtype=torch.float32))
+    for g, s in rows.items():
+        expected = ref[g].standard_normal((s.stop - s.start, 3), dtype=np.float32)
+        np.testing.assert_array_equal(f32[s].numpy(), expected)
+    dof = torch.tensor([3.0, 5.5], dtype=torch.float64)
+    chi = rng.chi2(dof, torch.float64)
+    for g, s in rows.items():
+        expected = ref[g].chisquare(dof.numpy(), size=(s.stop - s.start, 2))
+        np.testing.assert_array_equal(chi[s].numpy(), expected)
+    for (s, sub), g in zip(rng.split(), (2, 3), strict=True):
+        assert s == rows[g] and sub.samples == s.stop - s.start
+        z = sub.fill_normal(torch.empty(sub.samples, 2, dtype=torch.float64)).numpy()
+        np.testing.assert_array_equal(z, ref[g].standard_normal((sub.samples, 2)))
+        c = sub.chi2(dof, torch.float64).numpy()
+        np.testing.assert_array_equal(c, ref[g].chisquare(dof.numpy(), size=(sub.samples, 2)))
+    # split before any draw: the views and the chunk still share one stream per group
+    ref = streams()
+    rng = GroupedNormal(9, [2, 3], [4, 1], torch.device("cpu"))
+    for _, sub in rng.split():
+        sub.fill_normal(torch.empty(sub.samples, 2, dtype=torch.float64))
+    after = rng.fill_normal(torch.empty(5, 2, dtype=torch.float64))
+    for g, s in rows.items():
+        ref[g].standard_normal((s.stop - s.start, 2))  # the views' draws
+        np.testing.assert_array_equal(
+            after[s].numpy(), ref[g].standard_normal((s.stop - s.start, 2))
+        )
+
+
+def test_grouped_normal_of_a_single_group():
+    rng = GroupedNormal(9, [3], [2], torch.device("cpu"))
+    Z = rng.normal((4,), torch.float64)
+    gen = torch.Generator().manual_seed(group_seed(9, 3))
+    assert torch.equal(Z, torch.randn((2, 4), generator=gen, dtype=torch.float64))

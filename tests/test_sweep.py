@@ -2,6 +2,7 @@
 kill without recomputing finished points, failing points recorded while the others complete."""
 
 import importlib
+import itertools
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 import zarr
 from distributed import Client, LocalCluster
@@ -324,6 +326,11 @@ def test_a_store_of_another_sweep_is_refused(client, tmp_path):
         sweep({**grid, "width": [8, 16]}, store=store, client=client, progress=False)
     with pytest.raises(ValueError, match="kind"):
         sweep(grid, store=store, kind="both", client=client, progress=False)
+    # the same padded shape is not enough: other grid values or another dtype are refused
+    with pytest.raises(ValueError, match=r"\(sweep.grid differ\)"):
+        sweep({**grid, "width": [12]}, store=store, client=client, progress=False)
+    with pytest.raises(ValueError, match=r"\(sweep.dtype differ\)"):
+        sweep(grid, store=store, dtype=torch.float32, client=client, progress=False)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("not a store")
     with pytest.raises(ValueError, match="is not a sweep store"):
@@ -445,3 +452,70 @@ def test_point_validity_boundaries(grid, kind, error):
         assert point.error is None and point.config is not None
     else:
         assert point.config is None and error in point.error
+
+
+def test_run_point_is_the_direct_call_without_progress_bars(capfd):
+    """A worker's point runs quietly (no tqdm bar per point) and returns the direct call's
+    Dataset."""
+    from simulations.sweep.point import run_point
+
+    grid = {"width": 8, "depth": 2, "tokens": 2, "samples": 2, "dt": 0.1, "seed": 1}
+    for p in make_grid(grid, "both").points():
+        ds = run_point(p, torch.float64)
+        direct = _direct(p.config, {**grid, "T": p.T}, p.source, p.seed)
+        np.testing.assert_array_equal(ds["V"].values, direct["V"].values)
+    assert capfd.readouterr().err == ""
+
+
+def test_embedded_cluster_defaults_progress_and_chunks(client, tmp_path, monkeypatch, capfd):
+    """The embedded cluster has ``min(2, cpu_count)`` workers and never becomes the global
+    default client; ``progress=False`` prints nothing, ``progress=True`` a bar and the
+    dashboard link; a point's samples are one chunk, never larger than the samples."""
+    import distributed
+
+    seen = {}
+    real = distributed.LocalCluster
+
+    def recording(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(distributed, "LocalCluster", recording)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    grid = {"width": 8, "depth": 2, "tokens": 2, "samples": 1}
+    assert sweep(grid, store=tmp_path / "a.zarr", processes=False, progress=False).ok
+    assert seen["n_workers"] == 2
+    assert distributed.default_client() is client  # the caller's default is untouched
+    assert capfd.readouterr().err == ""
+    assert zarr.open_group(tmp_path / "a.zarr")["V"].chunks[-4] == 1
+    assert sweep({**grid, "samples": 3}, store=tmp_path / "b.zarr", client=client).ok
+    assert zarr.open_group(tmp_path / "b.zarr")["V"].chunks[-4] == 3
+    capfd.readouterr()
+    assert sweep({**grid, "width": 12}, store=tmp_path / "c.zarr", client=client, progress=True).ok
+    err = capfd.readouterr().err
+    assert f"Dask dashboard at {client.dashboard_link}" in err and "sweep" in err and "1/1" in err
+
+
+def test_sde_points_read_back_with_their_own_sample_count_and_masked_explosions(client, tmp_path):
+    """An SDE sweep whose points differ in sample count (padded store) and with one failing
+    combination: open_point gives each point's own samples (``exploded`` included), exactly the
+    direct call; open_sweep's ``exploded`` is the point's where done and False elsewhere."""
+    store = tmp_path / "sde.zarr"
+    grid = {"width": [8, 12], "heads": [1, 3], "T": 0.25, "tokens": 2, "samples": [2, 3],
+            "dt": 0.05, "gamma": 0.9, "seed": 2}  # fmt: skip
+    summary = sweep(grid, store=store, kind="sde", client=client, progress=False)
+    assert summary.computed == 6 and len(summary.failed) == 2  # heads 3 does not divide 8
+    view = open_sweep(store).load()
+    for width, heads, samples in itertools.product([8, 12], [1, 3], [2, 3]):
+        cell = view.sel(width=width, heads=heads, samples=samples, source="sde")
+        if width == 8 and heads == 3:
+            assert str(cell["status"].values) == "failed" and not cell["exploded"].any()
+            continue
+        point = open_point(store, width=width, heads=heads, samples=samples)
+        params = {**grid, "width": width, "heads": heads, "samples": samples}
+        config = ModelConfig(width=width, depth=2 if width == 8 else 3, heads=heads, gamma=0.9)
+        direct = _direct(config, params, "sde", int(cell["seed"]))
+        xr.testing.assert_identical(_without_sweep_attrs(point), direct)
+        padded = np.zeros(3, dtype=bool)
+        padded[:samples] = direct["exploded"].values
+        np.testing.assert_array_equal(cell["exploded"].values, padded)
