@@ -309,9 +309,9 @@ def test_every_sde_covariance_is_psd(config, V0, method, dt, seed):
 @pytest.mark.parametrize(
     ("name", "value", "match"),
     [
-        ("samples", True, "samples must be an integer > 0"),
-        ("samples", 2.5, "samples must be an integer > 0"),
-        ("samples", "4", "samples must be an integer > 0"),
+        ("samples", True, "samples must be an integer >= 1"),
+        ("samples", 2.5, "samples must be an integer >= 1"),
+        ("samples", "4", "samples must be an integer >= 1"),
         ("bound", True, "bound must be a finite number > 0"),
         ("bound", "10", "bound must be a finite number > 0"),
         ("bound", 0.0, "bound must be a finite number > 0"),
