@@ -78,9 +78,9 @@ def token_cumsum(x: Tensor, *, reverse: bool = False) -> Tensor:
     """Running sum over tokens, ``y_i = sum_{j <= i} x_j`` (or ``sum_{j >= i}`` if
     ``reverse``); x: (..., m, d) -> (..., m, d).
 
-    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens it is computed blockwise (about 2.5x faster than
-    ``torch.cumsum`` over a non-last dimension, which is not vectorised over d); elsewhere
-    ``torch.cumsum``. The same sums up to rounding.
+    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens it is computed blockwise (about 1.5x faster than
+    ``torch.cumsum`` over a non-last dimension at (16, 128, 128) float32, see
+    ``benchmarks/RESULTS.md``); elsewhere ``torch.cumsum``. The same sums up to rounding.
     """
     m, b = x.shape[-2], CUMSUM_BLOCK
     if x.device.type != "cpu" or m < 2 * b:
