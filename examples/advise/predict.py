@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from scipy.stats import spearmanr
 
 from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, train
 from shapedtx.covariance import equicorrelated
+from shapedtx.files import write_json
 from simulations.advise import Criteria, advise, measure, solve_batch
 
 HERE = Path(__file__).parent
@@ -83,11 +82,7 @@ QUICK = Setup(
 
 
 def _write_json(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    write_json(obj, path, indent=1)  # atomic, umask-honouring (shapedtx.files)
 
 
 def _finite(x: float) -> float | None:
