@@ -16,7 +16,7 @@ import torch
 
 from shapedtx._validation import check_device
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
-from shapedtx.options import DTYPES
+from shapedtx.options import DTYPES, RunOptions
 from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
 
 
@@ -142,9 +142,10 @@ def set_threads(threads: int | None, option: str = "--threads") -> None:
     torch.set_num_threads(threads)
 
 
-def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.dtype]:
+def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunOptions]:
     """Validate the options of :func:`add_input_arguments` / :func:`add_run_arguments`:
-    returns (config, V0 on the device, dtype) and applies ``--threads``."""
+    returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
+    ``--threads``."""
     from shapedtx.covariance import equicorrelated
 
     config = config_from_args(args)
@@ -167,7 +168,10 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torc
     set_threads(args.threads)
     device = parse_device(args.device)
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)
-    return config, V0, DTYPES[args.dtype]
+    options = RunOptions(
+        seed=args.seed, dtype=DTYPES[args.dtype], progress=False if args.no_progress else None
+    )  # no device: the run follows V0's
+    return config, V0, options
 
 
 def _writable_parent(path: Path) -> Path:

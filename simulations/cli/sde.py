@@ -33,19 +33,11 @@ def run(args: argparse.Namespace) -> int:
     from sde import solve
     from shapedtx.results import save_dataset, with_metrics
 
-    config, V0, dtype = run_setup(args)
+    config, V0, options = run_setup(args)
     ds = solve(
-        config,
-        V0,
-        args.samples,
-        T=args.T,
-        dt=args.dt,
-        method=args.method,
-        seed=args.seed,
-        dtype=dtype,
-        bound=args.bound,
-        progress=False if args.no_progress else None,
-    )
+        config, V0, args.samples, T=args.T, dt=args.dt, method=args.method, bound=args.bound,
+        options=options,
+    )  # fmt: skip
     ok = ~ds["exploded"]
     mean_rho = with_metrics(ds)["mean_rho"].where(ok).mean("sample")
     picks = sorted({round(i * (ds.sizes["t"] - 1) / 4) for i in range(5)})

@@ -29,16 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from shapedtx.results import save_dataset, with_metrics
     from simulations import simulate
 
-    config, V0, dtype = run_setup(args)
-    ds = simulate(
-        config,
-        V0,
-        args.samples,
-        method=args.method,
-        seed=args.seed,
-        dtype=dtype,
-        progress=False if args.no_progress else None,
-    )
+    config, V0, options = run_setup(args)
+    ds = simulate(config, V0, args.samples, method=args.method, options=options)
     mean_rho = with_metrics(ds)["mean_rho"].mean("sample")
     depth = config.depth
     layers = sorted({0, depth // 4, depth // 2, (3 * depth) // 4, depth})
