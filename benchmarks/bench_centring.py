@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,23 @@ def _centring(fused: bool):
         yield
     finally:
         attention.centred_sum = original
+
+
+def _interleaved(
+    run: Callable[[str], None], names: list[str], rounds: int, repeats: int
+) -> dict[str, list[float]]:
+    """CPU seconds per ``run(name)`` for every name, one warm-up call each, then ``rounds``
+    rounds that time ``repeats`` calls of each name in turn (load affects them alike)."""
+    for name in names:
+        run(name)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            start = time.process_time()
+            for _ in range(repeats):
+                run(name)
+            times[name].append((time.process_time() - start) / repeats)
+    return times
 
 
 def _report(title: str, times: dict[str, list[float]], unit: str) -> None:
@@ -80,15 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         out.backward(g)
 
     variants = ["softmax (SDPA)", "shaped, fused centring", "shaped, unfused centring"]
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for name in variants:
-        call(name)  # warm-up
-    for _ in range(args.rounds):
-        for name in variants:
-            start = time.process_time()
-            for _ in range(args.calls):
-                call(name)
-            times[name].append((time.process_time() - start) / args.calls)
+    times = _interleaved(call, variants, args.rounds, args.calls)
     print(
         f"CPU float32, 1 thread, {args.rounds} interleaved rounds, CPU time; "
         f"attention B {B}, heads {H}, m {m}, head {d}, causal"
@@ -119,15 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
 
-    for name in models:
-        step(name)
-    times = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name in models:
-            start = time.process_time()
-            for _ in range(args.steps):
-                step(name)
-            times[name].append((time.process_time() - start) / args.steps)
+    times = _interleaved(step, list(models), args.rounds, args.steps)
     _report(
         "training step (width 128, depth 8, 4 heads, W^O, batch 16 x 128)", times, "ms per step"
     )

@@ -323,10 +323,11 @@ def design_row(
     fit: DepthWidthFit = LW_FIT,
 ) -> DesignRow:
     """Depth threshold, regime, allocation verdict and recommended shape of one model."""
-    for key, value in (("depth", depth), ("width", width), ("heads", heads)):
+    for key, value in (
+        ("depth", depth), ("width", width), ("heads", heads), ("head_dim", head_dim),
+        ("seq_len", seq_len),
+    ):  # fmt: skip
         check_int(key, value, 1)
-    check_int("head_dim", head_dim, 1)
-    check_int("seq_len", seq_len, 1)
     return DesignRow(
         name=name,
         depth=depth,

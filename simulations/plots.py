@@ -213,7 +213,14 @@ def plot_quantile_bands(
         return comparison[var].sel(source=src).sel(quantile=p, method="nearest").values
 
     # network: filled bands; SDE: lines only (overlapping fills would blend into one colour)
-    styles = {0.5: "-", 0.25: "--", 0.75: "--", 0.05: ":", 0.95: ":"}
+    # SDE quantile -> (line style, legend label; None for the second line of a pair)
+    styles = {
+        0.5: ("-", "SDE limit: median"),
+        0.25: ("--", "SDE limit: 25%, 75%"),
+        0.75: ("--", None),
+        0.05: (":", "SDE limit: 5%, 95%"),
+        0.95: (":", None),
+    }
     for ax, var, ylabel in zip(
         axes,
         ("rho_quantile", "Vaa_quantile"),
@@ -226,10 +233,9 @@ def plot_quantile_bands(
         ax.fill_between(t, q(var, "network", 0.25), q(var, "network", 0.75), color=c,
                         alpha=0.35, lw=0, label="finite network: 25-75%")  # fmt: skip
         ax.plot(t, q(var, "network", 0.5), color=c, lw=2, label="finite network: median")
-        for p, ls in styles.items():
-            ax.plot(t, q(var, "sde", p), color=COLORS["sde"], lw=2 if p == 0.5 else 1.2, ls=ls,
-                    label={0.5: "SDE limit: median", 0.25: "SDE limit: 25%, 75%",
-                           0.05: "SDE limit: 5%, 95%"}.get(p))  # fmt: skip
+        for p, (ls, label) in styles.items():
+            lw = 2 if p == 0.5 else 1.2
+            ax.plot(t, q(var, "sde", p), color=COLORS["sde"], lw=lw, ls=ls, label=label)
         ax.set_xlabel("t = layer / width")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

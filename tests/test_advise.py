@@ -113,11 +113,7 @@ def test_advised_config_passes_on_the_finite_network_and_a_rejected_one_fails():
     assert measure_dataset(ds).violations(a.criteria)
 
 
-def test_causal_advice_once_the_causal_sde_exists():
-    try:
-        sde.drift(ModelConfig(width=8, depth=8, causal=True), torch.eye(3, dtype=torch.float64))
-    except ValueError:
-        pytest.skip("the causal covariance SDE is not merged yet")
+def test_causal_advice():
     a = advise(
         64, 16, 4, causal=True, gammas=(0.1, 0.3), tau0s=(1.0,), samples=256, screen_samples=64
     )
