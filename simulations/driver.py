@@ -8,8 +8,10 @@ on the chunking. Inside the block loop there is no host synchronisation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 
 import torch
 import xarray as xr
@@ -96,6 +98,24 @@ def _chunk_groups(
     return max(groups, 1)
 
 
+@contextlib.contextmanager
+def _fill_threads(device: torch.device) -> Iterator[int]:
+    """On CPU, the ``torch.get_num_threads()`` threads fill the random numbers of each block,
+    one generator group per thread (:class:`simulations.rng.GroupedNormal`), while torch's
+    own operations run on one thread: the batched products are of small matrices that gain
+    little from intra-op threads, whose spinning OpenMP workers would take the cores from the
+    fill (measured in benchmarks/RESULTS.md). Restores the thread count on exit."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield 1
+        return
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _simulate_chunk(sampler, V0: Tensor, samples: int, depth: int, bar) -> Tensor:
     """The shared block loop: V: (samples, depth + 1, m, m) on the sampler's device."""
     m = V0.shape[-1]
@@ -176,17 +196,20 @@ def simulate(
     n_groups = math.ceil(samples / G)
     per_chunk = _chunk_groups(sampler_cls, config, m, dtype, chunk_size, memory_budget)
     V = torch.empty(samples, config.depth + 1, m, m, dtype=dtype)
-    with tqdm(
-        total=samples * config.depth,
-        desc=f"simulate[{method}]",
-        unit="sample-block",
-        unit_scale=True,
-        disable=None if progress is None else not progress,
-    ) as bar:
+    with (
+        _fill_threads(device) as workers,
+        tqdm(
+            total=samples * config.depth,
+            desc=f"simulate[{method}]",
+            unit="sample-block",
+            unit_scale=True,
+            disable=None if progress is None else not progress,
+        ) as bar,
+    ):
         for first in range(0, n_groups, per_chunk):
             groups = range(first, min(first + per_chunk, n_groups))
             sizes = [min(G, samples - g * G) for g in groups]
-            rng = GroupedNormal(seed, groups, sizes, device)
+            rng = GroupedNormal(seed, groups, sizes, device, workers)
             start = first * G
             chunk = _simulate_chunk(sampler_cls(config, rng), V0, sum(sizes), config.depth, bar)
             V[start : start + sum(sizes)] = chunk.cpu()

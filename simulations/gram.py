@@ -80,6 +80,7 @@ from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix
 
+from .rng import GroupedNormal
 from .samplers import SAMPLERS, Sampler
 
 HIDDEN_ELEMENTS = 2**22
@@ -171,7 +172,9 @@ class GramSampler(Sampler):
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        hidden = 4 * HIDDEN_ELEMENTS * itemsize if config.mlp != "none" else 0
+        # one group's hidden batch per thread (the MLP's groups run on torch's thread count)
+        threads = torch.get_num_threads()
+        hidden = 4 * HIDDEN_ELEMENTS * itemsize * threads if config.mlp != "none" else 0
         heads = config.heads if config.attention != "none" else 0
         return (24 + 8 * heads) * m * m * itemsize, hidden
 
@@ -256,8 +259,9 @@ class GramSampler(Sampler):
         kv = min(n - m, m)
         s_plus, s_minus, c = relu_slopes(cfg)
         cols = min(n, max(1, HIDDEN_ELEMENTS // (self.group_size * m)))
-        factors = []
-        for rows, rng in self.rng.split():  # one group at a time: bounded memory
+
+        def factor(rows: slice, rng: GroupedNormal) -> Tensor:
+            """B_g: (g, m, m) with B B^T = K for one group; the hidden columns in blocks."""
             L_g = L[rows]
             g = L_g.shape[0]
             R = L_g.new_zeros((g, m, m))  # R^T R = phi phi^T of the columns so far
@@ -266,7 +270,10 @@ class GramSampler(Sampler):
                 Z_g = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
                 phi = shaped_relu(small_matmul(L_g, Z_g), s_plus, s_minus)
                 R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
-            factors.append(R.mT / math.sqrt(n))  # B B^T = K
+            return R.mT / math.sqrt(n)
+
+        # one group at a time per thread (bounded memory), the groups over the rng's workers
+        factors = self.rng.map_groups(factor)
         B = factors[0] if len(factors) == 1 else torch.cat(factors)
         bartlett = n - m >= m
         Z = self._normals(L, {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)})

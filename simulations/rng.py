@@ -8,21 +8,83 @@ Each group has a torch generator (:attr:`GroupedNormal.generators`) and, for bul
 a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit generator with
 its ziggurat normal sampler (about 2.3x faster than float64 ``torch.randn`` on CPU), seeded
 from ``(seed, g, 1)``; on other devices the group's torch generator.
+
+On CPU the groups of a bulk draw can be filled by several threads at once (``workers``;
+numpy releases the GIL while it fills an array). Each group still draws from its own stream
+in its own order, so the numbers do not depend on the number of threads.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
+T = TypeVar("T")
+Draw = tuple[Tensor | None, Tensor | None]
+"""(normals, chi-square variables) of :meth:`GroupedNormal.start`."""
+
 
 def group_seed(seed: int, group: int) -> int:
     """A 64-bit seed for group ``group`` of a run with seed ``seed`` (numpy SeedSequence)."""
     return int(np.random.SeedSequence([seed, group]).generate_state(1, dtype=np.uint64)[0])
+
+
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None
+"""(process id, threads, pool) of the helper threads; a forked child makes its own."""
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < threads:
+        _POOL = (os.getpid(), threads, ThreadPoolExecutor(threads, "shapedtx-rng"))
+    return _POOL[2]
+
+
+PARALLEL_NUMBERS = 2**16
+"""Bulk draws of fewer numbers than this are filled by the thread that asks for them (the
+hand-off to a helper costs tens of microseconds; this many normals take about 0.5 ms)."""
+
+
+class PendingDraw(Generic[T]):
+    """Per-group work under way (:meth:`GroupedNormal.start`, :meth:`GroupedNormal.map`):
+    helper threads take the groups one by one from a shared counter; :meth:`result` makes
+    the calling thread take the groups still left, waits for the helpers and returns
+    ``finish()`` (for a draw: ``(normals, chi2)``)."""
+
+    def __init__(
+        self, task: Callable[[int], None], groups: int, helpers: int, finish: Callable[[], T]
+    ) -> None:
+        self._task, self._groups, self._next = task, groups, 0
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._futures = [_pool(helpers).submit(self._run) for _ in range(helpers)]
+
+    def _claim(self) -> int | None:
+        with self._lock:
+            if self._next >= self._groups:
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def _run(self) -> None:
+        while (i := self._claim()) is not None:
+            self._task(i)
+
+    def result(self) -> T:
+        try:
+            self._run()
+        finally:
+            for future in self._futures:
+                future.result()
+        return self._finish()
 
 
 class GroupedNormal:
@@ -33,12 +95,20 @@ class GroupedNormal:
         groups: indices of the groups in this chunk (consecutive).
         sizes: number of samples of each group (``group_size``, or fewer for the last group).
         device: device of the generators and of every draw.
+        workers: threads that fill the groups of a bulk CPU draw (:meth:`start`); the
+            numbers do not depend on it.
     """
 
     def __init__(
-        self, seed: int, groups: Sequence[int], sizes: Sequence[int], device: torch.device
+        self,
+        seed: int,
+        groups: Sequence[int],
+        sizes: Sequence[int],
+        device: torch.device,
+        workers: int = 1,
     ) -> None:
         self.device = torch.device(device)
+        self.workers = workers
         self.seed, self.groups = seed, list(groups)
         self._numpy: list[np.random.Generator] | None = None
         self.generators = [
@@ -59,37 +129,79 @@ class GroupedNormal:
     def fill_normal(self, buf: Tensor) -> Tensor:
         """Fill ``buf: (samples, ...)`` (contiguous, float32/64) in place with iid N(0, 1), one
         call per group: group g's rows from group g's fast stream (module doc); returns buf."""
-        if not buf.is_contiguous() or buf.shape[0] != self.samples:
-            raise ValueError("fill_normal needs a contiguous buffer with one row per sample")
-        if self.device.type != "cpu":
-            for gen, s in zip(self.generators, self.slices, strict=True):
-                buf[s].normal_(generator=gen)
-            return buf
-        array = buf.numpy()
-        dtype = np.float64 if buf.dtype == torch.float64 else np.float32
-        for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True):
-            np_gen.standard_normal(out=array[s], dtype=dtype)
-        return buf
+        normals, _ = self.start(buf).result()
+        assert normals is not None
+        return normals
 
     def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
         """Chi-square variables (samples, K) with ``dof: (K,)`` degrees of freedom (> 0), one
         call per group from the group's fast stream (numpy's exact ``chisquare`` on CPU,
         :func:`simulations.wishart.chi2` from the torch generator elsewhere)."""
+        _, chi = self.start(None, dof, dtype).result()
+        assert chi is not None
+        return chi
+
+    def start(
+        self,
+        normals: Tensor | None,
+        chi2_dof: Tensor | None = None,
+        chi2_dtype: torch.dtype | None = None,
+    ) -> PendingDraw[Draw]:
+        """Start filling ``normals: (samples, ...)`` (contiguous, float32/64, or None) with
+        iid N(0, 1) and drawing chi-square variables (samples, K) with ``chi2_dof: (K,)``
+        degrees of freedom (or None), each group from its fast stream, normals first.
+
+        On CPU with :attr:`workers` > 1 and a large draw, ``workers - 1`` helper threads start
+        on it at once; the caller may compute meanwhile (drawing nothing else from these
+        generators) and takes the numbers with ``.result()``, filling what is left itself.
+        Elsewhere everything is drawn before this returns. Either way each group's generator
+        sees the same calls in the same order: the same numbers.
+        """
+        if normals is not None and (
+            not normals.is_contiguous() or normals.shape[0] != self.samples
+        ):
+            raise ValueError("fill_normal needs a contiguous buffer with one row per sample")
+        dtype = chi2_dtype or (normals.dtype if normals is not None else torch.float64)
+        if self.device.type != "cpu":
+            return self._start_torch(normals, chi2_dof, dtype)
+        gens, slices = self._numpy_generators(), self.slices
+        array = None if normals is None else normals.numpy()
+        np_dtype = np.float64 if normals is None or normals.dtype == torch.float64 else np.float32
+        half = None if chi2_dof is None else chi2_dof.detach().cpu().double().numpy() / 2
+        chi = None if half is None else np.empty((self.samples, half.shape[0]))
+
+        def task(i: int) -> None:
+            rows = slices[i]
+            if array is not None:
+                gens[i].standard_normal(out=array[rows], dtype=np_dtype)
+            if chi is not None and half is not None:  # chi^2_k = 2 Gamma(k / 2): ``chisquare``
+                gens[i].standard_gamma(half, size=chi[rows].shape, out=chi[rows])
+
+        def finish() -> Draw:
+            return normals, None if chi is None else torch.from_numpy(chi).mul_(2.0).to(dtype)
+
+        numbers = (0 if array is None else array.size) + (0 if chi is None else chi.size)
+        helpers = min(self.workers, len(slices)) - 1 if numbers >= PARALLEL_NUMBERS else 0
+        return PendingDraw(task, len(slices), helpers, finish)
+
+    def _start_torch(
+        self, normals: Tensor | None, chi2_dof: Tensor | None, dtype: torch.dtype
+    ) -> PendingDraw[Draw]:
+        """:meth:`start` on a non-CPU device: the groups' torch generators, drawn now."""
         from .wishart import chi2
 
-        if self.device.type != "cpu":
-            dof = dof.to(device=self.device, dtype=torch.float64)
+        chi = None
+        if normals is not None:
+            for gen, s in zip(self.generators, self.slices, strict=True):
+                normals[s].normal_(generator=gen)
+        if chi2_dof is not None:
+            dof = chi2_dof.to(device=self.device, dtype=torch.float64)
             draws = [
                 chi2(dof.expand(s.stop - s.start, -1).contiguous(), gen)
                 for gen, s in zip(self.generators, self.slices, strict=True)
             ]
-            return torch.cat(draws).to(dtype)
-        half = dof.detach().cpu().double().numpy() / 2
-        out = np.empty((self.samples, half.shape[0]))
-        for np_gen, s in zip(self._numpy_generators(), self.slices, strict=True):
-            # chi^2_k = 2 Gamma(k / 2): the numbers of ``np_gen.chisquare``, written in place
-            np_gen.standard_gamma(half, size=out[s].shape, out=out[s])
-        return torch.from_numpy(out).mul_(2.0).to(dtype)
+            chi = torch.cat(draws).to(dtype)
+        return PendingDraw(lambda i: None, 0, 0, lambda: (normals, chi))
 
     def _numpy_generators(self) -> list[np.random.Generator]:
         """The groups' numpy generators (fast CPU streams), created on first use."""
@@ -110,11 +222,27 @@ class GroupedNormal:
         for i, s in enumerate(self.slices):
             sub = GroupedNormal.__new__(GroupedNormal)
             sub.device, sub.seed, sub.groups = self.device, self.seed, [self.groups[i]]
+            sub.workers = 1
             sub.generators = [self.generators[i]]
             sub._numpy = None if self._numpy is None else [self._numpy[i]]
             sub.slices, sub.samples = [slice(0, s.stop - s.start)], s.stop - s.start
             out.append((s, sub))
         return out
+
+    def map_groups(self, fn: Callable[[slice, GroupedNormal], T]) -> list[T]:
+        """``[fn(rows, rng_g) for rows, rng_g in split()]``, the groups shared among
+        :attr:`workers` threads (fn must only draw from rng_g; CPU work that releases the
+        GIL, as numpy and torch kernels do, then runs in parallel). Same results for any
+        number of workers."""
+        parts = self.split()
+        out: list[T | None] = [None] * len(parts)
+
+        def task(i: int) -> None:
+            out[i] = fn(*parts[i])
+
+        helpers = min(self.workers, len(parts)) - 1 if self.device.type == "cpu" else 0
+        PendingDraw(task, len(parts), helpers, lambda: None).result()
+        return out  # type: ignore[return-value]  # every entry filled
 
     def per_group(self, fn: Callable[[Tensor, torch.Generator], Tensor], x: Tensor) -> Tensor:
         """``cat_g fn(x[group g], generator of group g)``; x: (samples, ...)."""

@@ -30,7 +30,7 @@ from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
-from .rng import GroupedNormal
+from .rng import GroupedNormal, PendingDraw
 
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
@@ -168,12 +168,22 @@ class ExactSampler(TokenSampler):
         self._x: Tensor | None = None
         self._R: Tensor | None = None
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
-        self._buffer: Tensor | None = None
+        self._buffers: list[Tensor | None] = [None, None]
         self._draws: dict[str, Tensor] = {}
+        self._pending: PendingDraw | None = None
+        self._blocks = 0  # blocks drawn
 
-    def _layout(self, m: int) -> dict[str, tuple[int, int]]:
+    @classmethod
+    def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
+        per_sample, fixed = super().memory(config, m, dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        drawn = sum(r * c for r, c in cls._layout(config, m).values())
+        return per_sample + drawn * itemsize, fixed  # the block drawn ahead
+
+    @staticmethod
+    def _layout(cfg: ModelConfig, m: int) -> dict[str, tuple[int, int]]:
         """(rows, columns) of the N(0, 1) draws of every linear map of one block."""
-        cfg, n = self.config, self.config.width
+        n = cfg.width
         k = min(n, m)
         parts: dict[str, tuple[int, int]] = {}
         if cfg.attention != "none":
@@ -194,27 +204,52 @@ class ExactSampler(TokenSampler):
         return X
 
     def _draw(self, X: Tensor) -> None:
+        """This block's draws (started at the previous block), then the start of the next
+        block's: on CPU with several :attr:`GroupedNormal.workers` helper threads fill it while
+        this block is computed (:meth:`GroupedNormal.start`; the same numbers)."""
         samples, m = X.shape[0], X.shape[-2]
-        layout = self._layout(m)
-        total = sum(r * c for r, c in layout.values())
-        if self._buffer is None or self._buffer.shape != (samples, total):
-            self._buffer = torch.empty((samples, total), dtype=X.dtype, device=X.device)
-        buf = self.rng.fill_normal(self._buffer)
-        offset = 0
-        for name, (rows, cols) in layout.items():
-            self._draws[name] = buf[:, offset : offset + rows * cols].view(samples, rows, cols)
+        if self._pending is None:
+            self._pending = self._start_block(samples, m, X.dtype, X.device)
+        normals, chi = self._pending.result()
+        assert normals is not None
+        draws, offset = {}, 0
+        for name, (rows, cols) in self._layout(self.config, m).items():
+            draws[name] = normals[:, offset : offset + rows * cols].view(samples, rows, cols)
             offset += rows * cols
-        cfg = self.config
-        if "key" in layout and cfg.key_dim >= layout["key"][0]:
-            self._draws["key"] = self._bartlett(self._draws["key"])
+        if chi is not None:
+            draws["key"] = self._bartlett(draws["key"], chi)
+        self._draws = draws
+        self._blocks += 1
+        self._pending = None
+        if self._blocks < self.config.depth:
+            self._pending = self._start_block(samples, m, X.dtype, X.device)
 
-    def _bartlett(self, Z: Tensor) -> Tensor:
+    def _start_block(
+        self, samples: int, m: int, dtype: torch.dtype, device: torch.device
+    ) -> PendingDraw:
+        """Start drawing every N(0, 1) number of block ``self._blocks`` into one of two
+        alternating buffers (a block drawn ahead never overwrites the one in use), and the
+        Bartlett chi-square variables of the keys."""
+        cfg = self.config
+        layout = self._layout(cfg, m)
+        total = sum(r * c for r, c in layout.values())
+        slot = self._blocks % 2
+        buf = self._buffers[slot]
+        if buf is None or buf.shape != (samples, total):
+            buf = self._buffers[slot] = torch.empty((samples, total), dtype=dtype, device=device)
+        dof = None
+        if "key" in layout and cfg.key_dim >= layout["key"][0]:
+            k = layout["key"][0]
+            dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
+        return self.rng.start(buf, dof)
+
+    def _bartlett(self, Z: Tensor, chi: Tensor) -> Tensor:
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:
-        (samples, k, heads * k) (strictly lower part) and chi-square draws (diagonal)."""
+        (samples, k, heads * k) (strictly lower part) and the chi-square draws chi:
+        (samples, heads * k) (squared diagonal)."""
         samples, k = Z.shape[0], Z.shape[1]
         h = self.config.heads
-        dof = (self.config.key_dim - torch.arange(k, dtype=torch.float64)).repeat(h)
-        diag = self.rng.chi2(dof, Z.dtype).sqrt().view(samples, h, k).to(Z.device)
+        diag = chi.sqrt().view(samples, h, k).to(Z.device)
         C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
         return C.transpose(1, 2).reshape(samples, k, h * k)
 

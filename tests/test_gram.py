@@ -315,3 +315,9 @@ def test_memory_estimate_is_in_bytes_of_m_by_m_matrices():
     assert per_mlp < per64  # no attention heads
     assert hidden >= gram_module.HIDDEN_ELEMENTS * 8  # at least one batch of hidden numbers
     assert GramSampler.memory(mlp, 4, torch.float32)[1] * 2 == hidden
+    threads = torch.get_num_threads()
+    try:  # one batch of hidden numbers in flight per thread
+        torch.set_num_threads(threads + 1)
+        assert GramSampler.memory(mlp, 4, torch.float64)[1] * threads == hidden * (threads + 1)
+    finally:
+        torch.set_num_threads(threads)

@@ -318,12 +318,18 @@ def test_exact_direct_attention_path_gives_the_block_numbers(cfg, monkeypatch):
 def test_token_sampler_memory_counts_m_by_widest_tensors():
     """The token samplers' working memory per sample is a number of (m, widest) tensors of
     the dtype (at least the state X: m x n); the weights sampler's fixed part holds one
-    group's explicit weight matrices (at least group_size matrices n x widest)."""
-    from simulations.samplers import ExactSampler, WeightsSampler
+    group's explicit weight matrices (at least group_size matrices n x widest); the exact
+    sampler adds the block it draws ahead."""
+    from simulations.samplers import ExactSampler, TokenSampler, WeightsSampler
 
     cfg = ModelConfig(width=24, depth=2, mlp="relu")
     f64, f32 = torch.float64, torch.float32
-    for cls in (ExactSampler, WeightsSampler):
+    # query and key 4 x 4 (m x m Bartlett products), value, MLP in and out 4 x 24
+    drawn = 2 * 4 * 4 + 3 * 4 * 24
+    base = TokenSampler.memory(cfg, 4, f64)[0]
+    assert ExactSampler.memory(cfg, 4, f64)[0] == base + 8 * drawn
+    assert ExactSampler.memory(cfg, 4, f32)[0] == (base + 8 * drawn) // 2
+    for cls in (TokenSampler, WeightsSampler):
         per, fixed = cls.memory(cfg, 4, f64)
         assert per >= 4 * 24 * 8
         assert cls.memory(cfg, 8, f64)[0] == 2 * per
@@ -333,6 +339,7 @@ def test_token_sampler_memory_counts_m_by_widest_tensors():
         wide_keys = ModelConfig(width=24, depth=2, heads=2, key_dim=100, mlp="relu")
         assert cls.memory(wide_keys, 4, f64)[0] > 8 * per
     assert ExactSampler.memory(cfg, 4, f64)[1] == 0
+    assert ExactSampler.memory(wide_keys, 4, f64)[0] > 8 * base
     fixed = WeightsSampler.memory(cfg, 4, f64)[1]
     assert fixed >= WeightsSampler.group_size * 24 * 24 * 8
     assert WeightsSampler.memory(cfg, 4, f32)[1] * 2 == fixed

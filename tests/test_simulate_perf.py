@@ -2,6 +2,8 @@
 the default method (``method=None`` -> the fastest exact-in-law method), the bulk normal
 streams and the small-matrix product helper."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,68 @@ def test_fill_normal_streams_are_per_group():
     assert abs(float(f32.mean())) < 0.01 and abs(float(f32.std()) - 1) < 0.01
     with pytest.raises(ValueError, match="contiguous"):
         both.fill_normal(torch.empty(7, 5, dtype=torch.float64).T)
+
+
+def test_bulk_draws_do_not_depend_on_the_number_of_threads():
+    """start() with helper threads (a draw above PARALLEL_NUMBERS) gives the numbers of one
+    thread, normals then chi-square per group, and the helpers work before result() is
+    asked for (the exact sampler draws the next block while it computes this one)."""
+    from simulations.rng import PARALLEL_NUMBERS
+
+    sizes = [64] * 8
+    cols = PARALLEL_NUMBERS // 64 + 1
+    dof = torch.tensor([3.0, 40.0])
+    draws = {}
+    for workers in (1, 2, 3):
+        rng = GroupedNormal(9, range(8), sizes, torch.device("cpu"), workers)
+        pending = rng.start(torch.empty(512, cols, dtype=torch.float64), dof)
+        if workers > 1:  # the helpers take groups without being waited for
+            for _ in range(2000):
+                if pending._next > 0:
+                    break
+                time.sleep(0.001)
+            assert pending._next > 0
+        normals, chi = pending.result()
+        after = rng.fill_normal(torch.empty(512, 3, dtype=torch.float64))
+        draws[workers] = (normals, chi, after)
+    for workers in (2, 3):
+        for a, b in zip(draws[1], draws[workers], strict=True):
+            assert torch.equal(a, b)
+    normals, chi, _ = draws[1]
+    # group 2 alone: its normals, then its chi-square variables, from its own stream
+    alone = GroupedNormal(9, [2], [64], torch.device("cpu"))
+    assert torch.equal(
+        alone.fill_normal(torch.empty(64, cols, dtype=torch.float64)), normals[128:192]
+    )
+    assert torch.equal(alone.chi2(dof, torch.float64), chi[128:192])
+
+
+@pytest.mark.parametrize("method", ["exact", "gram"])
+def test_simulate_same_numbers_with_fill_threads(method, monkeypatch):
+    """torch's thread count (the fill threads) changes no bit of the result, and simulate
+    restores it afterwards, also when it fails."""
+    cfg = ModelConfig(width=300, depth=3, causal=True)
+    V0 = equicorrelated(4, 0.3)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(simulate(cfg, V0, 200, seed=4, method=method)["V"].values)
+            assert torch.get_num_threads() == threads
+        import simulations.driver
+
+        def fail(sampler, *args):
+            assert torch.get_num_threads() == 1  # torch's ops run on one thread meanwhile
+            raise RuntimeError("in the block loop")
+
+        monkeypatch.setattr(simulations.driver, "_simulate_chunk", fail)
+        with pytest.raises(RuntimeError, match="block loop"):
+            simulate(cfg, V0, 8, method=method)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    np.testing.assert_array_equal(runs[0], runs[1])
 
 
 def test_small_matmul_equals_matmul():
