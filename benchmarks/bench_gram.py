@@ -3,10 +3,12 @@
 Each measurement runs ``simulate(method="gram")`` in a fresh subprocess whose PYTHONPATH is
 this tree or ``--baseline`` (a checkout of another commit, e.g. from
 ``git archive 3ccbfbf | tar -x -C /tmp/base``); rounds interleave the two trees so that
-machine load affects them alike. Cost per (sample x block), process CPU time after a warm-up;
-medians over rounds and of the per-round ratios.
+machine load affects them alike. Cost per (sample x block), process CPU time after a warm-up
+(wall time with ``--threads`` > 1: torch's thread count in both trees, OMP_NUM_THREADS then
+left unset); medians over rounds and of the per-round ratios.
 
     python benchmarks/bench_gram.py --baseline /tmp/base            # m 8, n 1024
+    python benchmarks/bench_gram.py --baseline /tmp/base --threads 2
 """
 
 from __future__ import annotations
@@ -34,14 +36,19 @@ def _worker(args: argparse.Namespace) -> None:
     from shapedtx import ModelConfig
     from simulations import equicorrelated, simulate
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     cfg = ModelConfig(width=args.width, depth=args.depth, **json.loads(args.config))
     V0 = equicorrelated(args.tokens, 0.2)
     simulate(cfg.replace(depth=2), V0, 256, method="gram", progress=False)  # warm-up
-    start = time.process_time()
+    clock = _clock(args)
+    start = clock()
     simulate(cfg, V0, args.samples, method="gram", progress=False)
-    per_unit = (time.process_time() - start) / (args.samples * args.depth)
+    per_unit = (clock() - start) / (args.samples * args.depth)
     print(json.dumps({"per_unit": per_unit, "random_only": _random_only(cfg, V0, args)}))
+
+
+def _clock(args: argparse.Namespace):
+    return time.process_time if args.threads == 1 else time.perf_counter
 
 
 def _random_only(cfg, V0, args) -> float | None:
@@ -78,21 +85,26 @@ def _random_only(cfg, V0, args) -> float | None:
     chis = counts["chi2"] // (256 * 4)
     group = 256
     groups = range(args.samples // group)
-    draws = cls(0, groups, [group] * len(groups), torch.device("cpu"))
+    workers = {"workers": args.threads} if args.threads > 1 else {}
+    draws = cls(0, groups, [group] * len(groups), torch.device("cpu"), **workers)
     dof = torch.tensor(np.linspace(args.width - args.tokens, args.width, max(chis, 1)))
-    start = time.process_time()
+    clock = _clock(args)
+    start = clock()
     for _ in range(args.depth):
         draws.fill_normal(torch.empty(draws.samples, normals, dtype=torch.float64))
         if chis:
             draws.chi2(dof, torch.float64)
-    return (time.process_time() - start) / (draws.samples * args.depth)
+    return (clock() - start) / (draws.samples * args.depth)
 
 
 def _measure(tree: Path, args: argparse.Namespace, config: dict) -> float:
     cmd = [sys.executable, __file__, "--worker", "--config", json.dumps(config)]
     cmd += ["--width", str(args.width), "--depth", str(args.depth)]
     cmd += ["--tokens", str(args.tokens), "--samples", str(args.samples)]
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    if args.threads == 1:
+        env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -105,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -113,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(
         f"gram sampler, n {args.width}, m {args.tokens}, depth {args.depth}, {args.samples} "
-        f"samples, float64, CPU, 1 thread, {args.rounds} interleaved rounds, CPU time"
+        f"samples, float64, CPU, {args.threads} thread(s), {args.rounds} interleaved rounds, "
+        f"{'CPU' if args.threads == 1 else 'wall'} time"
     )
     print(
         "| config | tree | median us per (sample x block) | speed-up vs baseline "

@@ -145,6 +145,10 @@ def simulate(
 ) -> xr.Dataset:
     """Token covariances ``V_l = X_l X_l^T / n`` of random networks at initialisation.
 
+    On CPU, the ``torch.get_num_threads()`` threads fill the random numbers (one generator
+    group each; the exact sampler draws the next block meanwhile) and torch's operations run
+    on one thread until simulate returns; the numbers do not depend on the thread count.
+
     Args:
         config: the architecture (any combination ModelConfig allows).
         V0: (m, m) symmetric positive-definite input covariance, m >= 2; every sample starts
