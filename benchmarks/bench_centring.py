@@ -29,7 +29,8 @@ from shapedtx.training import LanguageModel
 
 
 def _unfused(attended, v, *, causal=False):
-    return v + attended - token_mean(v, causal=causal)
+    # attended: (..., m, d) or the per-head (..., m, h, d / h) view, merged by a copy
+    return v + attended.reshape(v.shape) - token_mean(v, causal=causal)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from typing import Any
 from . import metrics
 from .activation import relu_slopes, shaped_relu
 from .attention import (
+    causal_centring,
     causal_uniform,
     shaped_attention,
     shaped_attention_heads,
@@ -103,6 +104,7 @@ __all__ = [
     "attention_branch",
     "block",
     "bottleneck",
+    "causal_centring",
     "causal_uniform",
     "check_covariance",
     "config_of",

@@ -133,12 +133,15 @@ def shaped_attention_heads(
     """
     v = values.unflatten(-1, (q.shape[-3], -1)).transpose(-3, -2)  # (..., h, m, d)
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
-    return centred_sum(attended.transpose(-3, -2).flatten(-2), values, causal=causal)
+    # (..., m, h, d): added into the centred values without merging the heads first
+    return centred_sum(attended.transpose(-3, -2), values, causal=causal)
 
 
 def centred_sum(attended: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
     """``attended + v - token_mean(v)`` (= ``attended + (I - C) v``, C the uniform or causal
-    uniform matrix) as one autograd operation; attended, v: (..., m, d)."""
+    uniform matrix) as one autograd operation; v: (..., m, d) -> (..., m, d); attended:
+    (..., m, d), or (..., m, h, d / h) (h heads side by side, any strides, e.g. a transposed
+    view of SDPA's output: no merged copy is made)."""
     return _CentredSum.apply(attended, v, causal)
 
 
@@ -148,19 +151,61 @@ def _inverse_counts(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return 1.0 / torch.arange(1, m + 1, dtype=dtype, device=device)[:, None]
 
 
+def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
+    """``(I - C) x`` (or ``(I - C)^T x`` if ``transpose``), C the causal uniform matrix;
+    x: (..., m, d) -> (..., m, d), a new tensor.
+
+    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise as :func:`token_cumsum` with the
+    running-mean weights 1/(i+1) folded into the block matrices: one batched product, one
+    small running sum of block totals and two in-place passes (one fresh tensor instead of
+    three: on CPU a fresh tensor costs more than an in-place pass). Elsewhere from
+    ``torch.cumsum``. The same values up to rounding.
+    """
+    m, b = x.shape[-2], CUMSUM_BLOCK
+    inv = _inverse_counts(m, x.dtype, x.device)
+    if x.device.type != "cpu" or m < 2 * b:
+        if transpose:  # C^T x = reversed running sum of x / counts
+            return x - token_cumsum(x * inv, reverse=True)
+        return torch.addcmul(x, token_cumsum(x), inv, value=-1.0)
+    pad = -m % b
+    xb = (F.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(-2, (-1, b))  # (..., nb, b, d)
+    W, inv_blocks = _centring_blocks(m + pad, b, transpose, x.dtype, x.device)
+    within = torch.matmul(W, xb)  # weighted sums within each block
+    if transpose:  # block k needs the weighted totals of the blocks after it
+        totals = within[..., 0, :]
+        after = totals.flip(-2).cumsum(dim=-2).flip(-2) - totals
+        within.add_(after.unsqueeze(-2))
+    else:  # block k needs the plain totals of the blocks before it, weighted per row
+        totals = xb.sum(dim=-2)
+        before = totals.cumsum(dim=-2) - totals
+        within.addcmul_(inv_blocks, before.unsqueeze(-2))
+    out = torch.sub(xb, within, out=within).flatten(-3, -2)
+    return out[..., :m, :] if pad else out
+
+
+@functools.lru_cache(maxsize=32)
+def _centring_blocks(
+    m: int, b: int, transpose: bool, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(nb, b, b) block matrices of :func:`causal_centring` and the weights (nb, b, 1):
+    ``diag(1/(i+1)) tril(1)`` per block, or ``triu(1) diag(1/(i+1))`` if ``transpose``."""
+    inv = _inverse_counts(m, dtype, device).view(-1, b, 1)  # (nb, b, 1)
+    ones = _block_triangle(b, transpose, dtype, device)
+    W = ones * inv.transpose(-1, -2) if transpose else inv * ones
+    return W, inv
+
+
 class _CentredSum(torch.autograd.Function):
-    """Forward: cumsum (or mean), one ``addcmul`` and one in-place add. Backward:
-    ``d attended = g``, ``d v = (I - C)^T g`` (``C^T`` a reversed cumulative sum)."""
+    """Forward: ``(I - C) v + attended`` (:func:`causal_centring`) or the mean form. Backward:
+    ``d attended = g``, ``d v = (I - C)^T g``."""
 
     @staticmethod
     def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
         ctx.causal = causal
-        if causal:
-            inv = _inverse_counts(v.shape[-2], v.dtype, v.device)
-            out = torch.addcmul(attended, token_cumsum(v), inv, value=-1.0)
-        else:
-            out = torch.sub(attended, v.mean(dim=-2, keepdim=True))
-        return out.add_(v)
+        ctx.attended_shape = attended.shape
+        out = causal_centring(v) if causal else v - v.mean(dim=-2, keepdim=True)
+        out.view(attended.shape).add_(attended)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -168,12 +213,11 @@ class _CentredSum(torch.autograd.Function):
         grad_v = None
         if ctx.needs_input_grad[1]:
             if ctx.causal:
-                # C^T t = reversed cumulative sum of t = g / counts
-                t = g * _inverse_counts(g.shape[-2], g.dtype, g.device)
-                grad_v = g - token_cumsum(t, reverse=True)
+                grad_v = causal_centring(g, transpose=True)
             else:
                 grad_v = g - g.mean(dim=-2, keepdim=True)
-        return (g if ctx.needs_input_grad[0] else None), grad_v, None
+        grad_attended = g.reshape(ctx.attended_shape) if ctx.needs_input_grad[0] else None
+        return grad_attended, grad_v, None
 
 
 def softmax_attention(

@@ -6,6 +6,7 @@ import torch
 
 from shapedtx.attention import (
     CUMSUM_BLOCK,
+    causal_centring,
     causal_uniform,
     centred_sum,
     shaped_attention,
@@ -33,6 +34,24 @@ def test_token_cumsum_equals_triangular_product(m, reverse):
     ones = torch.ones(m, m, dtype=torch.float64)
     T = ones.triu() if reverse else ones.tril()
     torch.testing.assert_close(token_cumsum(x, reverse=reverse), T @ x, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", [1, 5, 2 * CUMSUM_BLOCK - 1, 2 * CUMSUM_BLOCK, 37, 128])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_causal_centring_equals_matrix_form(m, transpose):
+    """``causal_centring`` is ``(I - C) x`` (``(I - C)^T x``), C the causal uniform matrix, for
+    m below, at and above the blocked path's threshold, m not a multiple of the block, and a
+    strided input; float64 to 1e-10, and float32 close."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(3, m, 2, 5, generator=gen, dtype=torch.float64).transpose(-3, -2)
+    M = torch.eye(m, dtype=torch.float64) - causal_uniform(m, dtype=torch.float64)
+    expected = (M.T if transpose else M) @ x
+    torch.testing.assert_close(
+        causal_centring(x, transpose=transpose), expected, rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(
+        causal_centring(x.float(), transpose=transpose), expected.float(), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("m", [9, 40])
