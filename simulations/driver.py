@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -98,22 +99,35 @@ def _chunk_groups(
     return max(groups, 1)
 
 
+_THREADS_LOCK = threading.Lock()
+_THREADS_SAVED = {"active": 0, "threads": 1}
+"""simulate calls running on CPU and torch's thread count before the first of them."""
+
+
 @contextlib.contextmanager
 def _fill_threads(device: torch.device) -> Iterator[int]:
     """On CPU, the ``torch.get_num_threads()`` threads fill the random numbers of each block,
     one generator group per thread (:class:`simulations.rng.GroupedNormal`), while torch's
     own operations run on one thread: the batched products are of small matrices that gain
     little from intra-op threads, whose spinning OpenMP workers would take the cores from the
-    fill (measured in benchmarks/RESULTS.md). Restores the thread count on exit."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
+    fill (measured in benchmarks/RESULTS.md). The thread count is restored when the last of
+    the simulate calls running at once (e.g. in Dask threads) returns."""
+    if device.type != "cpu":
         yield 1
         return
-    torch.set_num_threads(1)
+    with _THREADS_LOCK:
+        if _THREADS_SAVED["active"] == 0:
+            _THREADS_SAVED["threads"] = torch.get_num_threads()
+        _THREADS_SAVED["active"] += 1
+        threads = _THREADS_SAVED["threads"]
+        torch.set_num_threads(1)
     try:
         yield threads
     finally:
-        torch.set_num_threads(threads)
+        with _THREADS_LOCK:
+            _THREADS_SAVED["active"] -= 1
+            if _THREADS_SAVED["active"] == 0:
+                torch.set_num_threads(_THREADS_SAVED["threads"])
 
 
 def _simulate_chunk(sampler, V0: Tensor, samples: int, depth: int, bar) -> Tensor:

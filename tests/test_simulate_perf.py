@@ -159,6 +159,28 @@ def test_simulate_same_numbers_with_fill_threads(method, monkeypatch):
     np.testing.assert_array_equal(runs[0], runs[1])
 
 
+def test_concurrent_simulate_calls_restore_the_thread_count():
+    """simulate calls running at once in threads (as in a threaded Dask worker) give the
+    numbers of a lone call, and torch's thread count is restored after the last returns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = ModelConfig(width=300, depth=3, causal=True)
+    V0 = equicorrelated(4, 0.3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        alone = simulate(cfg, V0, 200, seed=5, method="exact")["V"].values
+        with ThreadPoolExecutor(3) as pool:
+            runs = list(
+                pool.map(lambda _: simulate(cfg, V0, 200, seed=5, method="exact"), range(3))
+            )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    for ds in runs:
+        np.testing.assert_array_equal(ds["V"].values, alone)
+
+
 def test_small_matmul_equals_matmul():
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(6, 2, 4, 4, generator=gen, dtype=torch.float64)
