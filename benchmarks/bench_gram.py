@@ -66,21 +66,35 @@ def _random_only(cfg, V0, args) -> float | None:
     if not hasattr(cls, "fill_normal") or not hasattr(cls, "chi2"):
         return None
     counts = {"normal": 0, "chi2": 0}
-    fill, chi2 = cls.fill_normal, cls.chi2
+    if hasattr(cls, "start"):  # every bulk draw goes through start()
+        start_draw = cls.start
 
-    def counting_fill(self, buf):
-        counts["normal"] += buf.numel()
-        return fill(self, buf)
+        def counting_start(self, normals, chi2_dof=None, chi2_dtype=None):
+            counts["normal"] += sum(buf.numel() for buf in normals)
+            if chi2_dof is not None:
+                counts["chi2"] += chi2_dof.numel() * self.samples
+            return start_draw(self, normals, chi2_dof, chi2_dtype)
 
-    def counting_chi2(self, dof, dtype):
-        counts["chi2"] += dof.numel() * self.samples
-        return chi2(self, dof, dtype)
+        originals = {"start": start_draw}
+        cls.start = counting_start
+    else:
+        fill, chi2 = cls.fill_normal, cls.chi2
 
-    cls.fill_normal, cls.chi2 = counting_fill, counting_chi2
+        def counting_fill(self, buf):
+            counts["normal"] += buf.numel()
+            return fill(self, buf)
+
+        def counting_chi2(self, dof, dtype):
+            counts["chi2"] += dof.numel() * self.samples
+            return chi2(self, dof, dtype)
+
+        originals = {"fill_normal": fill, "chi2": chi2}
+        cls.fill_normal, cls.chi2 = counting_fill, counting_chi2
     try:
         simulate(cfg.replace(depth=4), V0, 256, method="gram", progress=False)
     finally:
-        cls.fill_normal, cls.chi2 = fill, chi2
+        for name, method in originals.items():
+            setattr(cls, name, method)
     normals = counts["normal"] // (256 * 4)
     chis = counts["chi2"] // (256 * 4)
     group = 256

@@ -70,7 +70,7 @@ those columns, not only on V).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
@@ -80,7 +80,7 @@ from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix
 
-from .rng import GroupedNormal
+from .rng import Draw, GroupedNormal, PendingDraw
 from .samplers import SAMPLERS, Sampler
 
 HIDDEN_ELEMENTS = 2**22
@@ -144,6 +144,11 @@ class GramSampler(Sampler):
 
     group_size: ClassVar[int] = 256
 
+    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
+        super().__init__(config, rng)
+        self._pending: PendingDraw[Draw] | None = None  # the next block's attention draws
+        self._blocks = 0  # attention blocks drawn
+
     @classmethod
     def check(cls, config: ModelConfig) -> None:
         problems = []
@@ -176,7 +181,11 @@ class GramSampler(Sampler):
         threads = torch.get_num_threads()
         hidden = 4 * HIDDEN_ELEMENTS * itemsize * threads if config.mlp != "none" else 0
         heads = config.heads if config.attention != "none" else 0
-        return (24 + 8 * heads) * m * m * itemsize, hidden
+        ahead = 0  # the attention draws of the next block, drawn ahead without an MLP
+        if config.attention != "none" and config.mlp == "none":
+            parts, _, _ = cls._attention_layout(config, m)
+            ahead = sum(math.prod(shape) for shape in parts.values())
+        return ((24 + 8 * heads) * m * m + ahead) * itemsize, hidden
 
     def init(self, V0: Tensor, samples: int) -> Tensor:
         return torch.linalg.cholesky(V0).expand(samples, *V0.shape).clone()
@@ -195,11 +204,42 @@ class GramSampler(Sampler):
     def _attention(self, L: Tensor) -> Tensor:
         cfg = self.config
         S, m, n, H = L.shape[0], L.shape[-1], cfg.width, cfg.heads
+        kd = min(cfg.head_dim, m)
+        parts, chi_dofs, k = self._attention_layout(cfg, m)
+        if self._pending is None:
+            self._pending = self._start_draws(S, parts, chi_dofs, L.dtype, L.device)
+        Z = self._take(self._pending, parts, chi_dofs, L.device)
+        self._pending = None
+        self._blocks += 1
+        if cfg.mlp == "none" and self._blocks < cfg.depth:
+            # the next block's numbers, filled by helper threads while this one is computed
+            # (with an MLP its hidden draws come first from the same generators)
+            self._pending = self._start_draws(S, parts, chi_dofs, L.dtype, L.device)
+        Z["F"] = Z["F"][:, 0]
+        LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
+        A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
+        if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)
+            P = small_matmul(A, small_matmul(L[:, None], Z["D"])).transpose(1, 2)
+            P = P.reshape(S, m, H * kd)
+            B = gram_factor(P) if k == m else P  # any B with B B^T = O O^T
+            s = cfg.branch_weight / math.sqrt(n * cfg.value_dim)
+        else:
+            B = small_matmul(A[:, 0], L)
+            s = cfg.branch_weight / math.sqrt(n)
+        return residual_update(L, B, Z["G"], Z["F"], cfg.lam, s)
+
+    @staticmethod
+    def _attention_layout(
+        cfg: ModelConfig, m: int
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, int, int]], int]:
+        """(normal draws per sample: name -> shape, Bartlett factors: name -> (degrees of
+        freedom, heads, size), k the columns of the branch factor B) of an attention block."""
+        n, H = cfg.width, cfg.heads
         kq, kd = min(cfg.key_dim, m), min(cfg.head_dim, m)
         # the branch factor B: (m, k) and its scale s (module doc)
         k = (m if H * kd >= m else H * kd) if cfg.out_proj else m
         kv = min(n - m, k)
-        chi_dofs = {}  # Bartlett factors: name -> (degrees of freedom, heads, size)
+        chi_dofs = {}
         if cfg.key_dim >= m:
             chi_dofs["C"] = (cfg.key_dim, H, m)
         if cfg.out_proj and cfg.head_dim >= m:
@@ -214,44 +254,45 @@ class GramSampler(Sampler):
             name: (shape[0], shape[1] * (shape[1] - 1) // 2) if name in chi_dofs else shape
             for name, shape in full.items()
         }
-        Z = self._normals(L, parts)
-        for name, diag in self._bartlett(L, chi_dofs).items():
-            Z[name] = _triangular(Z[name], diag)
-        Z["F"] = Z["F"][:, 0]
-        LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
-        A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
-        if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)
-            P = small_matmul(A, small_matmul(L[:, None], Z["D"])).transpose(1, 2)
-            P = P.reshape(S, m, H * kd)
-            B = gram_factor(P) if k == m else P  # any B with B B^T = O O^T
-            s = cfg.branch_weight / math.sqrt(n * cfg.value_dim)
-        else:
-            B = small_matmul(A[:, 0], L)
-            s = cfg.branch_weight / math.sqrt(n)
-        return residual_update(L, B, Z["G"], Z["F"], cfg.lam, s)
+        return parts, chi_dofs, k
 
-    def _normals(self, L: Tensor, parts: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
-        """N(0, 1) numbers for all ``parts`` (name -> shape per sample): one contiguous
-        tensor per part, each filled with one call per generator group."""
-        return {
-            name: self.rng.fill_normal(L.new_empty((L.shape[0], *shape)))
-            for name, shape in parts.items()
-        }
+    def _start_draws(
+        self,
+        S: int,
+        parts: Mapping[str, tuple[int, ...]],
+        dofs: Mapping[str, tuple[int, int, int]],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> PendingDraw[Draw]:
+        """Start drawing N(0, 1) numbers for all ``parts`` (name -> shape per sample; one
+        contiguous tensor each) and the chi-square variables of the Bartlett diagonals
+        ``dofs`` (name -> (k, heads, m): chi^2_{k - i}, i < m, per head): one call per group
+        and kind (:meth:`GroupedNormal.start`)."""
+        buffers = [torch.empty((S, *shape), dtype=dtype, device=device) for shape in parts.values()]
+        dof = None
+        if dofs:
+            dof = torch.cat(
+                [(k - torch.arange(m, dtype=torch.float64)).repeat(h) for k, h, m in dofs.values()]
+            )
+        return self.rng.start(buffers, dof, dtype)
 
-    def _bartlett(self, L, dofs: dict[str, tuple[int, int, int]]) -> dict[str, Tensor]:
-        """Bartlett diagonals for ``name -> (k, heads, m)``: sqrt(chi^2_{k - i}), i < m, per
-        head, all from one chi-square call per group; returns name -> (S, heads, m)."""
-        if not dofs:
-            return {}
-        dof = torch.cat(
-            [(k - torch.arange(m, dtype=torch.float64)).repeat(h) for k, h, m in dofs.values()]
-        )
-        chi = self.rng.chi2(dof, L.dtype).to(L.device).sqrt()
-        out, offset = {}, 0
-        for name, (_, h, m) in dofs.items():
-            out[name] = chi[:, offset : offset + h * m].view(-1, h, m)
-            offset += h * m
-        return out
+    @staticmethod
+    def _take(
+        pending: PendingDraw[Draw],
+        parts: Mapping[str, tuple[int, ...]],
+        dofs: Mapping[str, tuple[int, int, int]],
+        device: torch.device,
+    ) -> dict[str, Tensor]:
+        """The draws of :meth:`_start_draws` by name, Bartlett factors assembled."""
+        buffers, chi = pending.result()
+        Z = dict(zip(parts, buffers, strict=True))
+        if chi is not None:
+            chi = chi.to(device).sqrt()
+            offset = 0
+            for name, (_, h, m) in dofs.items():
+                Z[name] = _triangular(Z[name], chi[:, offset : offset + h * m].view(-1, h, m))
+                offset += h * m
+        return Z
 
     def _mlp(self, L: Tensor) -> Tensor:
         cfg = self.config
@@ -276,10 +317,12 @@ class GramSampler(Sampler):
         factors = self.rng.map_groups(factor)
         B = factors[0] if len(factors) == 1 else torch.cat(factors)
         bartlett = n - m >= m
-        Z = self._normals(L, {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)})
+        parts = {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)}
+        dofs = {"F": (n - m, 1, m)} if bartlett else {}
+        Z = self._take(
+            self._start_draws(L.shape[0], parts, dofs, L.dtype, L.device), parts, dofs, L.device
+        )
         F = Z["F"]
-        if bartlett:
-            F = _triangular(F, self._bartlett(L, {"F": (n - m, 1, m)})["F"])
         return residual_update(L, B, Z["G"], F[:, 0], cfg.lam, cfg.branch_weight * math.sqrt(c / n))
 
 

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 T = TypeVar("T")
-Draw = tuple[Tensor | None, Tensor | None]
-"""(normals, chi-square variables) of :meth:`GroupedNormal.start`."""
+Draw = tuple[list[Tensor], Tensor | None]
+"""(the filled normal buffers, chi-square variables or None) of :meth:`GroupedNormal.start`."""
 
 
 def group_seed(seed: int, group: int) -> int:
@@ -54,7 +54,7 @@ hand-off to a helper costs tens of microseconds; this many normals take about 0.
 
 
 class PendingDraw(Generic[T]):
-    """Per-group work under way (:meth:`GroupedNormal.start`, :meth:`GroupedNormal.map`):
+    """Per-group work under way (:meth:`GroupedNormal.start`, :meth:`GroupedNormal.map_groups`):
     helper threads take the groups one by one from a shared counter; :meth:`result` makes
     the calling thread take the groups still left, waits for the helpers and returns
     ``finish()`` (for a draw: ``(normals, chi2)``)."""
@@ -129,27 +129,27 @@ class GroupedNormal:
     def fill_normal(self, buf: Tensor) -> Tensor:
         """Fill ``buf: (samples, ...)`` (contiguous, float32/64) in place with iid N(0, 1), one
         call per group: group g's rows from group g's fast stream (module doc); returns buf."""
-        normals, _ = self.start(buf).result()
-        assert normals is not None
-        return normals
+        return self.start([buf]).result()[0][0]
 
     def chi2(self, dof: Tensor, dtype: torch.dtype) -> Tensor:
         """Chi-square variables (samples, K) with ``dof: (K,)`` degrees of freedom (> 0), one
         call per group from the group's fast stream (numpy's exact ``chisquare`` on CPU,
         :func:`simulations.wishart.chi2` from the torch generator elsewhere)."""
-        _, chi = self.start(None, dof, dtype).result()
+        chi = self.start([], dof, dtype).result()[1]
         assert chi is not None
         return chi
 
     def start(
         self,
-        normals: Tensor | None,
+        normals: Sequence[Tensor],
         chi2_dof: Tensor | None = None,
         chi2_dtype: torch.dtype | None = None,
     ) -> PendingDraw[Draw]:
-        """Start filling ``normals: (samples, ...)`` (contiguous, float32/64, or None) with
-        iid N(0, 1) and drawing chi-square variables (samples, K) with ``chi2_dof: (K,)``
-        degrees of freedom (or None), each group from its fast stream, normals first.
+        """Start filling the buffers ``normals``, each ``(samples, ...)`` (contiguous,
+        float32/64), with iid N(0, 1) and drawing chi-square variables (samples, K) with
+        ``chi2_dof: (K,)`` degrees of freedom (or None): each group from its fast stream, the
+        buffers in order, then the chi-square variables (the numbers of one
+        :meth:`fill_normal` per buffer, then :meth:`chi2`).
 
         On CPU with :attr:`workers` > 1 and a large draw, ``workers - 1`` helper threads start
         on it at once; the caller may compute meanwhile (drawing nothing else from these
@@ -157,43 +157,48 @@ class GroupedNormal:
         Elsewhere everything is drawn before this returns. Either way each group's generator
         sees the same calls in the same order: the same numbers.
         """
-        if normals is not None and (
-            not normals.is_contiguous() or normals.shape[0] != self.samples
-        ):
-            raise ValueError("fill_normal needs a contiguous buffer with one row per sample")
-        dtype = chi2_dtype or (normals.dtype if normals is not None else torch.float64)
+        if isinstance(normals, Tensor):
+            raise TypeError("normals must be a sequence of buffers, not one tensor")
+        for buf in normals:
+            if not buf.is_contiguous() or buf.shape[0] != self.samples:
+                raise ValueError("normal buffers must be contiguous with one row per sample")
+        default = normals[0].dtype if normals else torch.float64
+        dtype = chi2_dtype or default
         if self.device.type != "cpu":
             return self._start_torch(normals, chi2_dof, dtype)
         gens, slices = self._numpy_generators(), self.slices
-        array = None if normals is None else normals.numpy()
-        np_dtype = np.float64 if normals is None or normals.dtype == torch.float64 else np.float32
+        arrays = [
+            (buf.numpy(), np.float64 if buf.dtype == torch.float64 else np.float32)
+            for buf in normals
+        ]
         half = None if chi2_dof is None else chi2_dof.detach().cpu().double().numpy() / 2
         chi = None if half is None else np.empty((self.samples, half.shape[0]))
 
         def task(i: int) -> None:
             rows = slices[i]
-            if array is not None:
+            for array, np_dtype in arrays:
                 gens[i].standard_normal(out=array[rows], dtype=np_dtype)
             if chi is not None and half is not None:  # chi^2_k = 2 Gamma(k / 2): ``chisquare``
                 gens[i].standard_gamma(half, size=chi[rows].shape, out=chi[rows])
 
         def finish() -> Draw:
-            return normals, None if chi is None else torch.from_numpy(chi).mul_(2.0).to(dtype)
+            chi2 = None if chi is None else torch.from_numpy(chi).mul_(2.0).to(dtype)
+            return list(normals), chi2
 
-        numbers = (0 if array is None else array.size) + (0 if chi is None else chi.size)
+        numbers = sum(array.size for array, _ in arrays) + (0 if chi is None else chi.size)
         helpers = min(self.workers, len(slices)) - 1 if numbers >= PARALLEL_NUMBERS else 0
         return PendingDraw(task, len(slices), helpers, finish)
 
     def _start_torch(
-        self, normals: Tensor | None, chi2_dof: Tensor | None, dtype: torch.dtype
+        self, normals: Sequence[Tensor], chi2_dof: Tensor | None, dtype: torch.dtype
     ) -> PendingDraw[Draw]:
         """:meth:`start` on a non-CPU device: the groups' torch generators, drawn now."""
         from .wishart import chi2
 
-        chi = None
-        if normals is not None:
+        for buf in normals:
             for gen, s in zip(self.generators, self.slices, strict=True):
-                normals[s].normal_(generator=gen)
+                buf[s].normal_(generator=gen)
+        chi = None
         if chi2_dof is not None:
             dof = chi2_dof.to(device=self.device, dtype=torch.float64)
             draws = [
@@ -201,7 +206,7 @@ class GroupedNormal:
                 for gen, s in zip(self.generators, self.slices, strict=True)
             ]
             chi = torch.cat(draws).to(dtype)
-        return PendingDraw(lambda i: None, 0, 0, lambda: (normals, chi))
+        return PendingDraw(lambda i: None, 0, 0, lambda: (list(normals), chi))
 
     def _numpy_generators(self) -> list[np.random.Generator]:
         """The groups' numpy generators (fast CPU streams), created on first use."""

@@ -30,7 +30,7 @@ from shapedtx._matmul import small_matmul
 from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
-from .rng import GroupedNormal, PendingDraw
+from .rng import Draw, GroupedNormal, PendingDraw
 
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
@@ -170,7 +170,7 @@ class ExactSampler(TokenSampler):
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
         self._buffers: list[Tensor | None] = [None, None]
         self._draws: dict[str, Tensor] = {}
-        self._pending: PendingDraw | None = None
+        self._pending: PendingDraw[Draw] | None = None
         self._blocks = 0  # blocks drawn
 
     @classmethod
@@ -210,8 +210,7 @@ class ExactSampler(TokenSampler):
         samples, m = X.shape[0], X.shape[-2]
         if self._pending is None:
             self._pending = self._start_block(samples, m, X.dtype, X.device)
-        normals, chi = self._pending.result()
-        assert normals is not None
+        (normals,), chi = self._pending.result()
         draws, offset = {}, 0
         for name, (rows, cols) in self._layout(self.config, m).items():
             draws[name] = normals[:, offset : offset + rows * cols].view(samples, rows, cols)
@@ -226,7 +225,7 @@ class ExactSampler(TokenSampler):
 
     def _start_block(
         self, samples: int, m: int, dtype: torch.dtype, device: torch.device
-    ) -> PendingDraw:
+    ) -> PendingDraw[Draw]:
         """Start drawing every N(0, 1) number of block ``self._blocks`` into one of two
         alternating buffers (a block drawn ahead never overwrites the one in use), and the
         Bartlett chi-square variables of the keys."""
@@ -241,7 +240,7 @@ class ExactSampler(TokenSampler):
         if "key" in layout and cfg.key_dim >= layout["key"][0]:
             k = layout["key"][0]
             dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
-        return self.rng.start(buf, dof)
+        return self.rng.start([buf], dof)
 
     def _bartlett(self, Z: Tensor, chi: Tensor) -> Tensor:
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:

@@ -303,11 +303,16 @@ def test_single_column_batches_follow_the_documented_batch_size(monkeypatch):
 def test_memory_estimate_is_in_bytes_of_m_by_m_matrices():
     """The working memory per sample counts m x m matrices of the dtype: it scales as m^2 and
     as the item size, and grows with the number of attention heads; the fixed part is the
-    hidden-column buffer, only with an MLP."""
+    hidden-column buffer, only with an MLP; without an MLP the next block's attention draws
+    (drawn ahead) are counted too."""
     attn = ModelConfig(width=64, depth=2, heads=2, out_proj=True)
     per64, fixed = GramSampler.memory(attn, 4, torch.float64)
     assert fixed == 0 and per64 >= 4 * 4 * 8  # at least the state L itself
-    assert GramSampler.memory(attn, 8, torch.float64)[0] == 4 * per64
+    # drawn ahead: N, C (Bartlett: 6 below the diagonal), G, F (6), D (Bartlett: 6) per head
+    ahead = 2 * 4 * 4 + 2 * 6 + 4 * 4 + 6 + 2 * 6
+    with_mlp = GramSampler.memory(attn.replace(mlp="relu"), 4, torch.float64)[0]
+    assert per64 - with_mlp == 8 * ahead
+    assert GramSampler.memory(attn.replace(mlp="relu"), 8, torch.float64)[0] == 4 * with_mlp
     assert GramSampler.memory(attn, 4, torch.float32)[0] * 2 == per64
     assert GramSampler.memory(attn.replace(heads=4), 4, torch.float64)[0] > per64
     mlp = ModelConfig(width=64, depth=2, attention="none", mlp="relu")

@@ -109,14 +109,14 @@ def test_bulk_draws_do_not_depend_on_the_number_of_threads():
     draws = {}
     for workers in (1, 2, 3):
         rng = GroupedNormal(9, range(8), sizes, torch.device("cpu"), workers)
-        pending = rng.start(torch.empty(512, cols, dtype=torch.float64), dof)
+        pending = rng.start([torch.empty(512, cols, dtype=torch.float64)], dof)
         if workers > 1:  # the helpers take groups without being waited for
             for _ in range(2000):
                 if pending._next > 0:
                     break
                 time.sleep(0.001)
             assert pending._next > 0
-        normals, chi = pending.result()
+        (normals,), chi = pending.result()
         after = rng.fill_normal(torch.empty(512, 3, dtype=torch.float64))
         draws[workers] = (normals, chi, after)
     for workers in (2, 3):
