@@ -81,6 +81,10 @@ class PendingDraw(Generic[T]):
     def result(self) -> T:
         try:
             self._run()
+        except BaseException:  # e.g. Ctrl-C: the helpers take no further group
+            with self._lock:
+                self._next = self._groups
+            raise
         finally:
             for future in self._futures:
                 future.result()

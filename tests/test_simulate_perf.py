@@ -2,6 +2,7 @@
 the default method (``method=None`` -> the fastest exact-in-law method), the bulk normal
 streams and the small-matrix product helper."""
 
+import threading
 import time
 
 import numpy as np
@@ -129,6 +130,23 @@ def test_bulk_draws_do_not_depend_on_the_number_of_threads():
         alone.fill_normal(torch.empty(64, cols, dtype=torch.float64)), normals[128:192]
     )
     assert torch.equal(alone.chi2(dof, torch.float64), chi[128:192])
+
+
+def test_interrupted_group_work_stops_the_helpers():
+    """An exception in the calling thread (e.g. KeyboardInterrupt) stops the helpers from
+    taking further groups; the exception reaches the caller."""
+    rng = GroupedNormal(0, range(40), [1] * 40, torch.device("cpu"), workers=2)
+    done = []
+
+    def work(rows, sub):
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+        time.sleep(0.01)
+        done.append(rows.start)
+
+    with pytest.raises(KeyboardInterrupt):
+        rng.map_groups(work)
+    assert len(done) < 5  # the helper stopped after the group(s) it had taken
 
 
 @pytest.mark.parametrize("method", ["exact", "gram"])
