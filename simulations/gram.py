@@ -51,9 +51,11 @@ Markov. Each head has its own logits ``(L N_h)(L C_h)^T``.
 
 **Factors.** L' is the Cholesky factor of ``V' = M M^T`` (:func:`gram_factor`; the QR of
 M^T for the samples where V' is numerically singular). **Draws.** The N(0, 1) numbers of a
-block come from one contiguous tensor per kind (N, C, G, F, D), each filled with one call per
-generator group, all chi-square variables (Bartlett diagonals) from one call per group
-(:class:`simulations.rng.GroupedNormal`).
+block come from one contiguous tensor per kind (N, C, G, F, D), filled with all chi-square
+variables (Bartlett diagonals) by one task per generator group
+(:meth:`simulations.rng.GroupedNormal.start`); without an MLP the next block's are started
+before this block is computed (helper threads fill them meanwhile). The MLP's hidden layer
+runs one group per thread (:meth:`simulations.rng.GroupedNormal.map_groups`).
 
 **Cost per block and sample.** Attention-only networks: O(H m^3), independent of the width
 and of n_k, d_p. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).

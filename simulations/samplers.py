@@ -155,9 +155,11 @@ class ExactSampler(TokenSampler):
     of 2 m n_k (the attention functions take their scale from the config, not from q's size).
 
     Draws: at each block, one buffer holding every N(0, 1) number of the block (all linear
-    maps) is filled with one call per generator group (:meth:`GroupedNormal.fill_normal`), and
-    the Bartlett chi-square variables with one call per group; the products are batched over
-    the whole chunk. The numbers depend only on (seed, group), never on the chunking.
+    maps), then the Bartlett chi-square variables, with one call each per generator group
+    (:meth:`GroupedNormal.start`); the next block's are started as soon as this block's are
+    taken, so that helper threads fill them while this block is computed. The products are
+    batched over the whole chunk. The numbers depend only on (seed, group), never on the
+    chunking or the number of threads.
     """
 
     group_size = 64
