@@ -5,6 +5,7 @@ from shapedtx.covariance import equicorrelated
 from shapedtx.results import with_metrics, with_rho
 
 from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
+from .baselines import baselines
 from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
 from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
@@ -28,7 +29,7 @@ from .plots import (
     plot_token_pairs,
     save_figure,
 )
-from .presets import PRESETS, Preset, baselines
+from .presets import PRESETS
 from .rng import GroupedNormal, group_seed
 from .samplers import SAMPLERS, ExactSampler, Sampler, TokenSampler, WeightsSampler
 from .sweep import SweepSummary, open_point, open_sweep, sweep
@@ -51,7 +52,6 @@ __all__ = [
     "GramSampler",
     "GroupedNormal",
     "Measurement",
-    "Preset",
     "RunOptions",
     "Sampler",
     "SweepSummary",

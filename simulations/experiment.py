@@ -40,9 +40,9 @@ from shapedtx.files import write_json
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
 
+from .baselines import baselines, model_label
 from .compare import collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
-from .presets import baselines, model_label
 from .samplers import SAMPLERS
 
 FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
@@ -192,7 +192,7 @@ def run_collapse(
     experiment: Experiment, network: xr.Dataset | None = None, progress: bool | None = False
 ) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     """The rank-collapse report of the model and its standard baselines
-    (:func:`simulations.presets.baselines`) at the same width and depth."""
+    (:func:`simulations.baselines`) at the same width and depth."""
     from .driver import simulate
 
     e = experiment

@@ -56,6 +56,7 @@ TESTS: dict[str, list[str]] = {
     "simulations/driver.py": ["tests/test_simulate.py"],
     "simulations/rng.py": ["tests/test_simulate.py"],
     "simulations/presets.py": ["tests/test_compare_cli.py"],
+    "simulations/baselines.py": ["tests/test_compare_cli.py"],
     "shapedtx/training/trainer.py": ["tests/test_train.py"],
     "shapedtx/training/model.py": ["tests/test_train.py"],
     "shapedtx/training/config.py": ["tests/test_train.py"],

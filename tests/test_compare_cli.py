@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from shapedtx import load_dataset
+from simulations.baselines import baselines
 from simulations.cli import main
-from simulations.presets import PRESETS, baselines
+from simulations.presets import PRESETS
 
 
 def _numbers(x):
@@ -246,7 +247,7 @@ def test_baseline_heads_and_model_labels():
     """Vanilla baselines: 4 heads with W^O, else the largest of 2 and 1 dividing the width;
     labels name attention, MLP (with its ratio), LayerNorm, unit residual, init, causality."""
     from shapedtx import ModelConfig
-    from simulations.presets import model_label
+    from simulations.baselines import model_label
 
     for width, heads in ((200, 4), (36, 4), (30, 2), (18, 2), (15, 1), (9, 1)):
         base = baselines(ModelConfig(width=width, depth=width // 3 * 2))

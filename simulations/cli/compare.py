@@ -103,11 +103,8 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
 
     preset = PRESETS[args.preset]
     s: dict[str, Any] = {
-        "tokens": preset.tokens,
-        "rho0": preset.rho0,
-        "samples": preset.samples,
-        "baseline_samples": preset.baseline_samples,
-        "convergence_widths": preset.convergence_widths,
+        key: getattr(preset, key)
+        for key in ("tokens", "rho0", "samples", "baseline_samples", "convergence_widths")
     }
     if args.quick:
         for key in ("width", "depth"):  # explicit options still win
