@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -98,11 +98,22 @@ def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = No
     try:
         return ModelConfig(**fields)
     except ValueError as err:
-        message = str(err)
-        name = message.split(" ", 1)[0]
-        if name in FIELD_TYPES:  # name the command-line option
-            message = "--" + name.replace("_", "-") + message[len(name) :]
-        raise UsageError(message) from None
+        raise option_error(err, FIELD_TYPES) from None
+
+
+def option_error(
+    err: ValueError, names: Iterable[str] = (), renamed: Mapping[str, str] | None = None
+) -> UsageError:
+    """The one-line UsageError of a library ValueError whose message starts with a parameter
+    name (``name must be ...`` or ``name=...``): the name replaced by its command-line option,
+    ``renamed[name]``, or ``--name-with-dashes`` for the ``names`` listed."""
+    message = str(err).replace("\n", " ")
+    name = message.split(" ", 1)[0].split("=", 1)[0]
+    if renamed and name in renamed:
+        message = renamed[name] + message[len(name) :]
+    elif name in names:
+        message = "--" + name.replace("_", "-") + message[len(name) :]
+    return UsageError(message)
 
 
 def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks") -> None:

@@ -9,7 +9,7 @@ import argparse
 import json
 import math
 
-from ._common import UsageError
+from ._common import option_error
 from .design import _table
 
 DESCRIPTION = """\
@@ -124,24 +124,14 @@ def _criteria(args: argparse.Namespace):
     try:
         return Criteria(**values)
     except ValueError as err:
-        name = str(err).split(" ", 1)[0]
-        raise UsageError(options.get(name, name) + str(err)[len(name) :]) from None
+        raise option_error(err, renamed=options) from None
 
 
-_OPTION = {
-    "width": "--width",
-    "depth": "--depth",
-    "tokens": "--tokens",
-    "heads": "--heads",
-    "samples": "--samples",
-    "screen_samples": "--screen-samples",
-    "steps": "--steps",
-    "seed": "--seed",
-    "gammas": "--gammas",
-    "tau0s": "--tau0s",
-    "rho0": "--rho0",
-    "spread_target": "--spread-target",
-}
+_OPTIONS = (
+    "width", "depth", "tokens", "heads", "samples", "screen_samples", "steps", "seed", "gammas",
+    "tau0s", "rho0", "spread_target",
+)  # fmt: skip
+"""advise's parameters whose errors name the option ``--name-with-dashes``."""
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -262,11 +252,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         advice = advise(args.width, args.depth, args.tokens, **kwargs)
     except ValueError as err:
-        message = str(err)
-        name = message.split(" ", 1)[0]
-        if name in _OPTION:
-            message = _OPTION[name] + message[len(name) :]
-        raise UsageError(message.replace("\n", " ")) from None
+        raise option_error(err, _OPTIONS) from None
     if args.json:
         print(json.dumps(advice.to_dict(), indent=1))
     else:

@@ -24,6 +24,7 @@ from ._common import (
     add_config_arguments,
     check_output_folder,
     config_from_args,
+    option_error,
     parse_device,
     set_threads,
     staged_folder,
@@ -145,13 +146,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             description=preset.description,
         )
     except ValueError as err:
-        message = str(err)
-        name = message.split(" ", 1)[0].split("=", 1)[0]
-        flags = {"convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
-                 "threshold", "seed", "sde_method", "method"}  # fmt: skip
-        if name in flags:
-            message = "--" + name.replace("_", "-") + message[len(name) :]
-        raise UsageError(message) from None
+        flags = ("convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
+                 "threshold", "seed", "sde_method", "method")  # fmt: skip
+        raise option_error(err, flags) from None
 
 
 def run(args: argparse.Namespace) -> int:
