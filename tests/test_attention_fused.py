@@ -23,6 +23,17 @@ def _centre(m: int, causal: bool) -> torch.Tensor:
     return torch.full((m, m), 1.0 / m, dtype=torch.float64)
 
 
+def _assert_same_value_and_gradients(fused, explicit, inputs, gen):
+    """fused == explicit to 1e-10, and their gradients w.r.t. every input for a random
+    cotangent (float64)."""
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
+    g = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
+    for x, y in zip(
+        torch.autograd.grad(fused, inputs, g), torch.autograd.grad(explicit, inputs, g), strict=True
+    ):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("m", [1, 5, 2 * CUMSUM_BLOCK - 1, 2 * CUMSUM_BLOCK, 37, 128])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_token_cumsum_equals_triangular_product(m, reverse):
@@ -62,14 +73,9 @@ def test_fused_centring_equals_matrix_form(causal, m):
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64)
     fused = centred_sum(a, v, causal=causal)
     explicit = a + (torch.eye(m, dtype=torch.float64) - _centre(m, causal)) @ v
-    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
-    ga, gv = torch.autograd.grad(fused, (a, v), g)
-    ea, ev = torch.autograd.grad(explicit, (a, v), g)
-    torch.testing.assert_close(ga, ea, rtol=0, atol=1e-10)
-    torch.testing.assert_close(gv, ev, rtol=0, atol=1e-10)
+    _assert_same_value_and_gradients(fused, explicit, (a, v), gen)
     assert torch.autograd.gradcheck(lambda x, y: centred_sum(x, y, causal=causal), (a, v))
 
 
@@ -85,14 +91,7 @@ def test_fused_shaped_attention_equals_matrix_form(causal):
     tau = 1.7
     fused = shaped_attention(q, k, v, tau, causal=causal)
     explicit = shaped_attention_matrix(q @ k.mT, tau, causal=causal) @ v
-    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
-    g = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
-    for x, y in zip(
-        torch.autograd.grad(fused, (q, k, v), g),
-        torch.autograd.grad(explicit, (q, k, v), g),
-        strict=True,
-    ):
-        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+    _assert_same_value_and_gradients(fused, explicit, (q, k, v), gen)
 
 
 @pytest.mark.parametrize("m", [6, 40])
@@ -111,14 +110,7 @@ def test_shaped_attention_heads_equals_per_head_matrix_form(causal, m):
     fused = shaped_attention_heads(q, k, values, tau, causal=causal)
     A = shaped_attention_matrix(q @ k.mT, tau, causal=causal)
     explicit = merge_heads(A @ split_heads(values, h))
-    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-10)
-    g = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
-    for x, y in zip(
-        torch.autograd.grad(fused, (q, k, values), g),
-        torch.autograd.grad(explicit, (q, k, values), g),
-        strict=True,
-    ):
-        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+    _assert_same_value_and_gradients(fused, explicit, (q, k, values), gen)
 
 
 def test_centring_without_gradient_and_float32():
