@@ -146,11 +146,6 @@ class GramSampler(Sampler):
 
     group_size: ClassVar[int] = 256
 
-    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
-        super().__init__(config, rng)
-        self._pending: PendingDraw[Draw] | None = None  # the next block's attention draws
-        self._blocks = 0  # attention blocks drawn
-
     @classmethod
     def check(cls, config: ModelConfig) -> None:
         problems = []
@@ -208,15 +203,13 @@ class GramSampler(Sampler):
         S, m, n, H = L.shape[0], L.shape[-1], cfg.width, cfg.heads
         kd = min(cfg.head_dim, m)
         parts, chi_dofs, k = self._attention_layout(cfg, m)
-        if self._pending is None:
-            self._pending = self._start_draws(S, parts, chi_dofs, L.dtype, L.device)
-        Z = self._take(self._pending, parts, chi_dofs, L.device)
-        self._pending = None
-        self._blocks += 1
-        if cfg.mlp == "none" and self._blocks < cfg.depth:
-            # the next block's numbers, filled by helper threads while this one is computed
-            # (with an MLP its hidden draws come first from the same generators)
-            self._pending = self._start_draws(S, parts, chi_dofs, L.dtype, L.device)
+        # drawn ahead only without an MLP, whose hidden draws come first from the same
+        # generators
+        draws = self._block_draws(
+            lambda: self._start_draws(S, parts, chi_dofs, L.dtype, L.device),
+            ahead=cfg.mlp == "none",
+        )
+        Z = self._assemble(draws, parts, chi_dofs, L.device)
         Z["F"] = Z["F"][:, 0]
         LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
         A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
@@ -279,14 +272,14 @@ class GramSampler(Sampler):
         return self.rng.start(buffers, dof, dtype)
 
     @staticmethod
-    def _take(
-        pending: PendingDraw[Draw],
+    def _assemble(
+        draws: Draw,
         parts: Mapping[str, tuple[int, ...]],
         dofs: Mapping[str, tuple[int, int, int]],
         device: torch.device,
     ) -> dict[str, Tensor]:
         """The draws of :meth:`_start_draws` by name, Bartlett factors assembled."""
-        buffers, chi = pending.result()
+        buffers, chi = draws
         Z = dict(zip(parts, buffers, strict=True))
         if chi is not None:
             chi = chi.to(device).sqrt()
@@ -321,9 +314,8 @@ class GramSampler(Sampler):
         bartlett = n - m >= m
         parts = {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)}
         dofs = {"F": (n - m, 1, m)} if bartlett else {}
-        Z = self._take(
-            self._start_draws(L.shape[0], parts, dofs, L.dtype, L.device), parts, dofs, L.device
-        )
+        draws = self._start_draws(L.shape[0], parts, dofs, L.dtype, L.device).result()
+        Z = self._assemble(draws, parts, dofs, L.device)
         F = Z["F"]
         return residual_update(L, B, Z["G"], F[:, 0], cfg.lam, cfg.branch_weight * math.sqrt(c / n))
 

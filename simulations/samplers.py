@@ -20,6 +20,7 @@ A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -57,6 +58,19 @@ class Sampler(ABC):
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         self.config = config
         self.rng = rng
+        self._pending: PendingDraw[Draw] | None = None  # the next block's draws, under way
+        self._blocks = 0  # blocks whose draws were taken
+
+    def _block_draws(self, start: Callable[[], PendingDraw[Draw]], ahead: bool = True) -> Draw:
+        """This block's draws (``start()`` ones, begun at the previous block or now); then,
+        if ``ahead`` and blocks remain, the next block's are started, so that helper threads
+        fill them while this block is computed (:meth:`GroupedNormal.start`). Only after
+        this block's are taken: each generator sees the same calls in the same order."""
+        draws = (self._pending or start()).result()
+        self._blocks += 1
+        more = ahead and self._blocks < self.config.depth
+        self._pending = start() if more else None
+        return draws
 
     @classmethod
     def check(cls, config: ModelConfig) -> None:
@@ -172,8 +186,6 @@ class ExactSampler(TokenSampler):
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
         self._buffers: list[Tensor | None] = [None, None]
         self._draws: dict[str, Tensor] = {}
-        self._pending: PendingDraw[Draw] | None = None
-        self._blocks = 0  # blocks drawn
 
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -206,13 +218,12 @@ class ExactSampler(TokenSampler):
         return X
 
     def _draw(self, X: Tensor) -> None:
-        """This block's draws (started at the previous block), then the start of the next
-        block's: on CPU with several :attr:`GroupedNormal.workers` helper threads fill it while
-        this block is computed (:meth:`GroupedNormal.start`; the same numbers)."""
+        """This block's draws by linear map (:meth:`_block_draws`: the next block's are drawn
+        ahead)."""
         samples, m = X.shape[0], X.shape[-2]
-        if self._pending is None:
-            self._pending = self._start_block(samples, m, X.dtype, X.device)
-        (normals,), chi = self._pending.result()
+        (normals,), chi = self._block_draws(
+            lambda: self._start_block(samples, m, X.dtype, X.device)
+        )
         draws, offset = {}, 0
         for name, (rows, cols) in self._layout(self.config, m).items():
             draws[name] = normals[:, offset : offset + rows * cols].view(samples, rows, cols)
@@ -220,10 +231,6 @@ class ExactSampler(TokenSampler):
         if chi is not None:
             draws["key"] = self._bartlett(draws["key"], chi)
         self._draws = draws
-        self._blocks += 1
-        self._pending = None
-        if self._blocks < self.config.depth:
-            self._pending = self._start_block(samples, m, X.dtype, X.device)
 
     def _start_block(
         self, samples: int, m: int, dtype: torch.dtype, device: torch.device
