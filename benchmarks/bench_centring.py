@@ -2,7 +2,7 @@
 
 1. Forward + backward of one attention call (causal, float32): SDPA softmax attention,
    shaped attention with the fused centring (:func:`shapedtx.attention.centred_sum`) and
-   with the former unfused expression ``v + attended - token_mean(v)``.
+   with the former unfused expression ``v + attended - C v`` (C v from ``torch.cumsum``).
 2. Full optimiser steps of ``LanguageModel`` (as ``bench_train.py``): softmax + ReLU without
    LN against shaped attention + ReLU without LN, fused and unfused centring.
 Interleaved rounds, process CPU time, medians over rounds and of per-round ratios to softmax.
@@ -23,14 +23,17 @@ import torch.nn.functional as F
 
 import shapedtx.attention as attention
 from shapedtx import ModelConfig
-from shapedtx.attention import token_mean
+from shapedtx.attention import token_cumsum, token_mean
 from shapedtx.blocks import merge_heads, split_heads
 from shapedtx.training import LanguageModel
 
 
 def _unfused(attended, v, *, causal=False):
-    # attended: (..., m, d) or the per-head (..., m, h, d / h) view, merged by a copy
-    return v + attended.reshape(v.shape) - token_mean(v, causal=causal)
+    # attended: (..., m, d) or the per-head (..., m, h, d / h) view, merged by a copy; the
+    # running mean from torch.cumsum (the form before the fused centring)
+    counts = torch.arange(1, v.shape[-2] + 1, dtype=v.dtype)[:, None]
+    mean = token_cumsum(v) / counts if causal else token_mean(v)
+    return v + attended.reshape(v.shape) - mean
 
 
 @contextlib.contextmanager

@@ -66,39 +66,21 @@ def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:
     """``(11^T/m) v`` or, if causal, ``C v`` (running mean over tokens); v: (..., m, d)."""
     if not causal:
         return v.mean(dim=-2, keepdim=True).expand_as(v)
-    return token_cumsum(v) * _inverse_counts(v.shape[-2], v.dtype, v.device)
+    return v - causal_centring(v)
 
 
 CUMSUM_BLOCK = 16
-"""Block size of :func:`token_cumsum` on CPU (sums within blocks of this many tokens by one
-batched product with a triangular matrix of ones, then a running sum of the block totals)."""
+"""Block size of :func:`causal_centring` on CPU (sums within blocks of this many tokens by
+one batched product with a weighted triangle of ones, then a running sum of the block
+totals)."""
 
 
 def token_cumsum(x: Tensor, *, reverse: bool = False) -> Tensor:
     """Running sum over tokens, ``y_i = sum_{j <= i} x_j`` (or ``sum_{j >= i}`` if
-    ``reverse``); x: (..., m, d) -> (..., m, d).
-
-    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens it is computed blockwise (about 1.5x faster than
-    ``torch.cumsum`` over a non-last dimension at (16, 128, 128) float32, see
-    ``benchmarks/RESULTS.md``); elsewhere ``torch.cumsum``. The same sums up to rounding.
-    """
-    m, b = x.shape[-2], CUMSUM_BLOCK
-    if x.device.type != "cpu" or m < 2 * b:
-        if reverse:
-            return x.flip(-2).cumsum(dim=-2).flip(-2)
-        return x.cumsum(dim=-2)
-    pad = -m % b
-    if pad:
-        x = F.pad(x, (0, 0, 0, pad))
-    ones = _block_triangle(b, reverse, x.dtype, x.device)
-    within = torch.matmul(ones, x.unflatten(-2, (-1, b)))  # (..., m / b, b, d)
-    totals = within[..., 0 if reverse else -1, :]  # (..., m / b, d): each block's sum
+    ``reverse``); x: (..., m, d) -> (..., m, d)."""
     if reverse:
-        before = totals.flip(-2).cumsum(dim=-2).flip(-2) - totals  # blocks after this one
-    else:
-        before = totals.cumsum(dim=-2) - totals  # blocks before this one
-    out = within.add_(before.unsqueeze(-2)).flatten(-3, -2)
-    return out[..., :m, :] if pad else out
+        return x.flip(-2).cumsum(dim=-2).flip(-2)
+    return x.cumsum(dim=-2)
 
 
 @functools.lru_cache(maxsize=16)
