@@ -30,25 +30,39 @@ SMALL_SOFTMAX = 16
 ``torch.softmax`` over a last dimension of 8 costs about 6x more (per-row overhead)."""
 
 
-def _masked_softmax(Y: Tensor, causal: bool) -> Tensor:
+def _masked_softmax(Y: Tensor, causal: bool, overwrite: bool = False) -> Tensor:
+    """Softmax over the last dimension (keys j > i masked out if causal); ``overwrite``: the
+    result is computed in Y's memory (no autograd)."""
     if causal:
-        Y = Y.masked_fill(~causal_mask(Y.shape[-1], Y.device), float("-inf"))
+        mask = ~causal_mask(Y.shape[-1], Y.device)
+        Y = Y.masked_fill_(mask, -math.inf) if overwrite else Y.masked_fill(mask, -math.inf)
     if Y.shape[-1] > SMALL_SOFTMAX:
         return torch.softmax(Y, dim=-1)
+    if overwrite:
+        e = Y.sub_(Y.amax(dim=-1, keepdim=True)).exp_()
+        return e.div_(e.sum(dim=-1, keepdim=True))
     e = torch.exp(Y - Y.amax(dim=-1, keepdim=True))
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def softmax_attention_matrix(Y: Tensor, key_dim: int, *, causal: bool = False) -> Tensor:
-    """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m)."""
-    return _masked_softmax(Y / math.sqrt(key_dim), causal)
+def softmax_attention_matrix(
+    Y: Tensor, key_dim: int, *, causal: bool = False, overwrite: bool = False
+) -> Tensor:
+    """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m).
+
+    ``overwrite=True`` computes A in Y's memory (inference and simulation: no autograd)."""
+    scale = 1.0 / math.sqrt(key_dim)
+    return _masked_softmax(Y.mul_(scale) if overwrite else Y * scale, causal, overwrite)
 
 
-def shaped_attention_matrix(Y: Tensor, tau: float, *, causal: bool = False) -> Tensor:
+def shaped_attention_matrix(
+    Y: Tensor, tau: float, *, causal: bool = False, overwrite: bool = False
+) -> Tensor:
     """Shaped attention ``A = I + Softmax(Y / tau) - 11^T/m``; Y: (..., m, m) -> (..., m, m).
 
     With ``causal`` the softmax is masked and the centring uses the causal uniform matrix C, so
     every row of A still sums to 1. ``tau = tau0 sqrt(n n_k)`` (see ``ModelConfig.tau``).
+    ``overwrite=True`` computes A in Y's memory (inference and simulation: no autograd).
     """
     m = Y.shape[-1]
     eye = torch.eye(m, dtype=Y.dtype, device=Y.device)
@@ -56,7 +70,7 @@ def shaped_attention_matrix(Y: Tensor, tau: float, *, causal: bool = False) -> T
         centre = causal_uniform(m, dtype=Y.dtype, device=Y.device)
     else:
         centre = torch.full((m, m), 1.0 / m, dtype=Y.dtype, device=Y.device)
-    A = _masked_softmax(Y / tau, causal)
+    A = _masked_softmax(Y.div_(tau) if overwrite else Y / tau, causal, overwrite)
     if A.requires_grad:  # torch.softmax's backward needs its output unchanged
         return A + (eye - centre)
     return A.add_(eye - centre)  # (m, m) constant: one pass

@@ -62,11 +62,19 @@ def merge_heads(x: Tensor) -> Tensor:
 
 def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
     """The attention matrix A of every head; q, k: (..., h, m, n_k) -> (..., h, m, m)."""
-    Y = small_matmul(q, k.transpose(-1, -2))
+    return attention_from_logits(small_matmul(q, k.transpose(-1, -2)), config, overwrite=True)
+
+
+def attention_from_logits(Y: Tensor, config: ModelConfig, *, overwrite: bool = False) -> Tensor:
+    """The configured attention matrix of the logits ``Y = q k^T: (..., m, m)`` (shaped or
+    softmax, causal or not); ``overwrite=True`` computes it in Y's memory (no autograd)."""
+    overwrite = overwrite and not (torch.is_grad_enabled() and Y.requires_grad)
     if config.attention == "shaped":
-        return shaped_attention_matrix(Y, config.tau, causal=config.causal)
+        return shaped_attention_matrix(Y, config.tau, causal=config.causal, overwrite=overwrite)
     if config.attention == "softmax":
-        return softmax_attention_matrix(Y, config.key_dim, causal=config.causal)
+        return softmax_attention_matrix(
+            Y, config.key_dim, causal=config.causal, overwrite=overwrite
+        )
     raise ValueError(f"attention must be 'shaped' or 'softmax', got {config.attention!r}")
 
 

@@ -9,10 +9,12 @@ on the chunking. Inside the block loop there is no host synchronisation.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import math
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import xarray as xr
@@ -24,8 +26,8 @@ from shapedtx._validation import check_device, check_dtype, check_int
 
 from .options import RunOptions
 from .options import Sampler as SamplerChoice
-from .rng import GroupedNormal
-from .samplers import SAMPLERS, TokenSampler
+from .rng import GroupedNormal, run_parallel
+from .samplers import SAMPLERS, Sampler, TokenSampler
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
@@ -130,17 +132,70 @@ def _fill_threads(device: torch.device) -> Iterator[int]:
                 torch.set_num_threads(_THREADS_SAVED["threads"])
 
 
-def _simulate_chunk(sampler, V0: Tensor, samples: int, depth: int, bar) -> Tensor:
-    """The shared block loop: V: (samples, depth + 1, m, m) on the sampler's device."""
-    m = V0.shape[-1]
-    out = torch.empty(samples, depth + 1, m, m, dtype=V0.dtype, device=V0.device)
-    state = sampler.init(V0, samples)
-    out[:, 0] = sampler.covariance(state)
+def _nonfinite_samples(V: Tensor) -> int:
+    """Number of samples of ``V: (samples, ...)`` with a non-finite entry (a sum per sample
+    first: exact, and several times cheaper than testing every entry when all are finite)."""
+    flat = V.flatten(1)
+    suspect = ~torch.isfinite(flat.sum(dim=1))  # non-finite entries, or an overflowing sum
+    if not bool(suspect.any()):
+        return 0
+    return int((~torch.isfinite(flat[suspect]).all(dim=1)).sum())
+
+
+def _simulate_chunk(
+    parts: Sequence[tuple[Sampler, slice]],
+    V0: Tensor,
+    out: Tensor,
+    depth: int,
+    threads: int,
+    bar,
+) -> None:
+    """The shared block loop: fills ``out: (samples, depth + 1, m, m)``; each part is a sampler
+    and its rows of ``out``. The parts of a block run on up to ``threads`` threads (one task
+    per part; numpy and torch kernels release the GIL); the calling thread waits for all of
+    them before the next block, so an interrupt stops the loop within one block."""
+    states: list = [None] * len(parts)
+    samples = out.shape[0]
+
+    def start(i: int) -> None:
+        sampler, rows = parts[i]
+        states[i] = sampler.init(V0, rows.stop - rows.start)
+        out[rows, 0] = sampler.covariance(states[i])
+
+    def step(i: int, layer: int) -> None:
+        sampler, rows = parts[i]
+        states[i] = sampler.step(states[i])
+        out[rows, layer] = sampler.covariance(states[i])
+
+    run_parallel(start, len(parts), threads)
     for layer in range(1, depth + 1):
-        state = sampler.step(state)
-        out[:, layer] = sampler.covariance(state)
+        run_parallel(functools.partial(step, layer=layer), len(parts), threads)
         bar.update(samples)
-    return out
+
+
+def _parts(
+    sampler_cls: type[Sampler],
+    config: ModelConfig,
+    seed: int,
+    groups: range,
+    sizes: list[int],
+    device: torch.device,
+    threads: int,
+) -> list[tuple[Sampler, slice]]:
+    """The samplers of one chunk and their rows: one per thread for samplers whose groups run
+    in parallel (``parallel_parts``, CPU), else one sampler whose random numbers use the
+    threads (:class:`simulations.rng.GroupedNormal`)."""
+    count = 1
+    if sampler_cls.parallel_parts and device.type == "cpu":
+        count = min(threads, len(groups))
+    workers = threads if count == 1 else 1
+    bounds = [round(i * len(groups) / count) for i in range(count + 1)]
+    parts, row = [], 0
+    for a, b in itertools.pairwise(bounds):
+        rng = GroupedNormal(seed, groups[a:b], sizes[a:b], device, workers)
+        parts.append((sampler_cls(config, rng), slice(row, row + rng.samples)))
+        row += rng.samples
+    return parts
 
 
 def simulate(
@@ -227,12 +282,15 @@ def simulate(
         for first in range(0, n_groups, per_chunk):
             groups = range(first, min(first + per_chunk, n_groups))
             sizes = [min(G, samples - g * G) for g in groups]
-            rng = GroupedNormal(seed, groups, sizes, device, workers)
-            start = first * G
-            chunk = _simulate_chunk(sampler_cls(config, rng), V0, sum(sizes), config.depth, bar)
-            V[start : start + sum(sizes)] = chunk.cpu()
+            parts = _parts(sampler_cls, config, seed, groups, sizes, device, workers)
+            rows = slice(first * G, first * G + sum(sizes))
+            # on CPU straight into the result; elsewhere on the device, then copied
+            out = V[rows] if device.type == "cpu" else V.new_empty(V[rows].shape, device=device)
+            _simulate_chunk(parts, V0, out, config.depth, workers, bar)
+            if device.type != "cpu":
+                V[rows] = out.cpu()
 
-    nonfinite = int((~torch.isfinite(V).flatten(1).all(dim=1)).sum())
+    nonfinite = _nonfinite_samples(V)
     if nonfinite:
         warnings.warn(
             f"simulate: {nonfinite} of {samples} samples have non-finite covariances "

@@ -32,10 +32,11 @@ causal or not: the update above holds for any A that is a function of the logits
 **MLP** (``X' = lambda X + gamma sqrt(c / n) phi(X W^pre / sqrt(n)) W^post``): the hidden
 pre-activations ``X W^pre / sqrt(n) = L (Q^T W^pre)`` have the law of ``L G_pre`` with
 G_pre: (m, n) iid, so the hidden Gram matrix ``K = phi(L G_pre) phi(L G_pre)^T / n`` is drawn
-exactly with O(m^2 n) work (columns in fixed-size batches, so memory stays bounded) and
-B = R_phi^T / sqrt(n) from an incremental QR over the batches (exact also when K is singular,
-e.g. a ReLU token that is zero on every hidden unit; no eigendecomposition, whose error check
-would synchronise a GPU); W^post is independent of (X, phi), giving the update above with
+exactly with O(m^2 n) work (columns in fixed-size batches, so memory stays bounded, their
+Gram matrices summed) and B is its Cholesky factor (for the samples where K is numerically
+singular, e.g. a ReLU token that is zero on every hidden unit, the symmetric square root:
+on CPU only those samples; on a GPU computed for all and selected, its ``eigh`` synchronises
+once per MLP block); W^post is independent of (X, phi), giving the update above with
 s = gamma sqrt(c / n).
 
 **Multi-head attention with W^O** (``X' = lambda X + gamma O W^O / sqrt(n_h d_p)``,
@@ -49,13 +50,16 @@ factor of ``P P^T``, ``P = [A_h L D_h]_h``, or P itself when ``H min(d_p, m) < m
 G: (k, m), F: Wishart(n - m, I_k)) and ``s = gamma / sqrt(n n_h d_p)``. The chain on V stays
 Markov. Each head has its own logits ``(L N_h)(L C_h)^T``.
 
-**Factors.** L' is the Cholesky factor of ``V' = M M^T`` (:func:`gram_factor`; the QR of
-M^T for the samples where V' is numerically singular). **Draws.** The N(0, 1) numbers of a
-block come from one contiguous tensor per kind (N, C, G, F, D), filled with all chi-square
-variables (Bartlett diagonals) by one task per generator group
-(:meth:`simulations.rng.GroupedNormal.start`); without an MLP the next block's are started
-before this block is computed (helper threads fill them meanwhile). The MLP's hidden layer
-runs one group per thread (:meth:`simulations.rng.GroupedNormal.map_groups`).
+**Factors.** L' is the Cholesky factor of ``V' = M M^T`` (:func:`residual_update`; the QR
+of M^T for the samples where V' is numerically singular). **Draws.** The N(0, 1) numbers of
+a block are drawn into one contiguous tensor per kind (N, C, D, G, F; only the entries below
+the diagonal of a Bartlett factor), then all chi-square variables (Bartlett diagonals), by
+one call per generator group (:meth:`simulations.rng.GroupedNormal.start`). **Speed (CPU).**
+The block loop reuses its tensors (:class:`Workspace`; a fresh large tensor costs page
+faults) and keeps every batched product on contiguous stacks of matrices (numpy's stacked
+``matmul`` is several times slower on strided ones); with several threads the driver runs one
+sampler per thread on its own groups (``parallel_parts``), the same numbers for any thread
+count.
 
 **Cost per block and sample.** Attention-only networks: O(H m^3), independent of the width
 and of n_k, d_p. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).
@@ -72,17 +76,18 @@ those columns, not only on V).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from sde import psd_factor
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul
-from shapedtx.blocks import attention_matrix
+from shapedtx.blocks import attention_from_logits
 
-from .rng import Draw, GroupedNormal, PendingDraw
+from .rng import GroupedNormal
 from .samplers import SAMPLERS, Sampler
 
 HIDDEN_ELEMENTS = 2**22
@@ -90,20 +95,67 @@ HIDDEN_ELEMENTS = 2**22
 the column batch ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and so the random stream."""
 
 
-def residual_update(L: Tensor, B: Tensor, G: Tensor, F: Tensor, lam: float, s: float) -> Tensor:
-    """The factor L' of ``V' = lambda^2 V + lambda s (B G L^T + L G^T B^T) + s^2 B (G G^T +
-    F F^T) B^T`` (module doc); L: (..., m, m), B: (..., m, k), G: (..., k, m), F: (..., k, j)
-    -> L': (..., m, m) lower triangular with ``L' L'^T = V'``.
+class Workspace:
+    """Tensors reused from block to block by name, zero-filled when created: the block loop
+    allocates (almost) nothing, where each fresh large CPU tensor costs page faults. With
+    ``keep=False`` every request is a fresh tensor (one-off calls)."""
 
-    ``V' = P P^T + s^2 (B F)(B F)^T`` with ``P = lambda L + s B G``; L' is the Cholesky factor
-    of V' (batched m x m, about 15x cheaper than a QR on CPU), and for the samples whose V' is
-    numerically singular ``R^T`` from the QR ``M^T = Q R`` of ``M = [P, s B F]`` (exact also
-    for singular V').
+    def __init__(self, keep: bool = True) -> None:
+        self._keep = keep
+        self._tensors: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape: Sequence[int], like: Tensor) -> Tensor:
+        """The tensor ``name`` of ``shape`` with ``like``'s dtype and device."""
+        t = self._tensors.get(name)
+        if t is None or t.shape != tuple(shape) or t.dtype != like.dtype or t.device != like.device:
+            t = like.new_zeros(tuple(shape))
+            if self._keep:
+                self._tensors[name] = t
+        return t
+
+    def flat(self, name: str, shape: Sequence[int], like: Tensor) -> Tensor:
+        """A contiguous tensor of ``shape`` at the start of the flat tensor ``name`` (which
+        grows to the largest size asked for): for shapes that vary from call to call."""
+        size = math.prod(shape)
+        t = self._tensors.get(name)
+        if t is None or t.numel() < size or t.dtype != like.dtype or t.device != like.device:
+            t = like.new_empty(size)
+            if self._keep:
+                self._tensors[name] = t
+        return t[:size].view(tuple(shape))
+
+    def other(self, name: str, x: Tensor) -> Tensor:
+        """One of two tensors ``name`` of x's shape, the one that is not x (used in turn)."""
+        a = self.get(name + "0", x.shape, x)
+        return self.get(name + "1", x.shape, x) if a.data_ptr() == x.data_ptr() else a
+
+
+def residual_update(
+    L: Tensor,
+    B: Tensor,
+    G: Tensor,
+    F: Tensor,
+    lam: float,
+    s: float,
+    work: Workspace | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(L', V')`` after a residual block (module doc); L: (..., m, m), B: (..., m, k), G:
+    (..., k, m), F: (..., k, j) -> L': (..., m, m) lower triangular with ``L' L'^T = V'``,
+    V': (..., m, m); ``work``: where the results and temporaries go (default: fresh tensors).
+
+    ``V' = M M^T`` with ``M = [P, s B F]``, ``P = lambda L + s B G`` (``= lambda^2 V + lambda
+    s (B G L^T + L G^T B^T) + s^2 B (G G^T + F F^T) B^T``); L' is the Cholesky factor of V' (batched
+    m x m, about 15x cheaper than a QR on CPU), and for the samples whose V' is numerically
+    singular ``R^T`` from the QR ``M^T = Q R`` (exact also for singular V').
     """
-    P = small_matmul(B, G).mul_(s).add_(L, alpha=lam)
-    BF = small_matmul(B, F)
-    V = small_matmul(BF, BF.mT).mul_(s * s).add_(small_matmul(P, P.mT))
-    return _factor(V, lambda: torch.cat([P, s * BF], dim=-1))
+    work = work or Workspace(keep=False)
+    P = small_matmul(B, G, out=work.get("P", L.shape, L)).mul_(s).add_(L, alpha=lam)
+    BF = small_matmul(B, F, out=work.get("BF", (*B.shape[:-1], F.shape[-1]), L)).mul_(s)
+    # V' = P P^T + BF BF^T; numpy multiplies contiguous matrices faster than transposed ones
+    V = small_matmul(P, work.get("Pt", P.mT.shape, L).copy_(P.mT), out=work.get("V", L.shape, L))
+    BFt = work.get("BFt", BF.mT.shape, L).copy_(BF.mT)
+    V.add_(small_matmul(BF, BFt, out=work.get("BFBFt", L.shape, L)))
+    return _factor(V, lambda: torch.cat([P, BF], dim=-1), work.other("L", L)), V
 
 
 def gram_factor(M: Tensor) -> Tensor:
@@ -113,13 +165,18 @@ def gram_factor(M: Tensor) -> Tensor:
     whose ``M M^T`` is numerically singular (on CPU only those samples; on accelerators
     computed for all and selected, with no host synchronisation).
     """
-    return _factor(small_matmul(M, M.mT), lambda: M)
+    return _factor(small_matmul(M, M.mT.contiguous()), lambda: M)
 
 
-def _factor(V: Tensor, M: Callable[[], Tensor]) -> Tensor:
-    """The Cholesky factor of ``V = M M^T``: (..., m, m); ``M()`` (built only when needed on
-    CPU) gives the QR fallback for the numerically singular samples (:func:`gram_factor`)."""
-    out, info = torch.linalg.cholesky_ex(V)
+def _factor(V: Tensor, M: Callable[[], Tensor], out: Tensor | None = None) -> Tensor:
+    """The Cholesky factor of ``V = M M^T``: (..., m, m), into ``out`` if given; ``M()``
+    (built only when needed on CPU) gives the QR fallback for the numerically singular
+    samples (:func:`gram_factor`)."""
+    if out is None:
+        out, info = torch.linalg.cholesky_ex(V)
+    else:
+        info = V.new_empty(V.shape[:-2], dtype=torch.int32)
+        out, info = torch.linalg.cholesky_ex(V, out=(out, info))
     bad = info != 0
     if bad.device.type == "cpu":
         if bool(bad.any()):
@@ -128,23 +185,87 @@ def _factor(V: Tensor, M: Callable[[], Tensor]) -> Tensor:
     return torch.where(bad[..., None, None], torch.linalg.qr(M().mT, mode="r").R.mT, out)
 
 
-def _triangular(packed: Tensor, diag: Tensor) -> Tensor:
-    """Lower-triangular (..., k, k) from the strictly lower entries ``packed: (..., k(k-1)/2)``
-    (row-major, as ``torch.tril_indices(k, k, -1)``) and the diagonal ``diag: (..., k)``."""
-    k = diag.shape[-1]
-    rows, cols = torch.tril_indices(k, k, -1, device=diag.device)
-    T = diag.new_zeros((*diag.shape[:-1], k * k))
-    T.index_copy_(-1, rows * k + cols, packed)
-    T = T.view(*diag.shape, k)
-    T.diagonal(dim1=-2, dim2=-1).copy_(diag)
-    return T
+def _hidden_factor(K: Tensor) -> Tensor:
+    """B: (..., m, m) with ``B B^T = K`` (the hidden Gram matrix, symmetric PSD): its Cholesky
+    factor, and for the samples where K is numerically singular (e.g. a ReLU token that is
+    zero on every hidden unit) the symmetric square root after clipping rounding-negative
+    eigenvalues (:func:`sde.psd_factor`; on CPU only those samples; elsewhere computed for
+    all and selected)."""
+    B, info = torch.linalg.cholesky_ex(K)
+    bad = info != 0
+    if bad.device.type == "cpu":
+        if bool(bad.any()):
+            B[bad] = psd_factor(K[bad])[0]
+        return B
+    return torch.where(bad[..., None, None], psd_factor(K)[0], B)
+
+
+class _Layout:
+    """The random matrices of a block by name, each one contiguous workspace tensor
+    ``(samples, batch, rows, cols)`` (numpy's batched products are several times slower on
+    strided stacks): iid N(0, 1) matrices, filled directly, and lower-triangular Bartlett
+    factors, whose numbers below the diagonal are drawn packed and placed in a zero-filled
+    tensor with ``sqrt(chi^2)`` on the diagonal. Drawn in the order the names were added,
+    then all chi-square variables (:meth:`GroupedNormal.start`)."""
+
+    def __init__(self) -> None:
+        self._shapes: dict[str, tuple[int, int, int]] = {}  # name -> (batch, rows, cols)
+        self._dof: dict[str, int] = {}  # Bartlett factors: name -> degrees of freedom
+
+    def factor(self, name: str, batch: int, rows: int, cols: int, dof: int | None = None) -> None:
+        """``batch`` iid N(0, 1) matrices (rows, cols), or with ``dof``, factors F with ``F
+        F^T ~ Wishart(dof, I_rows)``: Bartlett (cols = rows) if ``dof >= rows``, else iid
+        (rows, dof) matrices."""
+        self._shapes[name] = (batch, rows, cols)
+        if dof is not None and dof >= rows:
+            self._dof[name] = dof
+
+    def draw(self, rng: GroupedNormal, work: Workspace, like: Tensor) -> dict[str, Tensor]:
+        """This block's matrices, ``(samples, batch, rows, cols)`` workspace tensors by name,
+        drawn by one call per generator group."""
+        S, buffers = like.shape[0], []
+        for name, (h, k, cols) in self._shapes.items():
+            per_sample = (h, k * (k - 1) // 2) if name in self._dof else (h, k, cols)
+            buffers.append(work.get(name + ".drawn", (S, *per_sample), like))
+        dof = None
+        if self._dof:
+            dof = torch.cat(
+                [
+                    (d - torch.arange(self._shapes[name][1], dtype=torch.float64)).repeat(
+                        self._shapes[name][0]
+                    )
+                    for name, d in self._dof.items()
+                ]
+            )
+        drawn, chi = rng.start(buffers, dof, like.dtype).result()
+        out = dict(zip(self._shapes, drawn, strict=True))
+        if chi is None:
+            return out
+        diagonals = chi.to(like.device).sqrt_()
+        start = 0
+        for name in self._dof:
+            h, k, _ = self._shapes[name]
+            T = work.get(name, (S, h, k, k), like)  # stays zero above the diagonal
+            packed, first = out[name], 0
+            for i in range(1, k):  # row i: its i numbers below the diagonal
+                T[:, :, i, :i].copy_(packed[:, :, first : first + i])
+                first += i
+            T.diagonal(dim1=-2, dim2=-1).copy_(diagonals[:, start : start + h * k].view(S, h, k))
+            out[name], start = T, start + h * k
+        return out
 
 
 class GramSampler(Sampler):
     """``method="gram"``: V is a Markov chain sampled from m x m Gaussian and Wishart matrices
-    (module doc). State: ``L: (samples, m, m)`` with ``L L^T = V``."""
+    (module doc). State: ``(L, V)``, L: (samples, m, m) lower triangular with ``L L^T = V``."""
 
     group_size: ClassVar[int] = 256
+    parallel_parts: ClassVar[bool] = True
+
+    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
+        super().__init__(config, rng)
+        self._work = Workspace()
+        self._layouts: dict[str, _Layout] = {}
 
     @classmethod
     def check(cls, config: ModelConfig) -> None:
@@ -174,152 +295,102 @@ class GramSampler(Sampler):
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        # one group's hidden batch per thread (the MLP's groups run on torch's thread count)
+        # one group's hidden batch (normals and activations) per thread
         threads = torch.get_num_threads()
-        hidden = 4 * HIDDEN_ELEMENTS * itemsize * threads if config.mlp != "none" else 0
+        hidden = 2 * HIDDEN_ELEMENTS * itemsize * threads if config.mlp != "none" else 0
         heads = config.heads if config.attention != "none" else 0
-        ahead = 0  # the attention draws of the next block, drawn ahead without an MLP
-        if config.attention != "none" and config.mlp == "none":
-            parts, _, _ = cls._attention_layout(config, m)
-            ahead = sum(math.prod(shape) for shape in parts.values())
-        return ((24 + 8 * heads) * m * m + ahead) * itemsize, hidden
+        return (24 + 8 * heads) * m * m * itemsize, hidden
 
-    def init(self, V0: Tensor, samples: int) -> Tensor:
-        return torch.linalg.cholesky(V0).expand(samples, *V0.shape).clone()
+    def init(self, V0: Tensor, samples: int) -> tuple[Tensor, Tensor]:
+        shape = (samples, *V0.shape)
+        L = self._work.get("L0", shape, V0).copy_(torch.linalg.cholesky(V0))
+        return L, V0.expand(shape)
 
-    def covariance(self, L: Tensor) -> Tensor:
-        return small_matmul(L, L.mT)
+    def covariance(self, state: tuple[Tensor, Tensor]) -> Tensor:
+        return state[1]
 
-    def step(self, L: Tensor) -> Tensor:
+    def step(self, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         if self.config.attention != "none":
-            L = self._attention(L)
+            state = self._attention(state[0])
         if self.config.mlp != "none":
-            L = self._mlp(L)
-        return L
+            state = self._mlp(state[0])
+        return state
 
     # ----------------------------------------------------------------------------------------
-    def _attention(self, L: Tensor) -> Tensor:
+    def _attention_shapes(self, m: int) -> tuple[int, int, int, int]:
+        """(kq, kd, k, kv): columns of the query/key factors N, C, of the head factors D, of
+        the branch factor B: (m, k), and of F (module doc)."""
         cfg = self.config
+        kq, kd = min(cfg.key_dim, m), min(cfg.head_dim, m)
+        k = (m if cfg.heads * kd >= m else cfg.heads * kd) if cfg.out_proj else m
+        return kq, kd, k, min(cfg.width - m, k)
+
+    def _layout(self, name: str, m: int) -> _Layout:
+        """The matrices of an attention or MLP block (module doc), created on first use."""
+        if name in self._layouts:
+            return self._layouts[name]
+        cfg, H, n = self.config, self.config.heads, self.config.width
+        layout = _Layout()
+        if name == "attention":
+            kq, kd, k, kv = self._attention_shapes(m)
+            layout.factor("N", H, m, kq)
+            layout.factor("C", H, m, kq, cfg.key_dim)
+            if cfg.out_proj:
+                layout.factor("D", H, m, kd, cfg.head_dim)
+        else:
+            k, kv = m, min(n - m, m)
+        layout.factor("G", 1, k, m)
+        layout.factor("F", 1, k, kv, n - m)
+        self._layouts[name] = layout
+        return layout
+
+    def _attention(self, L: Tensor) -> tuple[Tensor, Tensor]:
+        cfg, work = self.config, self._work
         S, m, n, H = L.shape[0], L.shape[-1], cfg.width, cfg.heads
-        kd = min(cfg.head_dim, m)
-        parts, chi_dofs, k = self._attention_layout(cfg, m)
-        # drawn ahead only without an MLP, whose hidden draws come first from the same
-        # generators
-        draws = self._block_draws(
-            lambda: self._start_draws(S, parts, chi_dofs, L.dtype, L.device),
-            ahead=cfg.mlp == "none",
-        )
-        Z = self._assemble(draws, parts, chi_dofs, L.device)
-        Z["F"] = Z["F"][:, 0]
-        LN, LC = small_matmul(L[:, None], Z["N"]), small_matmul(L[:, None], Z["C"])
-        A = attention_matrix(LN, LC, cfg)  # (S, H, m, m)
+        kq, kd, k, _ = self._attention_shapes(m)
+        Z = self._layout("attention", m).draw(self.rng, work, L)
+        LN = small_matmul(L[:, None], Z["N"], out=work.get("LN", (S, H, m, kq), L))
+        LC = small_matmul(L[:, None], Z["C"], out=work.get("LC", (S, H, m, kq), L))
+        LCt = work.get("LCt", (S, H, kq, m), L).copy_(LC.mT)
+        Y = small_matmul(LN, LCt, out=work.get("Y", (S, H, m, m), L))
+        A = attention_from_logits(Y, cfg, overwrite=True)  # (S, H, m, m)
         if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)
             P = small_matmul(A, small_matmul(L[:, None], Z["D"])).transpose(1, 2)
             P = P.reshape(S, m, H * kd)
             B = gram_factor(P) if k == m else P  # any B with B B^T = O O^T
             s = cfg.branch_weight / math.sqrt(n * cfg.value_dim)
         else:
-            B = small_matmul(A[:, 0], L)
+            B = small_matmul(A[:, 0], L, out=work.get("B", L.shape, L))
             s = cfg.branch_weight / math.sqrt(n)
-        return residual_update(L, B, Z["G"], Z["F"], cfg.lam, s)
+        return residual_update(L, B, Z["G"][:, 0], Z["F"][:, 0], cfg.lam, s, work)
 
-    @staticmethod
-    def _attention_layout(
-        cfg: ModelConfig, m: int
-    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, int, int]], int]:
-        """(normal draws per sample: name -> shape, Bartlett factors: name -> (degrees of
-        freedom, heads, size), k the columns of the branch factor B) of an attention block."""
-        n, H = cfg.width, cfg.heads
-        kq, kd = min(cfg.key_dim, m), min(cfg.head_dim, m)
-        # the branch factor B: (m, k) and its scale s (module doc)
-        k = (m if H * kd >= m else H * kd) if cfg.out_proj else m
-        kv = min(n - m, k)
-        chi_dofs = {}
-        if cfg.key_dim >= m:
-            chi_dofs["C"] = (cfg.key_dim, H, m)
-        if cfg.out_proj and cfg.head_dim >= m:
-            chi_dofs["D"] = (cfg.head_dim, H, m)
-        if n - m >= k:
-            chi_dofs["F"] = (n - m, 1, k)
-        full = {"N": (H, m, kq), "C": (H, m, kq), "G": (k, m), "F": (1, k, kv)}
-        if cfg.out_proj:
-            full["D"] = (H, m, kd)
-        # Bartlett factors draw only their strictly lower triangle
-        parts = {
-            name: (shape[0], shape[1] * (shape[1] - 1) // 2) if name in chi_dofs else shape
-            for name, shape in full.items()
-        }
-        return parts, chi_dofs, k
-
-    def _start_draws(
-        self,
-        S: int,
-        parts: Mapping[str, tuple[int, ...]],
-        dofs: Mapping[str, tuple[int, int, int]],
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> PendingDraw[Draw]:
-        """Start drawing N(0, 1) numbers for all ``parts`` (name -> shape per sample; one
-        contiguous tensor each) and the chi-square variables of the Bartlett diagonals
-        ``dofs`` (name -> (k, heads, m): chi^2_{k - i}, i < m, per head): one call per group
-        and kind (:meth:`GroupedNormal.start`)."""
-        buffers = [torch.empty((S, *shape), dtype=dtype, device=device) for shape in parts.values()]
-        dof = None
-        if dofs:
-            dof = torch.cat(
-                [(k - torch.arange(m, dtype=torch.float64)).repeat(h) for k, h, m in dofs.values()]
-            )
-        return self.rng.start(buffers, dof, dtype)
-
-    @staticmethod
-    def _assemble(
-        draws: Draw,
-        parts: Mapping[str, tuple[int, ...]],
-        dofs: Mapping[str, tuple[int, int, int]],
-        device: torch.device,
-    ) -> dict[str, Tensor]:
-        """The draws of :meth:`_start_draws` by name, Bartlett factors assembled."""
-        buffers, chi = draws
-        Z = dict(zip(parts, buffers, strict=True))
-        if chi is not None:
-            chi = chi.to(device).sqrt()
-            offset = 0
-            for name, (_, h, m) in dofs.items():
-                Z[name] = _triangular(Z[name], chi[:, offset : offset + h * m].view(-1, h, m))
-                offset += h * m
-        return Z
-
-    def _mlp(self, L: Tensor) -> Tensor:
-        cfg = self.config
+    def _mlp(self, L: Tensor) -> tuple[Tensor, Tensor]:
+        cfg, work = self.config, self._work
         m, n = L.shape[-1], cfg.width
-        kv = min(n - m, m)
         s_plus, s_minus, c = relu_slopes(cfg)
         cols = min(n, max(1, HIDDEN_ELEMENTS // (self.group_size * m)))
-
-        def factor(rows: slice, rng: GroupedNormal) -> Tensor:
-            """B_g: (g, m, m) with B B^T = K for one group; the hidden columns in blocks."""
-            L_g = L[rows]
+        K = work.get("K", L.shape, L)  # the hidden Gram matrices phi phi^T
+        for rows, rng in self.rng.split():  # one group at a time: bounded memory
+            L_g, K_g = L[rows], K[rows]
             g = L_g.shape[0]
-            R = L_g.new_zeros((g, m, m))  # R^T R = phi phi^T of the columns so far
-            for start in range(0, n, cols):
+            for start in range(0, n, cols):  # the hidden columns in batches
                 width = min(cols, n - start)
-                Z_g = rng.fill_normal(L_g.new_empty((g, m * width))).view(g, m, width)
-                phi = shaped_relu(small_matmul(L_g, Z_g), s_plus, s_minus)
-                R = torch.linalg.qr(torch.cat([R, phi.mT], dim=-2), mode="r").R
-            return R.mT / math.sqrt(n)
-
-        # one group at a time per thread (bounded memory), the groups over the rng's workers
-        factors = self.rng.map_groups(factor)
-        B = factors[0] if len(factors) == 1 else torch.cat(factors)
-        bartlett = n - m >= m
-        parts = {"G": (m, m), "F": (1, m * (m - 1) // 2) if bartlett else (1, m, kv)}
-        dofs = {"F": (n - m, 1, m)} if bartlett else {}
-        draws = self._start_draws(L.shape[0], parts, dofs, L.dtype, L.device).result()
-        Z = self._assemble(draws, parts, dofs, L.device)
-        F = Z["F"]
-        return residual_update(L, B, Z["G"], F[:, 0], cfg.lam, cfg.branch_weight * math.sqrt(c / n))
+                Z_g = rng.fill_normal(work.flat("hidden.normals", (g, m * width), L))
+                pre = small_matmul(
+                    L_g, Z_g.view(g, m, width), out=work.flat("hidden", (g, m, width), L)
+                )
+                phi = shaped_relu(pre, s_plus, s_minus, overwrite=True)
+                gram = small_matmul(phi, phi.mT)
+                if start == 0:
+                    K_g.copy_(gram)
+                else:
+                    K_g.add_(gram)
+        B = _hidden_factor(K.div_(n))
+        Z = self._layout("mlp", m).draw(self.rng, work, L)
+        s = cfg.branch_weight * math.sqrt(c / n)
+        return residual_update(L, B, Z["G"][:, 0], Z["F"][:, 0], cfg.lam, s, work)
 
 
 SAMPLERS["gram"] = GramSampler
 
-__all__ = ["HIDDEN_ELEMENTS", "GramSampler", "gram_factor", "residual_update"]
+__all__ = ["HIDDEN_ELEMENTS", "GramSampler", "Workspace", "gram_factor", "residual_update"]

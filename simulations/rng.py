@@ -54,7 +54,7 @@ hand-off to a helper costs tens of microseconds; this many normals take about 0.
 
 
 class PendingDraw(Generic[T]):
-    """Per-group work under way (:meth:`GroupedNormal.start`, :meth:`GroupedNormal.map_groups`):
+    """Per-group work under way (:meth:`GroupedNormal.start`, :func:`run_parallel`):
     helper threads take the groups one by one from a shared counter; :meth:`result` makes
     the calling thread take the groups still left, waits for the helpers and returns
     ``finish()`` (for a draw: ``(normals, chi2)``)."""
@@ -89,6 +89,12 @@ class PendingDraw(Generic[T]):
             for future in self._futures:
                 future.result()
         return self._finish()
+
+
+def run_parallel(task: Callable[[int], None], count: int, threads: int) -> None:
+    """``task(i)`` for ``i < count``, taken in order by the calling thread and up to
+    ``threads - 1`` helper threads (:class:`PendingDraw`); returns when all are done."""
+    PendingDraw(task, count, max(0, min(threads, count) - 1), lambda: None).result()
 
 
 class GroupedNormal:
@@ -237,21 +243,6 @@ class GroupedNormal:
             sub.slices, sub.samples = [slice(0, s.stop - s.start)], s.stop - s.start
             out.append((s, sub))
         return out
-
-    def map_groups(self, fn: Callable[[slice, GroupedNormal], T]) -> list[T]:
-        """``[fn(rows, rng_g) for rows, rng_g in split()]``, the groups shared among
-        :attr:`workers` threads (fn must only draw from rng_g; CPU work that releases the
-        GIL, as numpy and torch kernels do, then runs in parallel). Same results for any
-        number of workers."""
-        parts = self.split()
-        out: list[T | None] = [None] * len(parts)
-
-        def task(i: int) -> None:
-            out[i] = fn(*parts[i])
-
-        helpers = min(self.workers, len(parts)) - 1 if self.device.type == "cpu" else 0
-        PendingDraw(task, len(parts), helpers, lambda: None).result()
-        return out  # type: ignore[return-value]  # every entry filled
 
     def per_group(self, fn: Callable[[Tensor, torch.Generator], Tensor], x: Tensor) -> Tensor:
         """``cat_g fn(x[group g], generator of group g)``; x: (samples, ...)."""

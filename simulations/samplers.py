@@ -51,6 +51,10 @@ class Sampler(ABC):
     """
 
     group_size: ClassVar[int] = 64
+    parallel_parts: ClassVar[bool] = False
+    """On CPU with several threads, split each chunk into one sampler per thread, each with
+    its own groups (the numbers stay those of one sampler: per-group streams and per-sample
+    operations); otherwise one sampler per chunk whose random numbers use the threads."""
     chunk_bytes: ClassVar[int | None] = None
     """If set, the default chunk holds about this many bytes per (m, widest) tensor (at least
     one group): small enough for the CPU caches, where elementwise passes are memory-bound."""

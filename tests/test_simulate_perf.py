@@ -132,21 +132,49 @@ def test_bulk_draws_do_not_depend_on_the_number_of_threads():
     assert torch.equal(alone.chi2(dof, torch.float64), chi[128:192])
 
 
-def test_interrupted_group_work_stops_the_helpers():
+def test_interrupted_parallel_work_stops_the_helpers():
     """An exception in the calling thread (e.g. KeyboardInterrupt) stops the helpers from
-    taking further groups; the exception reaches the caller."""
-    rng = GroupedNormal(0, range(40), [1] * 40, torch.device("cpu"), workers=2)
+    taking further tasks; the exception reaches the caller."""
+    from simulations.rng import run_parallel
+
     done = []
 
-    def work(rows, sub):
+    def work(i):
         if threading.current_thread() is threading.main_thread():
             raise KeyboardInterrupt
         time.sleep(0.01)
-        done.append(rows.start)
+        done.append(i)
 
     with pytest.raises(KeyboardInterrupt):
-        rng.map_groups(work)
-    assert len(done) < 5  # the helper stopped after the group(s) it had taken
+        run_parallel(work, 40, 2)
+    assert len(done) < 5  # the helper stopped after the task(s) it had taken
+
+
+def test_interrupt_stops_the_parallel_samplers_within_a_block(monkeypatch):
+    """With 2 threads the gram sampler runs one sampler per thread on its own groups; an
+    interrupt in the calling thread's part stops the other part within one block."""
+    from simulations import GramSampler
+
+    steps = {True: 0, False: 0}
+    original = GramSampler.step
+
+    def step(self, state):
+        main = threading.current_thread() is threading.main_thread()
+        steps[main] += 1
+        if main and steps[main] == 2:
+            raise KeyboardInterrupt
+        return original(self, state)
+
+    monkeypatch.setattr(GramSampler, "step", step)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(KeyboardInterrupt):
+            simulate(ModelConfig(width=64, depth=50), equicorrelated(4, 0.3), 1024, method="gram")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert 1 <= steps[False] <= 2
 
 
 @pytest.mark.parametrize("method", ["exact", "gram"])
@@ -160,7 +188,8 @@ def test_simulate_same_numbers_with_fill_threads(method, monkeypatch):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            runs.append(simulate(cfg, V0, 200, seed=4, method=method)["V"].values)
+            # several generator groups: gram runs one sampler per thread (parallel_parts)
+            runs.append(simulate(cfg, V0, 600, seed=4, method=method)["V"].values)
             assert torch.get_num_threads() == threads
         import simulations.driver
 
@@ -252,3 +281,61 @@ def test_exact_direct_attention_equals_block_function(cfg, monkeypatch):
     monkeypatch.setattr(samplers, "FAST_ATTENTION", False)
     slow = simulate(cfg, V0, 70, method="exact", seed=3)["V"].values
     np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-12)
+
+
+def test_nonfinite_samples_count_is_exact():
+    """The per-sample sum is only a first pass: an overflowing sum of finite entries is not
+    counted, NaN and inf entries are."""
+    from simulations.driver import _nonfinite_samples
+
+    V = torch.ones(5, 3, 2, 2, dtype=torch.float64)
+    assert _nonfinite_samples(V) == 0
+    V[1] = 1e308  # finite entries whose sum overflows
+    assert _nonfinite_samples(V) == 0
+    V[2, 1, 0, 1] = float("nan")
+    V[4, 2, 1, 1] = -float("inf")
+    assert _nonfinite_samples(V) == 2
+
+
+def test_in_place_variants_equal_the_functional_ones():
+    """``overwrite=True`` (the gram sampler's block loop) gives the same attention matrices and
+    activations as the functional forms; ``small_matmul`` with ``out`` and with a large
+    transposed operand (numpy's transposed BLAS path) equals torch's product."""
+    from shapedtx import shaped_relu
+    from shapedtx._matmul import TRANSPOSED_DIRECT
+    from shapedtx.blocks import attention_from_logits
+
+    gen = torch.Generator().manual_seed(0)
+    Y = torch.randn(6, 2, 5, 5, generator=gen, dtype=torch.float64)
+    for attention in ("shaped", "softmax"):
+        for causal in (False, True):
+            cfg = ModelConfig(width=16, attention=attention, causal=causal)
+            expected = attention_from_logits(Y, cfg)
+            assert torch.equal(attention_from_logits(Y.clone(), cfg, overwrite=True), expected)
+    x = torch.randn(4, 7, generator=gen, dtype=torch.float64)
+    for slopes in ((1.2, 0.7), (1.0, 0.0), (0.0, 0.5)):
+        assert torch.equal(shaped_relu(x.clone(), *slopes, overwrite=True), shaped_relu(x, *slopes))
+    wide = torch.randn(3, 4, TRANSPOSED_DIRECT // 4, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(small_matmul(wide, wide.mT), wide @ wide.mT, rtol=1e-12, atol=1e-12)
+    a, b = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64)
+    out = torch.empty(3, 5, 5, dtype=torch.float64)
+    assert small_matmul(a, b.mT, out=out) is out
+    torch.testing.assert_close(out, a @ b.mT, rtol=1e-12, atol=1e-12)
+
+
+def test_workspace_reuses_and_alternates_tensors():
+    from simulations.gram import Workspace
+
+    work, like = Workspace(), torch.zeros(1, dtype=torch.float64)
+    a = work.get("a", (3, 2), like)
+    assert torch.equal(a, torch.zeros(3, 2, dtype=torch.float64))
+    assert work.get("a", (3, 2), like) is a
+    assert work.get("a", (4, 2), like).shape == (4, 2)  # another shape: a new tensor
+    first = work.other("L", a)
+    second = work.other("L", first)
+    assert first.data_ptr() != second.data_ptr() and work.other("L", second) is first
+    small = work.flat("h", (2, 3), like)
+    assert small.is_contiguous() and work.flat("h", (5,), like).data_ptr() == small.data_ptr()
+    assert Workspace(keep=False).get("a", (3, 2), like) is not Workspace(keep=False).get(
+        "a", (3, 2), like
+    )
