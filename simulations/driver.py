@@ -108,11 +108,12 @@ _THREADS_SAVED = {"active": 0, "threads": 1}
 
 @contextlib.contextmanager
 def _fill_threads(device: torch.device) -> Iterator[int]:
-    """On CPU, the ``torch.get_num_threads()`` threads fill the random numbers of each block,
-    one generator group per thread (:class:`simulations.rng.GroupedNormal`), while torch's
-    own operations run on one thread: the batched products are of small matrices that gain
-    little from intra-op threads, whose spinning OpenMP workers would take the cores from the
-    fill (measured in benchmarks/RESULTS.md). The thread count is restored when the last of
+    """On CPU, the ``torch.get_num_threads()`` threads share the work of each block (the
+    random numbers one generator group per thread, :class:`simulations.rng.GroupedNormal`, or
+    one sampler per thread, ``Sampler.parallel_parts``), while torch's own operations run on
+    one thread: the batched products are of small matrices that gain little from intra-op
+    threads, whose spinning OpenMP workers would take the cores from the fill (measured in
+    benchmarks/RESULTS.md). The thread count is restored when the last of
     the simulate calls running at once (e.g. in Dask threads) returns."""
     if device.type != "cpu":
         yield 1
@@ -214,8 +215,9 @@ def simulate(
 ) -> xr.Dataset:
     """Token covariances ``V_l = X_l X_l^T / n`` of random networks at initialisation.
 
-    On CPU, the ``torch.get_num_threads()`` threads fill the random numbers (one generator
-    group each; the exact sampler draws the next block meanwhile) and torch's operations run
+    On CPU, the ``torch.get_num_threads()`` threads share each block (the exact sampler:
+    they fill the random numbers, one generator group each, and the next block's meanwhile;
+    the gram sampler: one sampler per thread on its own groups) and torch's operations run
     on one thread until simulate returns; the numbers do not depend on the thread count.
 
     Args:
