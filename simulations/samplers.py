@@ -20,7 +20,6 @@ A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -62,19 +61,6 @@ class Sampler(ABC):
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         self.config = config
         self.rng = rng
-        self._pending: PendingDraw[Draw] | None = None  # the next block's draws, under way
-        self._blocks = 0  # blocks whose draws were taken
-
-    def _block_draws(self, start: Callable[[], PendingDraw[Draw]], ahead: bool = True) -> Draw:
-        """This block's draws (``start()`` ones, begun at the previous block or now); then,
-        if ``ahead`` and blocks remain, the next block's are started, so that helper threads
-        fill them while this block is computed (:meth:`GroupedNormal.start`). Only after
-        this block's are taken: each generator sees the same calls in the same order."""
-        draws = (self._pending or start()).result()
-        self._blocks += 1
-        more = ahead and self._blocks < self.config.depth
-        self._pending = start() if more else None
-        return draws
 
     @classmethod
     def check(cls, config: ModelConfig) -> None:
@@ -185,6 +171,8 @@ class ExactSampler(TokenSampler):
 
     def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
         super().__init__(config, rng)
+        self._pending: PendingDraw[Draw] | None = None  # the next block's draws, under way
+        self._blocks = 0  # blocks whose draws were taken
         self._x: Tensor | None = None
         self._R: Tensor | None = None
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
@@ -222,12 +210,16 @@ class ExactSampler(TokenSampler):
         return X
 
     def _draw(self, X: Tensor) -> None:
-        """This block's draws by linear map (:meth:`_block_draws`: the next block's are drawn
-        ahead)."""
+        """This block's draws by linear map (begun at the previous block or now); then the
+        next block's are started, if blocks remain, so that helper threads fill them while
+        this block is computed (:meth:`GroupedNormal.start`). Only after this block's are
+        taken: each generator sees the same calls in the same order."""
         samples, m = X.shape[0], X.shape[-2]
-        (normals,), chi = self._block_draws(
-            lambda: self._start_block(samples, m, X.dtype, X.device)
-        )
+        pending = self._pending or self._start_block(samples, m, X.dtype, X.device)
+        (normals,), chi = pending.result()
+        self._blocks += 1
+        more = self._blocks < self.config.depth
+        self._pending = self._start_block(samples, m, X.dtype, X.device) if more else None
         draws, offset = {}, 0
         for name, (rows, cols) in self._layout(self.config, m).items():
             draws[name] = normals[:, offset : offset + rows * cols].view(samples, rows, cols)
