@@ -3,7 +3,8 @@
 
 Samples are processed in chunks sized to a memory budget; each chunk is a whole number of
 fixed-size groups with their own generators (:mod:`simulations.rng`), so results do not depend
-on the chunking. Inside the block loop there is no host synchronisation.
+on the chunking. Inside the block loop there is no host synchronisation on accelerators, except
+the gram sampler's check for singular hidden Gram matrices (once per MLP block).
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ pre-activations ``X W^pre / sqrt(n) = L (Q^T W^pre)`` have the law of ``L G_pre`
 G_pre: (m, n) iid, so the hidden Gram matrix ``K = phi(L G_pre) phi(L G_pre)^T / n`` is drawn
 exactly with O(m^2 n) work (columns in fixed-size batches, so memory stays bounded, their
 Gram matrices summed) and B is its Cholesky factor (for the samples where K is numerically
-singular, e.g. a ReLU token that is zero on every hidden unit, the symmetric square root:
-on CPU only those samples; on a GPU computed for all and selected, its ``eigh`` synchronises
-once per MLP block); W^post is independent of (X, phi), giving the update above with
+singular, e.g. a ReLU token that is zero on every hidden unit, the symmetric square root of
+those samples; on a GPU this check is one host synchronisation per MLP block); W^post is
+independent of (X, phi), giving the update above with
 s = gamma sqrt(c / n).
 
 **Multi-head attention with W^O** (``X' = lambda X + gamma O W^O / sqrt(n_h d_p)``,
@@ -189,15 +189,13 @@ def _hidden_factor(K: Tensor) -> Tensor:
     """B: (..., m, m) with ``B B^T = K`` (the hidden Gram matrix, symmetric PSD): its Cholesky
     factor, and for the samples where K is numerically singular (e.g. a ReLU token that is
     zero on every hidden unit) the symmetric square root after clipping rounding-negative
-    eigenvalues (:func:`sde.psd_factor`; on CPU only those samples; elsewhere computed for
-    all and selected)."""
+    eigenvalues (:func:`sde.psd_factor`), for those samples only (one host check, also on
+    accelerators, where ``eigh`` would synchronise anyway)."""
     B, info = torch.linalg.cholesky_ex(K)
     bad = info != 0
-    if bad.device.type == "cpu":
-        if bool(bad.any()):
-            B[bad] = psd_factor(K[bad])[0]
-        return B
-    return torch.where(bad[..., None, None], psd_factor(K)[0], B)
+    if bool(bad.any()):
+        B[bad] = psd_factor(K[bad])[0]
+    return B
 
 
 class _Layout:

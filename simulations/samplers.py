@@ -78,7 +78,8 @@ class Sampler(ABC):
 
     @abstractmethod
     def step(self, state: Any) -> Any:
-        """The state after one more residual block (no host synchronisation)."""
+        """The state after one more residual block (no host synchronisation on accelerators,
+        except the one a sampler documents: the gram MLP's singular check)."""
 
     @abstractmethod
     def covariance(self, state: Any) -> Tensor:
