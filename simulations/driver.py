@@ -10,7 +10,6 @@ the gram sampler's check for singular hidden Gram matrices (once per MLP block).
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 import threading
@@ -153,26 +152,31 @@ def _simulate_chunk(
     bar,
 ) -> None:
     """The shared block loop: fills ``out: (samples, depth + 1, m, m)``; each part is a sampler
-    and its rows of ``out``. The parts of a block run on up to ``threads`` threads (one task
-    per part; numpy and torch kernels release the GIL); the calling thread waits for all of
-    them before the next block, so an interrupt stops the loop within one block."""
-    states: list = [None] * len(parts)
-    samples = out.shape[0]
+    and its rows of ``out``. The parts run on up to ``threads`` threads (one task per part,
+    every block of it; numpy and torch kernels release the GIL), not in lockstep: parts
+    whose memory-bound phases do not coincide share the memory better (measured in
+    benchmarks/RESULTS.md). An exception in one part (e.g. KeyboardInterrupt in the calling
+    thread) stops the others before their next block."""
+    stop = threading.Event()
+    lock = threading.Lock()
 
-    def start(i: int) -> None:
+    def run(i: int) -> None:
         sampler, rows = parts[i]
-        states[i] = sampler.init(V0, rows.stop - rows.start)
-        out[rows, 0] = sampler.covariance(states[i])
+        try:
+            state = sampler.init(V0, rows.stop - rows.start)
+            out[rows, 0] = sampler.covariance(state)
+            for layer in range(1, depth + 1):
+                if stop.is_set():
+                    return
+                state = sampler.step(state)
+                out[rows, layer] = sampler.covariance(state)
+                with lock:
+                    bar.update(rows.stop - rows.start)
+        except BaseException:
+            stop.set()
+            raise
 
-    def step(i: int, layer: int) -> None:
-        sampler, rows = parts[i]
-        states[i] = sampler.step(states[i])
-        out[rows, layer] = sampler.covariance(states[i])
-
-    run_parallel(start, len(parts), threads)
-    for layer in range(1, depth + 1):
-        run_parallel(functools.partial(step, layer=layer), len(parts), threads)
-        bar.update(samples)
+    run_parallel(run, len(parts), threads)
 
 
 def _parts(
