@@ -75,6 +75,7 @@ those columns, not only on V).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -218,6 +219,21 @@ class _Layout:
         if dof is not None and dof >= rows:
             self._dof[name] = dof
 
+    @functools.cached_property
+    def _chi2_dof(self) -> Tensor | None:
+        """Degrees of freedom of the Bartlett diagonals, in draw order (None without
+        Bartlett factors); fixed once the layout is drawn from."""
+        if not self._dof:
+            return None
+        return torch.cat(
+            [
+                (d - torch.arange(self._shapes[name][1], dtype=torch.float64)).repeat(
+                    self._shapes[name][0]
+                )
+                for name, d in self._dof.items()
+            ]
+        )
+
     def draw(self, rng: GroupedNormal, work: Workspace, like: Tensor) -> dict[str, Tensor]:
         """This block's matrices, ``(samples, batch, rows, cols)`` workspace tensors by name,
         drawn by one call per generator group."""
@@ -225,17 +241,7 @@ class _Layout:
         for name, (h, k, cols) in self._shapes.items():
             per_sample = (h, k * (k - 1) // 2) if name in self._dof else (h, k, cols)
             buffers.append(work.get(name + ".drawn", (S, *per_sample), like))
-        dof = None
-        if self._dof:
-            dof = torch.cat(
-                [
-                    (d - torch.arange(self._shapes[name][1], dtype=torch.float64)).repeat(
-                        self._shapes[name][0]
-                    )
-                    for name, d in self._dof.items()
-                ]
-            )
-        drawn, chi = rng.start(buffers, dof, like.dtype).result()
+        drawn, chi = rng.start(buffers, self._chi2_dof, like.dtype).result()
         out = dict(zip(self._shapes, drawn, strict=True))
         if chi is None:
             return out

@@ -31,6 +31,7 @@ from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import Draw, GroupedNormal, PendingDraw
+from .wishart import bartlett
 
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
@@ -255,7 +256,7 @@ class ExactSampler(TokenSampler):
         samples, k = Z.shape[0], Z.shape[1]
         h = self.config.heads
         diag = chi.sqrt().view(samples, h, k).to(Z.device)
-        C = Z.view(samples, k, h, k).transpose(1, 2).tril(-1) + torch.diag_embed(diag)
+        C = bartlett(Z.view(samples, k, h, k).transpose(1, 2), diag)
         return C.transpose(1, 2).reshape(samples, k, h * k)
 
     def block(self, X: Tensor) -> Tensor:

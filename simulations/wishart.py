@@ -29,6 +29,12 @@ def chi2(dof: Tensor, generator: torch.Generator | None = None) -> Tensor:
     return 2.0 * torch._standard_gamma(dof / 2, generator=generator)
 
 
+def bartlett(normals: Tensor, diagonal: Tensor) -> Tensor:
+    """The lower-triangular Bartlett factor from ``normals: (..., m, m)`` (only the entries
+    below the diagonal are used) and ``diagonal: (..., m)`` (the ``sqrt(chi^2_{k - i})``)."""
+    return normals.tril(-1) + torch.diag_embed(diagonal)
+
+
 def wishart_factor(
     k: int,
     m: int,
@@ -52,8 +58,7 @@ def wishart_factor(
     normals = torch.randn((batch, m, m), generator=generator, dtype=dtype, device=device)
     # degrees of freedom and chi-square draws in float64 (k may exceed float32's 2^24)
     dof = (k - torch.arange(m, dtype=torch.float64, device=device)).expand(batch, m)
-    diag = chi2(dof.contiguous(), generator).sqrt().to(dtype)
-    return normals.tril(-1) + torch.diag_embed(diag)
+    return bartlett(normals, chi2(dof.contiguous(), generator).sqrt().to(dtype))
 
 
 def wishart(
