@@ -25,14 +25,29 @@ def causal_uniform(m: int, *, dtype: torch.dtype | None = None, device=None) -> 
     return causal_mask(m, device).to(rows.dtype) / rows[:, None]
 
 
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(..., m, h * d) -> (..., h, m, d)."""
+    return x.unflatten(-1, (heads, x.shape[-1] // heads)).transpose(-3, -2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(..., h, m, d) -> (..., m, h * d)."""
+    return x.transpose(-3, -2).flatten(-2)
+
+
 SMALL_SOFTMAX = 16
 """Up to this many keys, the softmax is computed from elementwise ops (max, exp, sum): on CPU
 ``torch.softmax`` over a last dimension of 8 costs about 6x more (per-row overhead)."""
 
 
+def _may_overwrite(Y: Tensor, overwrite: bool) -> bool:
+    """``overwrite``, unless autograd needs Y (then Y is never modified)."""
+    return overwrite and not (torch.is_grad_enabled() and Y.requires_grad)
+
+
 def _masked_softmax(Y: Tensor, causal: bool, overwrite: bool = False) -> Tensor:
-    """Softmax over the last dimension (keys j > i masked out if causal); ``overwrite``: the
-    result is computed in Y's memory (no autograd)."""
+    """Softmax over the last dimension (keys j > i masked out if causal); ``overwrite``: Y
+    may be used as scratch memory (callers pass :func:`_may_overwrite`)."""
     if causal:
         mask = ~causal_mask(Y.shape[-1], Y.device)
         Y = Y.masked_fill_(mask, -math.inf) if overwrite else Y.masked_fill(mask, -math.inf)
@@ -50,8 +65,9 @@ def softmax_attention_matrix(
 ) -> Tensor:
     """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m).
 
-    ``overwrite=True`` computes A in Y's memory (inference and simulation: no autograd)."""
+    ``overwrite=True`` lets Y be used as scratch memory (ignored when autograd needs Y)."""
     scale = 1.0 / math.sqrt(key_dim)
+    overwrite = _may_overwrite(Y, overwrite)
     return _masked_softmax(Y.mul_(scale) if overwrite else Y * scale, causal, overwrite)
 
 
@@ -62,18 +78,25 @@ def shaped_attention_matrix(
 
     With ``causal`` the softmax is masked and the centring uses the causal uniform matrix C, so
     every row of A still sums to 1. ``tau = tau0 sqrt(n n_k)`` (see ``ModelConfig.tau``).
-    ``overwrite=True`` computes A in Y's memory (inference and simulation: no autograd).
+    ``overwrite=True`` lets Y be used as scratch memory (ignored when autograd needs Y).
     """
-    m = Y.shape[-1]
-    eye = torch.eye(m, dtype=Y.dtype, device=Y.device)
-    if causal:
-        centre = causal_uniform(m, dtype=Y.dtype, device=Y.device)
-    else:
-        centre = torch.full((m, m), 1.0 / m, dtype=Y.dtype, device=Y.device)
+    offset = _identity_minus_centre(Y.shape[-1], causal, Y.dtype, Y.device)
+    overwrite = _may_overwrite(Y, overwrite)
     A = _masked_softmax(Y.div_(tau) if overwrite else Y / tau, causal, overwrite)
     if A.requires_grad:  # torch.softmax's backward needs its output unchanged
-        return A + (eye - centre)
-    return A.add_(eye - centre)  # (m, m) constant: one pass
+        return A + offset
+    return A.add_(offset)  # (m, m) constant: one pass
+
+
+@functools.lru_cache(maxsize=64)
+def _identity_minus_centre(
+    m: int, causal: bool, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """(m, m): ``I - C`` (causal) or ``I - 11^T/m``, the constant part of shaped attention."""
+    eye = torch.eye(m, dtype=dtype, device=device)
+    if causal:
+        return eye - causal_uniform(m, dtype=dtype, device=device)
+    return eye - torch.full((m, m), 1.0 / m, dtype=dtype, device=device)
 
 
 def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:
@@ -83,25 +106,12 @@ def token_mean(v: Tensor, *, causal: bool = False) -> Tensor:
     return v - causal_centring(v)
 
 
-CUMSUM_BLOCK = 16
-"""Block size of :func:`causal_centring` on CPU (sums within blocks of this many tokens by
-one batched product with a weighted triangle of ones, then a running sum of the block
-totals)."""
-
-
 def token_cumsum(x: Tensor, *, reverse: bool = False) -> Tensor:
     """Running sum over tokens, ``y_i = sum_{j <= i} x_j`` (or ``sum_{j >= i}`` if
     ``reverse``); x: (..., m, d) -> (..., m, d)."""
     if reverse:
         return x.flip(-2).cumsum(dim=-2).flip(-2)
     return x.cumsum(dim=-2)
-
-
-@functools.lru_cache(maxsize=16)
-def _block_triangle(b: int, reverse: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(b, b) ones on and below (above, if ``reverse``) the diagonal."""
-    ones = torch.ones(b, b, dtype=dtype, device=device)
-    return ones.triu() if reverse else ones.tril()
 
 
 def shaped_attention(
@@ -127,7 +137,7 @@ def shaped_attention_heads(
     (..., m, h d), the heads' outputs side by side. The centring acts on tokens only, so it
     runs once on the contiguous merged values instead of per head (faster on CPU).
     """
-    v = values.unflatten(-1, (q.shape[-3], -1)).transpose(-3, -2)  # (..., h, m, d)
+    v = split_heads(values, q.shape[-3])  # (..., h, m, d)
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
     # (..., m, h, d): added into the centred values without merging the heads first
     return centred_sum(attended.transpose(-3, -2), values, causal=causal)
@@ -147,6 +157,12 @@ def _inverse_counts(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return 1.0 / torch.arange(1, m + 1, dtype=dtype, device=device)[:, None]
 
 
+CUMSUM_BLOCK = 16
+"""Block size of :func:`causal_centring` on CPU (sums within blocks of this many tokens by
+one batched product with a weighted triangle of ones, then a running sum of the block
+totals)."""
+
+
 def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     """``(I - C) x`` (or ``(I - C)^T x`` if ``transpose``), C the causal uniform matrix;
     x: (..., m, d) -> (..., m, d), a new tensor.
@@ -158,8 +174,8 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     ``torch.cumsum``. The same values up to rounding.
     """
     m, b = x.shape[-2], CUMSUM_BLOCK
-    inv = _inverse_counts(m, x.dtype, x.device)
     if x.device.type != "cpu" or m < 2 * b:
+        inv = _inverse_counts(m, x.dtype, x.device)
         if transpose:  # C^T x = reversed running sum of x / counts
             return x - token_cumsum(x * inv, reverse=True)
         return torch.addcmul(x, token_cumsum(x), inv, value=-1.0)
@@ -169,11 +185,11 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     within = torch.matmul(W, xb)  # weighted sums within each block
     if transpose:  # block k needs the weighted totals of the blocks after it
         totals = within[..., 0, :]
-        after = totals.flip(-2).cumsum(dim=-2).flip(-2) - totals
+        after = token_cumsum(totals, reverse=True) - totals
         within.add_(after.unsqueeze(-2))
     else:  # block k needs the plain totals of the blocks before it, weighted per row
         totals = xb.sum(dim=-2)
-        before = totals.cumsum(dim=-2) - totals
+        before = token_cumsum(totals) - totals
         within.addcmul_(inv_blocks, before.unsqueeze(-2))
     out = torch.sub(xb, within, out=within).flatten(-3, -2)
     return out[..., :m, :] if pad else out
@@ -186,8 +202,8 @@ def _centring_blocks(
     """(nb, b, b) block matrices of :func:`causal_centring` and the weights (nb, b, 1):
     ``diag(1/(i+1)) tril(1)`` per block, or ``triu(1) diag(1/(i+1))`` if ``transpose``."""
     inv = _inverse_counts(m, dtype, device).view(-1, b, 1)  # (nb, b, 1)
-    ones = _block_triangle(b, transpose, dtype, device)
-    W = ones * inv.transpose(-1, -2) if transpose else inv * ones
+    ones = torch.ones(b, b, dtype=dtype, device=device)
+    W = ones.triu() * inv.transpose(-1, -2) if transpose else inv * ones.tril()
     return W, inv
 
 

@@ -25,10 +25,12 @@ from torch import Tensor
 from ._matmul import small_matmul
 from .activation import relu_slopes, shaped_relu
 from .attention import (
+    merge_heads,
     shaped_attention_heads,
     shaped_attention_matrix,
     softmax_attention,
     softmax_attention_matrix,
+    split_heads,
 )
 from .config import ModelConfig, weight_std
 from .norm import layer_norm
@@ -50,16 +52,6 @@ def weightless_norm(x: Tensor, name: str) -> Tensor:
     return layer_norm(x)
 
 
-def split_heads(x: Tensor, heads: int) -> Tensor:
-    """(..., m, h * d) -> (..., h, m, d)."""
-    return x.unflatten(-1, (heads, x.shape[-1] // heads)).transpose(-3, -2)
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """(..., h, m, d) -> (..., m, h * d)."""
-    return x.transpose(-3, -2).flatten(-2)
-
-
 def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
     """The attention matrix A of every head; q, k: (..., h, m, n_k) -> (..., h, m, m)."""
     return attention_from_logits(small_matmul(q, k.transpose(-1, -2)), config, overwrite=True)
@@ -67,8 +59,8 @@ def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
 
 def attention_from_logits(Y: Tensor, config: ModelConfig, *, overwrite: bool = False) -> Tensor:
     """The configured attention matrix of the logits ``Y = q k^T: (..., m, m)`` (shaped or
-    softmax, causal or not); ``overwrite=True`` computes it in Y's memory (no autograd)."""
-    overwrite = overwrite and not (torch.is_grad_enabled() and Y.requires_grad)
+    softmax, causal or not); ``overwrite=True`` lets Y be used as scratch memory (ignored
+    when autograd needs Y)."""
     if config.attention == "shaped":
         return shaped_attention_matrix(Y, config.tau, causal=config.causal, overwrite=overwrite)
     if config.attention == "softmax":

@@ -125,10 +125,13 @@ class ModelConfig:
                 f"(heads * head_dim = {self.heads * self.head_dim}, width = {self.width}); "
                 f"set out_proj=True for a fixed head size"
             )
-        check_positive("tau0", self.tau0)
-        check_number("gamma", self.gamma, 0.0, 1.0, low_open=True)
-        check_number("c_plus", self.c_plus)
-        check_number("c_minus", self.c_minus)
+        # stored as the checked Python floats (NumPy scalars would leak into derived values)
+        object.__setattr__(self, "tau0", check_positive("tau0", self.tau0))
+        object.__setattr__(
+            self, "gamma", check_number("gamma", self.gamma, 0.0, 1.0, low_open=True)
+        )
+        object.__setattr__(self, "c_plus", check_number("c_plus", self.c_plus))
+        object.__setattr__(self, "c_minus", check_number("c_minus", self.c_minus))
         if self.mlp == "shaped_relu":
             for name in ("c_plus", "c_minus"):
                 if 1 + getattr(self, name) / math.sqrt(self.width) < 0:

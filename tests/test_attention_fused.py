@@ -38,8 +38,8 @@ def _assert_same_value_and_gradients(fused, explicit, inputs, gen):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_token_cumsum_equals_triangular_product(m, reverse):
     """``token_cumsum`` is ``T x`` with T the (m, m) lower (upper, if reverse) triangle of
-    ones, for m below, at and above causal_centring's blocked threshold, m not a multiple of the
-    block, and a strided input (the per-head view of merged values)."""
+    ones, for the m of the causal_centring tests (token_cumsum itself has no blocked path)
+    and a strided input (the per-head view of merged values)."""
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(3, m, 2, 5, generator=gen, dtype=torch.float64).transpose(-3, -2)
     ones = torch.ones(m, m, dtype=torch.float64)

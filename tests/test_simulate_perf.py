@@ -306,17 +306,23 @@ def test_in_place_variants_equal_the_functional_ones():
     """``overwrite=True`` (the gram sampler's block loop) gives the same attention matrices and
     activations as the functional forms; ``small_matmul`` with ``out`` and with a large
     transposed operand (numpy's transposed BLAS path) equals torch's product."""
-    from shapedtx import shaped_relu
+    from shapedtx import shaped_attention_matrix, shaped_relu
     from shapedtx._matmul import TRANSPOSED_DIRECT
     from shapedtx.blocks import attention_from_logits
 
     gen = torch.Generator().manual_seed(0)
-    Y = torch.randn(6, 2, 5, 5, generator=gen, dtype=torch.float64)
-    for attention in ("shaped", "softmax"):
-        for causal in (False, True):
-            cfg = ModelConfig(width=16, attention=attention, causal=causal)
-            expected = attention_from_logits(Y, cfg)
-            assert torch.equal(attention_from_logits(Y.clone(), cfg, overwrite=True), expected)
+    for m in (5, 20):  # elementwise softmax, and torch.softmax above SMALL_SOFTMAX keys
+        Y = torch.randn(6, 2, m, m, generator=gen, dtype=torch.float64)
+        for attention in ("shaped", "softmax"):
+            for causal in (False, True):
+                cfg = ModelConfig(width=32, attention=attention, causal=causal)
+                expected = attention_from_logits(Y, cfg)
+                assert torch.equal(attention_from_logits(Y.clone(), cfg, overwrite=True), expected)
+    # autograd needs Y: overwrite is ignored, Y is unchanged and the gradient flows
+    Y = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    before = Y.detach().clone()
+    shaped_attention_matrix(Y, 2.0, causal=True, overwrite=True).square().sum().backward()
+    assert torch.equal(Y.detach(), before) and Y.grad is not None
     x = torch.randn(4, 7, generator=gen, dtype=torch.float64)
     for slopes in ((1.2, 0.7), (1.0, 0.0), (0.0, 0.5)):
         assert torch.equal(shaped_relu(x.clone(), *slopes, overwrite=True), shaped_relu(x, *slopes))

@@ -55,3 +55,19 @@ def test_accepted_values_are_returned():
 def test_rejections_name_the_parameter_the_range_and_the_value(call, message):
     with pytest.raises(ValueError, match=f"^{message}"):
         call()
+
+
+def test_configs_store_checked_numbers_as_python_floats():
+    """A NumPy float32 passes the checks and is stored as the checked Python float, so derived
+    values (tau) and the optimiser get float64-exact Python numbers."""
+    import numpy as np
+
+    from shapedtx import ModelConfig
+    from shapedtx.training import TrainConfig
+
+    config = ModelConfig(tau0=np.float32(1.1), gamma=np.float32(0.5), c_plus=np.int64(1))
+    for name in ("tau0", "gamma", "c_plus", "c_minus", "tau"):
+        assert type(getattr(config, name)) is float, name
+    assert config.tau0 == float(np.float32(1.1))
+    train = TrainConfig(lr=np.float32(0.01), eps=np.float64(1e-8))
+    assert type(train.lr) is float and type(train.eps) is float

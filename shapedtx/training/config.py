@@ -78,13 +78,18 @@ class TrainConfig:
             ("seed", 0),
         ):
             check_int(name, getattr(self, name), minimum)
-        check_number("lr", self.lr, 0.0, 10.0, low_open=True)
-        check_number("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        check_number("weight_decay", self.weight_decay, 0.0, 1.0)
-        check_number("beta1", self.beta1, 0.0, 0.999999)
-        check_number("beta2", self.beta2, 0.0, 0.999999)
-        check_number("eps", self.eps, 0.0, 1.0, low_open=True)
-        check_number("grad_clip", self.grad_clip, 0.0, 1e6)
+        # stored as the checked Python floats (NumPy scalars would leak into the optimiser)
+        for name, low, high, low_open in (
+            ("lr", 0.0, 10.0, True),
+            ("min_lr_ratio", 0.0, 1.0, False),
+            ("weight_decay", 0.0, 1.0, False),
+            ("beta1", 0.0, 0.999999, False),
+            ("beta2", 0.0, 0.999999, False),
+            ("eps", 0.0, 1.0, True),
+            ("grad_clip", 0.0, 1e6, False),
+        ):
+            value = check_number(name, getattr(self, name), low, high, low_open=low_open)
+            object.__setattr__(self, name, value)
         if self.warmup_steps >= self.steps:
             raise ValueError(
                 f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
