@@ -12,6 +12,7 @@ With ``--causal`` (docs/theory.md#causal-sde) the tokens are not exchangeable: t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -99,20 +100,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def experiment_from_args(args: argparse.Namespace) -> Any:
     """The :class:`simulations.Experiment` of the options: the preset, ``--quick`` sizes, then
     the explicit options; a UsageError (one line, exit 2) names a bad option."""
-    from simulations import Experiment
     from simulations.presets import PRESETS, QUICK
 
     preset = PRESETS[args.preset]
-    s: dict[str, Any] = {
-        key: getattr(preset, key)
-        for key in ("tokens", "rho0", "samples", "baseline_samples", "convergence_widths")
-    }
+    s: dict[str, Any] = {}  # the preset's fields that the options replace
     if args.quick:
         for key in ("width", "depth"):  # explicit options still win
             if getattr(args, key) is None:
                 setattr(args, key, QUICK[key])
-        s.update({k: QUICK[k] for k in ("samples", "baseline_samples")})
-        s["convergence_widths"] = QUICK["widths"]
+        s.update({k: QUICK[k] for k in ("samples", "baseline_samples", "convergence_widths")})
     config = config_from_args(args, preset.config)
     for key in ("tokens", "rho0", "samples", "baseline_samples"):
         if getattr(args, key) is not None:
@@ -132,8 +128,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
     device = parse_device(args.device)
     try:
-        return Experiment(
-            config,
+        return dataclasses.replace(
+            preset,
+            config=config,
             **s,
             method=args.method,
             sde_method=args.sde_method,
@@ -142,8 +139,6 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             seed=args.seed,
             device=str(device),
             dtype=args.dtype,
-            name=args.preset,
-            description=preset.description,
         )
     except ValueError as err:
         flags = ("convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
