@@ -47,6 +47,7 @@ from .noise import attention_noise_factor, noise_increment, psd_factor
 from .time_grid import save_steps
 
 NoiseSource = Callable[[int], Tensor]
+"""``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
 
 
 class Stepper(Protocol):
@@ -63,8 +64,6 @@ class Stepper(Protocol):
         """(new state, new V, per-path acceptance (B,) or None) from ``normals: (B, 2, m, m)``."""
         ...
 
-
-"""``noise(step) -> (samples, 2, m, m)`` iid N(0, 1) (N1, N2) for step ``step``."""
 
 PSD_TOLERANCE = 1e-8
 """EM flags a state whose smallest eigenvalue is below ``-PSD_TOLERANCE * max |eigenvalue|``."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._validation import check_int, check_positive
+from ._validation import check_int, check_number, check_positive
 
 
 def equicorrelated(
@@ -21,11 +22,22 @@ def equicorrelated(
     """``scale ((1 - rho0) I + rho0 11^T)``: m tokens of squared norm/n ``scale``, correlation
     ``rho0``; returns (m, m). Positive definite for -1/(m-1) < rho0 < 1."""
     check_int("m (number of tokens)", m, 2)
-    if not (-1.0 / (m - 1) < rho0 < 1.0):
-        raise ValueError(f"rho0 must be in (-1/(m-1), 1) = ({-1.0 / (m - 1):.4g}, 1), got {rho0!r}")
+    rho0 = check_correlation(rho0, m)
     check_positive("scale", scale)
     eye = torch.eye(m, dtype=dtype, device=device)
     return scale * ((1 - rho0) * eye + rho0 * torch.ones_like(eye))
+
+
+def check_correlation(rho0: Any, m: int, name: str = "rho0") -> float:
+    """``float(rho0)`` if m equicorrelated tokens with correlation rho0 have a positive
+    definite covariance, ``-1/(m-1) < rho0 < 1``; else ValueError naming ``name``."""
+    low = -1.0 / (m - 1)
+    try:
+        return check_number(name, rho0, low, 1.0, low_open=True, high_open=True)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be in (-1/(m-1), 1) = ({low:.4g}, 1) for m = {m} tokens, got {rho0!r}"
+        ) from None
 
 
 def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:

@@ -69,7 +69,7 @@ from shapedtx._validation import (
     check_number,
     check_positive,
 )
-from shapedtx.covariance import equicorrelated
+from shapedtx.covariance import check_correlation, equicorrelated
 from shapedtx.design import allocation, depth_threshold, head_size_report, regime
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
@@ -425,6 +425,8 @@ class _BatchedEuler:
         self.has_mlp = bool((self.k_mlp > 0).any())
         self.has_att = bool((self.a_att > 0).any())
         self.m = m
+        self.eye = torch.eye(m, dtype=dtype)
+        self.P = centering(m, dtype=dtype, device=None)  # the attention noise's centring
 
     def init(self, V0: Tensor) -> Tensor:
         return sde.psd_factor(V0)[0]
@@ -435,13 +437,12 @@ class _BatchedEuler:
         if self.has_mlp:
             V = V + (-torch.expm1(-self.k_mlp * dt)) * (arccos_kernel(V) - V)
             L = _jittered_cholesky(V)
-        eye = torch.eye(m, dtype=V.dtype)
+        eye = self.eye
         eps2 = self.k_lin * dt / 2
         left = eye * (1 - eps2 * m / 2)
         if self.has_att:
             aux = attention_auxiliaries(V)
-            P = centering(m, dtype=V.dtype, device=V.device)
-            G = (self.k_att * dt).sqrt() * (L @ normals[:, 1] @ L.transpose(-1, -2) @ P)
+            G = (self.k_att * dt).sqrt() * (L @ normals[:, 1] @ L.transpose(-1, -2) @ self.P)
             ito = (self.k_att * dt / 2) * aux[1][:, None, None] * eye
             left = left + dt * attention_drift_factor(V, self.a_att, aux) + G - ito
         F = left @ L @ (eye + eps2.sqrt() * normals[:, 0])
@@ -572,8 +573,7 @@ def advise(
     check_bool("causal", causal)
     if width < tokens:
         raise ValueError(f"width must be >= tokens, got width={width}, tokens={tokens}")
-    if not -1 / (tokens - 1) < check_number("rho0", rho0) < 1:
-        raise ValueError(f"rho0 must be in (-1/(tokens-1), 1), got {rho0!r}")
+    check_correlation(rho0, tokens)
     check_positive("spread_target", spread_target)
     gammas = _check_grid("gammas", gammas, 0.0, 1.0)
     tau0s = _check_grid("tau0s", tau0s, 0.0, math.inf)

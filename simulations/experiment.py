@@ -36,6 +36,7 @@ from shapedtx._validation import (
     check_number,
     check_positive,
 )
+from shapedtx.covariance import check_correlation
 from shapedtx.files import write_json
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
@@ -44,9 +45,6 @@ from .baselines import baselines, model_label
 from .compare import collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
 from .samplers import SAMPLERS
-
-FIGURES = ("mean_correlation", "collapse_metrics", "rho_density", "quantile_bands", "convergence")
-"""Figures of :func:`run_comparison` (plus ``token_pairs`` for causal models)."""
 
 
 @dataclass(frozen=True)
@@ -91,21 +89,13 @@ class Experiment:
         check_int("tokens", self.tokens, 2)
         if self.tokens > self.config.width:
             raise ValueError(f"tokens must be <= config.width = {self.config.width}")
-        if not (isinstance(self.rho0, (int, float)) and -1 / (self.tokens - 1) < self.rho0 < 1):
-            raise ValueError(
-                f"rho0 must be in (-1/(tokens - 1), 1) = ({-1 / (self.tokens - 1):.3g}, 1), "
-                f"got {self.rho0!r}"
-            )
+        check_correlation(self.rho0, self.tokens)
         check_int("samples", self.samples, 2)
         check_int("baseline_samples", self.baseline_samples, 2)
         object.__setattr__(self, "convergence_widths", tuple(self.convergence_widths))
         for w in self.convergence_widths:
             check_int("convergence_widths", w, 1)
-        if self.method != "auto" and self.method not in SAMPLERS:
-            raise ValueError(
-                f"method must be 'auto' or one of {', '.join(map(repr, SAMPLERS))}, "
-                f"got {self.method!r}"
-            )
+        check_choice("method", self.method, ("auto", *SAMPLERS))
         check_choice("sde_method", self.sde_method, METHODS)
         check_positive("dt", self.dt)
         check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
@@ -315,10 +305,8 @@ def write_figures(result: Comparison, folder: Path) -> list[Path]:
     if token_pairs is not None:
         draw["token_pairs"] = lambda p: plots.plot_token_pairs(token_pairs, path=p)
     paths = []
-    for name in [*FIGURES, "token_pairs"]:
-        if name not in draw:  # skipped: no convergence study, or not causal
-            continue
-        draw[name](folder / name)
+    for name, plot in draw.items():
+        plot(folder / name)
         paths += [folder / f"{name}.png", folder / f"{name}.pdf"]
     return paths
 

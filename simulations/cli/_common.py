@@ -157,7 +157,7 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     """Validate the options of :func:`add_input_arguments` / :func:`add_run_arguments`:
     returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
     ``--threads``."""
-    from shapedtx.covariance import equicorrelated
+    from shapedtx.covariance import check_correlation, equicorrelated
 
     config = config_from_args(args)
     if args.out is not None:
@@ -167,11 +167,10 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     for name, minimum in (("tokens", 2), ("samples", 1)):
         if getattr(args, name) < minimum:
             raise UsageError(f"--{name} must be an integer >= {minimum}, got {getattr(args, name)}")
-    if not -1 / (args.tokens - 1) < args.rho0 < 1:
-        raise UsageError(
-            f"--rho0 must be in (-1/(tokens - 1), 1) = ({-1 / (args.tokens - 1):.3g}, 1), "
-            f"got {args.rho0}"
-        )
+    try:
+        check_correlation(args.rho0, args.tokens, "--rho0")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if not (args.scale > 0 and args.scale < float("inf")):
         raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
     if args.tokens > config.width:

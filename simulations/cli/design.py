@@ -102,7 +102,6 @@ def _budget(args: argparse.Namespace) -> str:
 
 
 def _heads(width: int, depth: int, head_size: int, seq_len: int) -> str:
-    check_int("--head-size", head_size, 1)
     heads = max(1, width // head_size)
     config = ModelConfig(
         width=width,
