@@ -173,11 +173,8 @@ def plot_rho_density(
             edges = np.linspace(x.min(), x.max(), bins + 1)
         # the network filled, the SDE as an outline: two fills would blend into one colour
         # (bins as a list: matplotlib's stubs take a sequence, not an ndarray)
-        if src == "network":
-            ax.hist(x, bins=edges.tolist(), density=True, alpha=0.35, color=COLORS[src])
-        else:
-            ax.hist(x, bins=edges.tolist(), density=True, histtype="step", lw=1.2,
-                    color=COLORS[src])  # fmt: skip
+        style = {"alpha": 0.35} if src == "network" else {"histtype": "step", "lw": 1.2}
+        ax.hist(x, bins=edges.tolist(), density=True, color=COLORS[src], **style)
         grid = np.linspace(edges[0], edges[-1], 400)
         ax.plot(grid, stats.gaussian_kde(x)(grid), color=COLORS[src], lw=2,
                 label=f"{LABELS[src]} ({one.sizes['sample']} samples)")  # fmt: skip

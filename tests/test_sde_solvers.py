@@ -472,11 +472,16 @@ def test_factored_step_noise_has_the_diffusion_for_any_factor(case):
 
     J = torch.autograd.functional.jacobian(new_V, torch.zeros(2 * m * m, dtype=torch.float64))
     Sigma = sde.diffusion(config, V[0]).reshape(m * m, m * m)
-    torch.testing.assert_close(J @ J.T / dt, Sigma, rtol=0, atol=1e-4 * Sigma.abs().max().item())
+    # measured relative error <= 5.4e-7 over the cases; 1e-5 fails for any wrong constant
+    torch.testing.assert_close(J @ J.T / dt, Sigma, rtol=0, atol=1e-5 * Sigma.abs().max().item())
 
 
-@pytest.mark.parametrize("method", ["euler", "em"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("method", "causal"),
+    # not ("euler", False): its F F^T comes out bitwise symmetric without the symmetrisation,
+    # so that case could not fail (checked by replacing sde.solvers._symmetrise by identity)
+    [("euler", True), ("em", False), ("em", True)],
+)
 def test_saved_covariances_are_exactly_symmetric(method, causal):
     """Every state is symmetrised (module docstring of sde.solvers): saved V equal their
     transposes bitwise, also where round-off makes F F^T + (Hadamard term) or the EM update

@@ -103,6 +103,11 @@ def _template(grid: Grid, points: list[Point], dtype: torch.dtype) -> tuple[xr.D
     return ds, encoding
 
 
+def _absent_or_empty(path: Path) -> bool:
+    """No store at ``path`` yet: nothing there, or an empty directory."""
+    return not path.exists() or (path.is_dir() and not any(path.iterdir()))
+
+
 def _remove_store(path: Path) -> None:
     """Delete the sweep store at ``path`` (for ``overwrite``); ValueError if ``path`` is a
     non-empty directory that is not a sweep store (never deleted)."""
@@ -110,7 +115,7 @@ def _remove_store(path: Path) -> None:
 
     import zarr
 
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+    if _absent_or_empty(path):
         return
     try:
         is_sweep = "sweep.grid" in zarr.open_group(path, mode="r", zarr_format=2).attrs
@@ -132,7 +137,7 @@ def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype)
     import zarr
 
     template, encoding = _template(grid, points, dtype)
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+    if _absent_or_empty(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
         try:
