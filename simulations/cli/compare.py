@@ -70,8 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--method",
         choices=("auto", *SAMPLERS),
         default="auto",
-        help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm, "
-        "one head without W^O), else 'exact'. All are exact in distribution",
+        help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm; "
+        "one head, or any heads with W^O), else 'exact'. All are exact in distribution",
     )
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
