@@ -215,14 +215,16 @@ def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
     return GPT2_STD
 
 
-def _field_types() -> dict[str, type]:
-    """Field name -> the type that reads it back from attrs (bool, int, float or str)."""
+def _field_types(cls: type, optional_ints: tuple[str, ...] = ()) -> dict[str, type]:
+    """Field name -> the type that reads it back from attrs (bool, int, float or str) of the
+    dataclass ``cls``, from each field's default; ``optional_ints``: int fields whose default
+    is None (derived in ``__post_init__``)."""
     types: dict[str, type] = {}
-    for f in dataclasses.fields(ModelConfig):
+    for f in dataclasses.fields(cls):
         default = f.default
         if isinstance(default, bool):
             types[f.name] = bool
-        elif isinstance(default, int) or f.name in ("key_dim", "head_dim"):
+        elif isinstance(default, int) or f.name in optional_ints:
             types[f.name] = int
         elif isinstance(default, float):
             types[f.name] = float
@@ -231,5 +233,5 @@ def _field_types() -> dict[str, type]:
     return types
 
 
-FIELD_TYPES: dict[str, type] = _field_types()
+FIELD_TYPES: dict[str, type] = _field_types(ModelConfig, ("key_dim", "head_dim"))
 """Every ModelConfig field and its type (bool, int, float or str): the one field list."""

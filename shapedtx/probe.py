@@ -21,7 +21,7 @@ ViTs (``blocks``) and Llama-style models (``model.layers``); otherwise pass ``bl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -199,9 +199,8 @@ def _record(
                 f"block {name!r} ran {count} times during model(inputs); the probe needs "
                 f"every block to run exactly once"
             )
-    recorded = [c for c in covs if c is not None]
-    assert len(recorded) == len(covs)  # every block ran once: its input and output recorded
-    V = torch.stack(recorded, dim=1)
+    # every block ran once (checked above): each input and output was recorded
+    V = torch.stack(cast(list[Tensor], covs), dim=1)
     return V, int(info["shape"][-1]), info["dtype"]
 
 

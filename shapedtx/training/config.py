@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validation import check_int, check_number
+from ..config import _field_types
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,9 @@ class TrainConfig:
                 continue
             value = attrs[prefix + f.name]
             value = value.item() if hasattr(value, "item") else value
-            # every field is an int or a float (warmup_steps: an int, its default None)
-            kind = int if f.name == "warmup_steps" or isinstance(f.default, int) else float
-            kwargs[f.name] = kind(value)
+            kwargs[f.name] = _FIELD_TYPES[f.name](value)
         return cls(**kwargs)
+
+
+_FIELD_TYPES = _field_types(TrainConfig, ("warmup_steps",))
+"""Every TrainConfig field and the type that reads it back from attrs."""

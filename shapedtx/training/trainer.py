@@ -218,7 +218,7 @@ def train(
         return log_dataset(rows, model_config, config, {**attrs, "status": status, **extra})
 
     def checkpoint() -> None:
-        if out is None:
+        if out is None or ckpt_path is None:
             return
         state = {
             "identity": identity,
@@ -229,7 +229,7 @@ def train(
             "rows": _rows_to_plain(rows),
             "step": step,
         }
-        _atomic_save(state, out / CHECKPOINT)
+        _atomic_save(state, ckpt_path)
         saved_step[0] = step
         save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
 
@@ -316,7 +316,7 @@ def train(
             due = config.checkpoint_interval and step % config.checkpoint_interval == 0
             if due or step == config.steps:
                 checkpoint()
-    return TrainResult(model, build_log("finished"), ckpt_path if out is not None else None)
+    return TrainResult(model, build_log("finished"), ckpt_path)
 
 
 def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
