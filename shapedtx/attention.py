@@ -167,11 +167,12 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     """``(I - C) x`` (or ``(I - C)^T x`` if ``transpose``), C the causal uniform matrix;
     x: (..., m, d) -> (..., m, d), a new tensor.
 
-    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise as :func:`token_cumsum` with the
-    running-mean weights 1/(i+1) folded into the block matrices: one batched product, one
-    small running sum of block totals and two in-place passes (one fresh tensor instead of
-    three: on CPU a fresh tensor costs more than an in-place pass). Elsewhere from
-    ``torch.cumsum``. The same values up to rounding.
+    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise: one batched product with the
+    block matrices ``I - diag(1/(i+1)) tril(1)`` (the identity and the running-mean weights
+    folded in), the block totals read off one row of its result, a small running sum of them
+    and one in-place pass. The result is one fresh tensor that is not a view (on CPU a fresh
+    tensor costs more than an in-place pass; autograd adds a second gradient into a non-view
+    in place). Elsewhere from ``torch.cumsum``. The same values up to rounding.
     """
     m, b = x.shape[-2], CUMSUM_BLOCK
     if x.device.type != "cpu" or m < 2 * b:
@@ -182,17 +183,20 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     pad = -m % b
     xb = (F.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(-2, (-1, b))  # (..., nb, b, d)
     W, inv_blocks = _centring_blocks(m + pad, b, transpose, x.dtype, x.device)
-    within = torch.matmul(W, xb)  # weighted sums within each block
+    # x minus the weighted running sums within each block, into a tensor of x's padded
+    # shape that is not a view (autograd can then add another gradient into it in place)
+    result = x.new_empty((*x.shape[:-2], m + pad, x.shape[-1]))
+    out = torch.matmul(W, xb, out=result.view(xb.shape))
     if transpose:  # block k needs the weighted totals of the blocks after it
-        totals = within[..., 0, :]
+        totals = xb[..., 0, :] - out[..., 0, :]
         after = token_cumsum(totals, reverse=True) - totals
-        within.add_(after.unsqueeze(-2))
+        out.sub_(after.unsqueeze(-2))
     else:  # block k needs the plain totals of the blocks before it, weighted per row
-        totals = xb.sum(dim=-2)
+        # the last row of a block is x_last - totals / counts_last
+        totals = (xb[..., -1, :] - out[..., -1, :]).div_(inv_blocks[:, -1])
         before = token_cumsum(totals) - totals
-        within.addcmul_(inv_blocks, before.unsqueeze(-2))
-    out = torch.sub(xb, within, out=within).flatten(-3, -2)
-    return out[..., :m, :] if pad else out
+        out.addcmul_(inv_blocks, before.unsqueeze(-2), value=-1.0)
+    return result[..., :m, :] if pad else result
 
 
 @functools.lru_cache(maxsize=32)
@@ -200,11 +204,12 @@ def _centring_blocks(
     m: int, b: int, transpose: bool, dtype: torch.dtype, device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """(nb, b, b) block matrices of :func:`causal_centring` and the weights (nb, b, 1):
-    ``diag(1/(i+1)) tril(1)`` per block, or ``triu(1) diag(1/(i+1))`` if ``transpose``."""
+    ``I - diag(1/(i+1)) tril(1)`` per block, or ``I - triu(1) diag(1/(i+1))`` if
+    ``transpose`` (the identity folded in: the product gives x minus the within-block part)."""
     inv = _inverse_counts(m, dtype, device).view(-1, b, 1)  # (nb, b, 1)
     ones = torch.ones(b, b, dtype=dtype, device=device)
     W = ones.triu() * inv.transpose(-1, -2) if transpose else inv * ones.tril()
-    return W, inv
+    return torch.eye(b, dtype=dtype, device=device) - W, inv
 
 
 class _CentredSum(torch.autograd.Function):

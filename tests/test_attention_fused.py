@@ -65,6 +65,15 @@ def test_causal_centring_equals_matrix_form(m, transpose):
     )
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+def test_blocked_causal_centring_returns_a_base_tensor(transpose):
+    """The blocked path returns a fresh tensor that is not a view (m a multiple of the block),
+    so that autograd adds the SDPA gradient of the values into it in place."""
+    x = torch.randn(2, 4 * CUMSUM_BLOCK, 3, dtype=torch.float64)
+    out = causal_centring(x, transpose=transpose)
+    assert out._base is None and out.is_contiguous()
+
+
 @pytest.mark.parametrize("m", [9, 40])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_centring_equals_matrix_form(causal, m):
