@@ -64,18 +64,33 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
 
 
 def initial_tokens(
-    V0: Tensor, width: int, samples: int, generator: torch.Generator | None = None
+    V0: Tensor,
+    width: int,
+    samples: int,
+    generator: torch.Generator | None = None,
+    *,
+    normals: Tensor | None = None,
 ) -> Tensor:
     """Token matrices X_0 (samples, m, n) with ``X_0 X_0^T / n = V0`` exactly.
 
     ``X_0 = sqrt(n) L B^T`` with ``L L^T = V0`` (Cholesky) and B a Haar-random n x m
     orthonormal frame per sample, so the law of everything downstream depends on V0 only
-    (even with LayerNorm, which is not rotation invariant).
+    (even with LayerNorm, which is not rotation invariant). B is the orthonormalised
+    ``G: (samples, n, m)`` iid N(0, 1), drawn from ``generator``, or ``normals`` if given
+    (e.g. from a faster generator; then ``generator`` is not used).
     """
     m = V0.shape[-1]
     if width < m:
         raise ValueError(f"width must be >= the number of tokens m = {m}, got {width}")
-    G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
+    if normals is None:
+        G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
+    elif normals.shape != (samples, width, m):
+        raise ValueError(
+            f"normals must have shape (samples, width, m) = {(samples, width, m)}, "
+            f"got {tuple(normals.shape)}"
+        )
+    else:
+        G = normals
     basis, r = torch.linalg.qr(G)
     basis = basis * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]  # Haar
     return math.sqrt(width) * torch.linalg.cholesky(V0) @ basis.transpose(-1, -2)

@@ -91,15 +91,11 @@ class TokenSampler(Sampler):
     """State ``X: (samples, m, n)``; a block is :func:`shapedtx.block` with :meth:`linear`."""
 
     def init(self, V0: Tensor, samples: int) -> Tensor:
-        """X_0 with ``X_0 X_0^T / n = V0`` exactly, each group from its own generator."""
-        n = self.config.width
-        rng = self.rng
-        return torch.cat(
-            [
-                initial_tokens(V0, n, s.stop - s.start, gen)
-                for gen, s in zip(rng.generators, rng.slices, strict=True)
-            ]
-        )
+        """X_0 with ``X_0 X_0^T / n = V0`` exactly (:func:`shapedtx.initial_tokens`), each
+        group's frame from its own fast stream (:meth:`GroupedNormal.fill_normal`)."""
+        n, m = self.config.width, V0.shape[-1]
+        G = V0.new_empty((samples, n, m))
+        return initial_tokens(V0, n, samples, normals=self.rng.fill_normal(G))
 
     def step(self, X: Tensor) -> Tensor:
         return self.block(X)
@@ -180,6 +176,7 @@ class ExactSampler(TokenSampler):
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
         self._buffers: list[Tensor | None] = [None, None]
         self._draws: dict[str, Tensor] = {}
+        self._dof: Tensor | None = None  # the keys' Bartlett chi-square degrees of freedom
 
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -243,11 +240,10 @@ class ExactSampler(TokenSampler):
         buf = self._buffers[slot]
         if buf is None or buf.shape != (samples, total):
             buf = self._buffers[slot] = torch.empty((samples, total), dtype=dtype, device=device)
-        dof = None
-        if "key" in layout and cfg.key_dim >= layout["key"][0]:
-            k = layout["key"][0]
-            dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
-        return self.rng.start([buf], dof)
+        if self._dof is None and "key" in layout and cfg.key_dim >= layout["key"][0]:
+            k = layout["key"][0]  # m is fixed for a sampler: built once
+            self._dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
+        return self.rng.start([buf], self._dof)
 
     def _bartlett(self, Z: Tensor, chi: Tensor) -> Tensor:
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:

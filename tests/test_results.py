@@ -26,6 +26,17 @@ def test_initial_tokens_reproduce_V0_exactly():
     torch.testing.assert_close(covariance(X), V0.expand(6, 4, 4), rtol=0, atol=1e-12)
 
 
+def test_initial_tokens_from_given_normals():
+    """``normals=G`` gives the tokens that ``generator`` gives when it would draw G; a wrong
+    shape is a ValueError naming the expected one."""
+    V0 = equicorrelated(3, 0.2)
+    G = torch.randn(5, 16, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    expected = initial_tokens(V0, 16, 5, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(initial_tokens(V0, 16, 5, normals=G), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"normals must have shape .*\(5, 16, 3\)"):
+        initial_tokens(V0, 16, 5, normals=G[:, :8])
+
+
 @pytest.mark.parametrize(
     "V0, message",
     [
