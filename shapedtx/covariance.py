@@ -89,6 +89,11 @@ def initial_tokens(
             f"normals must have shape (samples, width, m) = {(samples, width, m)}, "
             f"got {tuple(normals.shape)}"
         )
+    elif normals.dtype != V0.dtype or normals.device != V0.device:
+        raise ValueError(
+            f"normals must have V0's dtype and device ({V0.dtype}, {V0.device}), "
+            f"got {normals.dtype}, {normals.device}"
+        )
     else:
         G = normals
     basis, r = torch.linalg.qr(G)

@@ -35,6 +35,8 @@ def test_initial_tokens_from_given_normals():
     torch.testing.assert_close(initial_tokens(V0, 16, 5, normals=G), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"normals must have shape .*\(5, 16, 3\)"):
         initial_tokens(V0, 16, 5, normals=G[:, :8])
+    with pytest.raises(ValueError, match="normals must have V0's dtype"):
+        initial_tokens(V0, 16, 5, normals=G.float())
 
 
 @pytest.mark.parametrize(
