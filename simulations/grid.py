@@ -21,8 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from sde import METHODS as SDE_METHODS
+from shapedtx._validation import check_choice
 from shapedtx.config import FIELD_TYPES, ModelConfig
 from shapedtx.covariance import equicorrelated
+
+from .samplers import SAMPLERS
 
 RUN_PARAMS: dict[str, type] = {
     "T": float,  # SDE horizon / network depth time (replaces depth)
@@ -44,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "scale": 1.0,
     "samples": 256,
     "seed": 0,
-    "method": "exact",
+    "method": "auto",
     "sde_method": "euler",
     "dt": 0.01,
 }
@@ -58,6 +62,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 """``kind`` -> the sources computed at every grid point."""
 
 _ONLY = {"network": ("method",), "sde": ("sde_method", "dt", "save_every")}
+_CHOICES = {"method": ("auto", *SAMPLERS), "sde_method": SDE_METHODS}
 _TYPES = {**FIELD_TYPES, **RUN_PARAMS}
 _SEED_EXCLUDED = ("seed", "samples", *_ONLY["network"], *_ONLY["sde"])
 
@@ -77,6 +82,8 @@ def _coerce(name: str, value: Any) -> Any:
     if not ok:
         what = {bool: "true/false", int: "integers", float: "finite numbers", str: "strings"}
         raise ValueError(f"grid[{name!r}] values must be {what[kind]}, got {value!r}")
+    if name in _CHOICES:
+        check_choice(f"grid[{name!r}]", value, _CHOICES[name])
     return kind(value)
 
 

@@ -24,6 +24,15 @@ def test_simulate_writes_dataset_and_summary(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(("options", "method"), [([], "gram"), (["--norm", "pre"], "exact")])
+def test_default_method_is_the_library_default(options, method, capsys):
+    """Without --method the CLI does what ``simulate`` does without one: the fastest exact
+    method for the config ("auto"), named in the summary and the attrs."""
+    argv = ["simulate", "--width", "16", "--depth", "2", "--samples", "4", "--no-progress"]
+    assert main([*argv, *options]) == 0
+    assert f"simulate[{method}] width=16" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

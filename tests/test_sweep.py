@@ -41,7 +41,14 @@ def client():
 def _direct(config, params, source, seed):
     V0 = equicorrelated(params["tokens"], params.get("rho0", 0.2), params.get("scale", 1.0))
     if source == "network":
-        return simulate(config, V0, params["samples"], method="exact", seed=seed, progress=False)
+        return simulate(
+            config,
+            V0,
+            params["samples"],
+            method=params.get("method", "auto"),
+            seed=seed,
+            progress=False,
+        )
     return sde.solve(
         config,
         V0,
@@ -77,6 +84,12 @@ def _without_sweep_attrs(ds):
         ({"depth": 4, "T": 0.5}, "network", "depth or T, not both"),
         ({"dt": 0.1}, "network", "grid['dt'] is only used with kind='sde'"),
         ({"method": "weights"}, "sde", "grid['method'] is only used with kind='network'"),
+        (
+            {"method": ["gram", "bogus"]},
+            "network",
+            "grid['method'] must be one of 'auto', 'exact', 'weights', 'gram', got 'bogus'",
+        ),
+        ({"sde_method": "milstein"}, "sde", "grid['sde_method'] must be one of 'euler', 'em'"),
         ({"width": 8}, "neither", "kind must be one of"),
         ({}, "network", "grid must be a non-empty mapping"),
     ],
@@ -124,7 +137,7 @@ def test_point_seed_depends_on_every_parameter_defining_the_model_and_input(name
 @pytest.mark.parametrize(
     ("name", "value", "kind"),
     [("samples", 7, "network"), ("method", "weights", "network"), ("dt", 0.02, "sde"),
-     ("sde_method", "milstein", "sde"), ("save_every", 3, "sde")],
+     ("sde_method", "em", "sde"), ("save_every", 3, "sde")],
 )  # fmt: skip
 def test_point_seed_ignores_sample_count_and_solver(name, value, kind):
     base = next(make_grid(SEED_BASE, kind).points()).seed
@@ -279,7 +292,7 @@ def test_killed_sweep_loses_nothing_and_recomputes_nothing_finished(client, tmp_
             config = ModelConfig(width=width, depth=20)
             seed = int(ds["seed"].sel(width=width, samples=samples, source="network"))
             direct = simulate(
-                config, equicorrelated(4, 0.2), samples, method="exact", seed=seed, progress=False
+                config, equicorrelated(4, 0.2), samples, method="auto", seed=seed, progress=False
             )
             xr.testing.assert_identical(_without_sweep_attrs(point), direct)
 

@@ -124,6 +124,18 @@ def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks
     group.add_argument("--samples", type=int, default=256, help=f"number of {what} (default 256)")
 
 
+def add_method_argument(group: argparse._ArgumentGroup, samplers: Iterable[str]) -> None:
+    """``--method``: the finite-network sampler, ``auto`` (the library's default) or one of
+    ``samplers`` (:data:`simulations.SAMPLERS`)."""
+    group.add_argument(
+        "--method",
+        choices=("auto", *samplers),
+        default="auto",
+        help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm; "
+        "one head, or any heads with W^O), else 'exact'. All are exact in distribution",
+    )
+
+
 def add_run_arguments(group: argparse._ArgumentGroup) -> None:
     """``--seed --device --dtype --threads --out --no-progress``."""
     group.add_argument("--seed", type=int, default=0)

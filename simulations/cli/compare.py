@@ -23,6 +23,7 @@ import torch
 from ._common import (
     UsageError,
     add_config_arguments,
+    add_method_argument,
     check_output_folder,
     config_from_args,
     option_error,
@@ -66,13 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--dt", type=float, default=0.01, help="SDE step (default 0.01)")
     g.add_argument("--sde-method", choices=("euler", "em", "torchsde"), default="euler")
-    g.add_argument(
-        "--method",
-        choices=("auto", *SAMPLERS),
-        default="auto",
-        help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm; "
-        "one head, or any heads with W^O), else 'exact'. All are exact in distribution",
-    )
+    add_method_argument(g, SAMPLERS)
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
     )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_config_arguments, add_input_arguments, add_run_arguments, run_setup
+from ._common import (
+    add_config_arguments,
+    add_input_arguments,
+    add_method_argument,
+    add_run_arguments,
+    run_setup,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(parser)
     g = parser.add_argument_group("simulation")
     add_input_arguments(g)
-    g.add_argument("--method", choices=tuple(SAMPLERS), default="exact")
+    add_method_argument(g, SAMPLERS)
     add_run_arguments(g)
     parser.set_defaults(func=run)
 
@@ -36,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     layers = sorted({0, depth // 4, depth // 2, (3 * depth) // 4, depth})
     summary = ", ".join(f"{layer}: {mean_rho.values[layer]:.4f}" for layer in layers)
     print(
-        f"simulate[{args.method}] width={config.width} depth={depth} m={args.tokens} "
+        f"simulate[{ds.attrs['method']}] width={config.width} depth={depth} m={args.tokens} "
         f"samples={args.samples}: mean rho by layer {{{summary}}}"
     )
     if ds.attrs["nonfinite"]:
