@@ -49,7 +49,7 @@ def convergence(
     *,
     limit: xr.Dataset | None = None,
     networks: Mapping[int, xr.Dataset] | None = None,
-    method: str = "exact",
+    method: str = "auto",
     dt: float = 0.01,
     sde_method: str = "euler",
     seed: int = 0,
@@ -60,7 +60,8 @@ def convergence(
 ) -> xr.Dataset:
     """Distance between finite networks and the SDE at the final time T = config.T.
 
-    Runs :func:`simulations.simulate` at every width (depth = T width, see :func:`at_width`)
+    Runs :func:`simulations.simulate` (``method``, default ``"auto"`` as there) at every
+    width (depth = T width, see :func:`at_width`)
     and :func:`sde.solve` once at T (unless given as ``networks`` / ``limit``, e.g. from a
     previous run), then compares the distributions at T with :func:`simulations.compare`.
 

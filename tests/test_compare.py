@@ -552,10 +552,7 @@ def test_convergence_runs_the_direct_calls_it_documents():
     kw = {"seed": 3, "dt": 0.1}
     run = convergence(config, [4, 8], V0, 24, progress=False, **kw)
     limit = sde.solve(config, V0, 24, T=config.T, dt=0.1, seed=4, progress=False)
-    nets = {
-        w: simulate(at_width(config, w), V0, 24, method="exact", seed=3, progress=False)
-        for w in (4, 8)
-    }
+    nets = {w: simulate(at_width(config, w), V0, 24, seed=3, progress=False) for w in (4, 8)}
     given = convergence(config, [4, 8], V0, 24, limit=limit, networks=nets, **kw)
     np.testing.assert_array_equal(run["w1_rho"].values, given["w1_rho"].values)
     np.testing.assert_array_equal(run["ks_logVaa"].values, given["ks_logVaa"].values)
