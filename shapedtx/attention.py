@@ -172,8 +172,29 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     folded in), the block totals read off one row of its result, a small running sum of them
     and one in-place pass. The result is one fresh tensor that is not a view (on CPU a fresh
     tensor costs more than an in-place pass; autograd adds a second gradient into a non-view
-    in place). Elsewhere from ``torch.cumsum``. The same values up to rounding.
+    in place). Elsewhere from ``torch.cumsum``. The same values up to rounding. Differentiable
+    (the adjoint of ``(I - C)`` is ``(I - C)^T``, computed the same way).
     """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _CausalCentring.apply(x, transpose)
+    return _causal_centring(x, transpose)
+
+
+class _CausalCentring(torch.autograd.Function):
+    """:func:`causal_centring` under autograd: a linear map whose backward is its transpose."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, transpose: bool) -> Tensor:
+        ctx.transpose = transpose
+        return _causal_centring(x, transpose)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
+        return causal_centring(g, transpose=not ctx.transpose), None
+
+
+def _causal_centring(x: Tensor, transpose: bool) -> Tensor:
+    """:func:`causal_centring` without autograd."""
     m, b = x.shape[-2], CUMSUM_BLOCK
     if x.device.type != "cpu" or m < 2 * b:
         inv = _inverse_counts(m, x.dtype, x.device)
