@@ -326,6 +326,9 @@ def test_in_place_variants_equal_the_functional_ones():
     x = torch.randn(4, 7, generator=gen, dtype=torch.float64)
     for slopes in ((1.2, 0.7), (1.0, 0.0), (0.0, 0.5)):
         assert torch.equal(shaped_relu(x.clone(), *slopes, overwrite=True), shaped_relu(x, *slopes))
+    leaf = x.clone().requires_grad_()  # as for the attention matrices: overwrite is ignored
+    shaped_relu(leaf, 1.2, 0.7, overwrite=True).sum().backward()
+    assert torch.equal(leaf.detach(), x) and leaf.grad is not None
     wide = torch.randn(3, 4, TRANSPOSED_DIRECT // 4, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(small_matmul(wide, wide.mT), wide @ wide.mT, rtol=1e-12, atol=1e-12)
     a, b = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64)
