@@ -61,9 +61,9 @@ def convergence(
     """Distance between finite networks and the SDE at the final time T = config.T.
 
     Runs :func:`simulations.simulate` (``method``, default ``"auto"`` as there) at every
-    width (depth = T width, see :func:`at_width`)
-    and :func:`sde.solve` once at T (unless given as ``networks`` / ``limit``, e.g. from a
-    previous run), then compares the distributions at T with :func:`simulations.compare`.
+    width (depth = T width, see :func:`at_width`) and :func:`sde.solve` once at T (unless
+    given as ``networks`` / ``limit``, e.g. from a previous run), then compares the
+    distributions at T with :func:`simulations.compare`.
 
     Returns a Dataset over ``width`` with the distances ``w1_rho``, ``ks_rho``,
     ``ks_rho_pvalue``, ``w1_logVaa``, ``ks_logVaa``, the ``rho_quantile`` of both sources

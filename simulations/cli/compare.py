@@ -34,6 +34,7 @@ from ._common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from sde import METHODS as SDE_METHODS
     from simulations import SAMPLERS
     from simulations.presets import PRESETS
 
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default 4,8,16,32,64; 'none' to skip); depth = T * width must be an integer",
     )
     g.add_argument("--dt", type=float, default=0.01, help="SDE step (default 0.01)")
-    g.add_argument("--sde-method", choices=("euler", "em", "torchsde"), default="euler")
+    g.add_argument("--sde-method", choices=SDE_METHODS, default="euler")
     add_method_argument(g, SAMPLERS)
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
