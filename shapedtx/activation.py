@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import _may_overwrite
 from .config import ModelConfig
 
 
@@ -18,7 +19,7 @@ def shaped_relu(x: Tensor, s_plus: float, s_minus: float, *, overwrite: bool = F
     the two-clamp form in forward + backward on CPU). ``overwrite=True`` computes phi in x's
     memory (ignored when autograd needs x, as for the attention matrices).
     """
-    if overwrite and not (torch.is_grad_enabled() and x.requires_grad):
+    if _may_overwrite(x, overwrite):
         if s_plus > 0:
             return F.leaky_relu_(x, s_minus / s_plus).mul_(s_plus)
         return x.clamp_(max=0).mul_(s_minus)

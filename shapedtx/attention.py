@@ -165,36 +165,20 @@ totals)."""
 
 def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     """``(I - C) x`` (or ``(I - C)^T x`` if ``transpose``), C the causal uniform matrix;
-    x: (..., m, d) -> (..., m, d), a new tensor.
+    x: (..., m, d) -> (..., m, d), a new tensor (plain differentiable operations).
 
     On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise: one batched product with the
     block matrices ``I - diag(1/(i+1)) tril(1)`` (the identity and the running-mean weights
-    folded in), the block totals read off one row of its result, a small running sum of them
-    and one in-place pass. The result is one fresh tensor that is not a view (on CPU a fresh
-    tensor costs more than an in-place pass; autograd adds a second gradient into a non-view
-    in place). Elsewhere from ``torch.cumsum``. The same values up to rounding. Differentiable
-    (the adjoint of ``(I - C)`` is ``(I - C)^T``, computed the same way).
+    folded in), the block totals, a small running sum of them and one in-place pass.
+    Elsewhere from ``torch.cumsum``. The same values up to rounding.
     """
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _CausalCentring.apply(x, transpose)
-    return _causal_centring(x, transpose)
+    return _causal_centring(x, transpose, fresh=False)
 
 
-class _CausalCentring(torch.autograd.Function):
-    """:func:`causal_centring` under autograd: a linear map whose backward is its transpose."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, transpose: bool) -> Tensor:
-        ctx.transpose = transpose
-        return _causal_centring(x, transpose)
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
-        return causal_centring(g, transpose=not ctx.transpose), None
-
-
-def _causal_centring(x: Tensor, transpose: bool) -> Tensor:
-    """:func:`causal_centring` without autograd."""
+def _causal_centring(x: Tensor, transpose: bool, fresh: bool) -> Tensor:
+    """:func:`causal_centring`; with ``fresh`` (no autograd, no function transforms: the
+    product writes through ``out=``) the blockwise result is a fresh tensor that is not a
+    view, into which autograd can add another gradient in place (:class:`_CentredSum`)."""
     m, b = x.shape[-2], CUMSUM_BLOCK
     if x.device.type != "cpu" or m < 2 * b:
         inv = _inverse_counts(m, x.dtype, x.device)
@@ -204,20 +188,24 @@ def _causal_centring(x: Tensor, transpose: bool) -> Tensor:
     pad = -m % b
     xb = (F.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(-2, (-1, b))  # (..., nb, b, d)
     W, inv_blocks = _centring_blocks(m + pad, b, transpose, x.dtype, x.device)
-    # x minus the weighted running sums within each block, into a tensor of x's padded
-    # shape that is not a view (autograd can then add another gradient into it in place)
-    result = x.new_empty((*x.shape[:-2], m + pad, x.shape[-1]))
-    out = torch.matmul(W, xb, out=result.view(xb.shape))
+    # x minus the weighted running sums within each block
+    if fresh:
+        result = x.new_empty((*x.shape[:-2], m + pad, x.shape[-1]))
+        out = torch.matmul(W, xb, out=result.view(xb.shape))
+    else:
+        out = torch.matmul(W, xb)
+        result = out.flatten(-3, -2)
     if transpose:  # block k needs the weighted totals of the blocks after it
-        totals = xb[..., 0, :] - out[..., 0, :]
+        totals = torch.matmul(inv_blocks.mT, xb).squeeze(-2)
         after = token_cumsum(totals, reverse=True) - totals
         out.sub_(after.unsqueeze(-2))
     else:  # block k needs the plain totals of the blocks before it, weighted per row
-        # the last row of a block is x_last - totals / counts_last
-        totals = (xb[..., -1, :] - out[..., -1, :]).div_(inv_blocks[:, -1])
+        totals = xb.sum(dim=-2)
         before = token_cumsum(totals) - totals
         out.addcmul_(inv_blocks, before.unsqueeze(-2), value=-1.0)
-    return result[..., :m, :] if pad else result
+    if not pad:
+        return result
+    return result[..., :m, :].clone() if fresh else result[..., :m, :]
 
 
 @functools.lru_cache(maxsize=32)
@@ -241,7 +229,7 @@ class _CentredSum(torch.autograd.Function):
     def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
         ctx.causal = causal
         ctx.attended_shape = attended.shape
-        out = causal_centring(v) if causal else v - v.mean(dim=-2, keepdim=True)
+        out = _causal_centring(v, False, fresh=True) if causal else v - v.mean(dim=-2, keepdim=True)
         out.view(attended.shape).add_(attended)
         return out
 
@@ -251,7 +239,7 @@ class _CentredSum(torch.autograd.Function):
         grad_v = None
         if ctx.needs_input_grad[1]:
             if ctx.causal:
-                grad_v = causal_centring(g, transpose=True)
+                grad_v = _causal_centring(g, True, fresh=True)
             else:
                 grad_v = g - g.mean(dim=-2, keepdim=True)
         grad_attended = g.reshape(ctx.attended_shape) if ctx.needs_input_grad[0] else None

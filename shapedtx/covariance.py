@@ -77,13 +77,15 @@ def initial_tokens(
     orthonormal frame per sample, so the law of everything downstream depends on V0 only
     (even with LayerNorm, which is not rotation invariant). B is the orthonormalised
     ``G: (samples, n, m)`` iid N(0, 1), drawn from ``generator``, or ``normals`` if given
-    (e.g. from a faster generator; then ``generator`` is not used).
+    (e.g. from a faster generator; not together with ``generator``).
     """
     m = V0.shape[-1]
     if width < m:
         raise ValueError(f"width must be >= the number of tokens m = {m}, got {width}")
     if normals is None:
         G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
+    elif generator is not None:
+        raise ValueError("give generator or normals, not both")
     elif normals.shape != (samples, width, m):
         raise ValueError(
             f"normals must have shape (samples, width, m) = {(samples, width, m)}, "

@@ -31,7 +31,14 @@ from .plots import (
 )
 from .presets import PRESETS
 from .rng import GroupedNormal, group_seed
-from .samplers import SAMPLERS, ExactSampler, Sampler, TokenSampler, WeightsSampler
+from .samplers import (
+    SAMPLERS,
+    ExactSampler,
+    Sampler,
+    TokenSampler,
+    WeightsSampler,
+    method_names,
+)
 from .sweep import SweepSummary, open_point, open_sweep, sweep
 from .wishart import wishart, wishart_factor
 
@@ -71,6 +78,7 @@ __all__ = [
     "group_seed",
     "measure",
     "measure_dataset",
+    "method_names",
     "open_point",
     "open_sweep",
     "plot_collapse_metrics",

@@ -22,12 +22,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
-from shapedtx._validation import check_device, check_dtype, check_int
+from shapedtx._validation import check_choice, check_device, check_dtype, check_int
 
 from .options import RunOptions
 from .options import Sampler as SamplerChoice
 from .rng import GroupedNormal, run_parallel
-from .samplers import SAMPLERS, Sampler, TokenSampler
+from .samplers import SAMPLERS, Sampler, TokenSampler, method_names
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
@@ -37,10 +37,8 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
     check_int("samples", samples)
-    if method not in SAMPLERS and method not in AUTO:
-        raise ValueError(
-            f"method must be one of {', '.join(map(repr, SAMPLERS))} or 'auto', got {method!r}"
-        )
+    if method is not None:
+        check_choice("method", method, method_names())
     check_int("seed", seed, 0)
     check_dtype(dtype)
     if chunk_size is not None:

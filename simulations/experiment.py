@@ -44,7 +44,7 @@ from shapedtx.results import save_dataset
 from .baselines import baselines, model_label
 from .compare import collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
-from .samplers import SAMPLERS
+from .samplers import method_names
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Experiment:
         object.__setattr__(self, "convergence_widths", tuple(self.convergence_widths))
         for w in self.convergence_widths:
             check_int("convergence_widths", w, 1)
-        check_choice("method", self.method, ("auto", *SAMPLERS))
+        check_choice("method", self.method, method_names())
         check_choice("sde_method", self.sde_method, METHODS)
         check_positive("dt", self.dt)
         check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)

@@ -26,7 +26,7 @@ from shapedtx._validation import check_choice
 from shapedtx.config import FIELD_TYPES, ModelConfig
 from shapedtx.covariance import equicorrelated
 
-from .samplers import SAMPLERS
+from .samplers import method_names
 
 RUN_PARAMS: dict[str, type] = {
     "T": float,  # SDE horizon / network depth time (replaces depth)
@@ -62,7 +62,8 @@ KINDS: dict[str, tuple[str, ...]] = {
 """``kind`` -> the sources computed at every grid point."""
 
 _ONLY = {"network": ("method",), "sde": ("sde_method", "dt", "save_every")}
-_CHOICES = {"method": ("auto", *SAMPLERS), "sde_method": SDE_METHODS}
+_CHOICES = {"method": method_names, "sde_method": lambda: SDE_METHODS}
+"""The accepted values of run parameters that name a method, read when a grid is checked."""
 _TYPES = {**FIELD_TYPES, **RUN_PARAMS}
 _SEED_EXCLUDED = ("seed", "samples", *_ONLY["network"], *_ONLY["sde"])
 
@@ -83,7 +84,7 @@ def _coerce(name: str, value: Any) -> Any:
         what = {bool: "true/false", int: "integers", float: "finite numbers", str: "strings"}
         raise ValueError(f"grid[{name!r}] values must be {what[kind]}, got {value!r}")
     if name in _CHOICES:
-        check_choice(f"grid[{name!r}]", value, _CHOICES[name])
+        check_choice(f"grid[{name!r}]", value, _CHOICES[name]())
     return kind(value)
 
 

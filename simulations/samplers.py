@@ -240,10 +240,18 @@ class ExactSampler(TokenSampler):
         buf = self._buffers[slot]
         if buf is None or buf.shape != (samples, total):
             buf = self._buffers[slot] = torch.empty((samples, total), dtype=dtype, device=device)
-        if self._dof is None and "key" in layout and cfg.key_dim >= layout["key"][0]:
-            k = layout["key"][0]  # m is fixed for a sampler: built once
+        return self.rng.start([buf], self._chi2_dof(layout))
+
+    def _chi2_dof(self, layout: dict[str, tuple[int, int]]) -> Tensor | None:
+        """Degrees of freedom of the keys' Bartlett chi-square variables (None without),
+        built once for the sampler's number of tokens."""
+        cfg = self.config
+        if "key" not in layout or cfg.key_dim < layout["key"][0]:
+            return None
+        k = layout["key"][0]
+        if self._dof is None or self._dof.numel() != cfg.heads * k:
             self._dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
-        return self.rng.start([buf], self._dof)
+        return self._dof
 
     def _bartlett(self, Z: Tensor, chi: Tensor) -> Tensor:
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:
@@ -329,3 +337,9 @@ class ExactSampler(TokenSampler):
 
 SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}
 """Simulation methods by name."""
+
+
+def method_names() -> tuple[str, ...]:
+    """The ``method`` names :func:`simulations.simulate` accepts: ``"auto"`` and those of
+    :data:`SAMPLERS` (read when called: a sampler module registers itself on import)."""
+    return ("auto", *SAMPLERS)

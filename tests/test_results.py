@@ -37,6 +37,8 @@ def test_initial_tokens_from_given_normals():
         initial_tokens(V0, 16, 5, normals=G[:, :8])
     with pytest.raises(ValueError, match="normals must have V0's dtype"):
         initial_tokens(V0, 16, 5, normals=G.float())
+    with pytest.raises(ValueError, match="generator or normals, not both"):
+        initial_tokens(V0, 16, 5, torch.Generator(), normals=G)
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,7 @@ def test_invalid_V0(V0, match):
     [
         (dict(samples=0), "samples must be an integer >= 1"),
         (dict(samples=2.0), "samples must be an integer >= 1"),
-        (dict(method="gaussian"), "method must be one of 'exact', 'weights'"),
+        (dict(method="gaussian"), "method must be one of 'auto', 'exact', 'weights', 'gram'"),
         (dict(seed=-1), "seed must be an integer >= 0"),
         (dict(dtype=torch.float16), "dtype must be torch.float32 or torch.float64"),
         (dict(chunk_size=0), "chunk_size must be an integer >= 1"),

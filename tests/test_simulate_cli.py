@@ -25,12 +25,15 @@ def test_simulate_writes_dataset_and_summary(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("options", "method"), [([], "gram"), (["--norm", "pre"], "exact")])
-def test_default_method_is_the_library_default(options, method, capsys):
+def test_default_method_is_the_library_default(options, method, capsys, tmp_path):
     """Without --method the CLI does what ``simulate`` does without one: the fastest exact
     method for the config ("auto"), named in the summary and the attrs."""
+    out = tmp_path / "sim.nc"
     argv = ["simulate", "--width", "16", "--depth", "2", "--samples", "4", "--no-progress"]
-    assert main([*argv, *options]) == 0
+    assert main([*argv, *options, "--out", str(out)]) == 0
     assert f"simulate[{method}] width=16" in capsys.readouterr().out
+    attrs = load_dataset(out).attrs
+    assert (attrs["method"], attrs["method_requested"]) == (method, "auto")
 
 
 @pytest.mark.parametrize(

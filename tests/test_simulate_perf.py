@@ -328,7 +328,9 @@ def test_in_place_variants_equal_the_functional_ones():
         assert torch.equal(shaped_relu(x.clone(), *slopes, overwrite=True), shaped_relu(x, *slopes))
     leaf = x.clone().requires_grad_()  # as for the attention matrices: overwrite is ignored
     shaped_relu(leaf, 1.2, 0.7, overwrite=True).sum().backward()
-    assert torch.equal(leaf.detach(), x) and leaf.grad is not None
+    assert torch.equal(leaf.detach(), x)
+    expected = torch.full_like(x, 0.7).masked_fill_(x > 0, 1.2)  # the slopes, up to rounding
+    torch.testing.assert_close(leaf.grad, expected, rtol=0, atol=1e-15)
     wide = torch.randn(3, 4, TRANSPOSED_DIRECT // 4, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(small_matmul(wide, wide.mT), wide @ wide.mT, rtol=1e-12, atol=1e-12)
     a, b = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64)

@@ -124,12 +124,14 @@ def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks
     group.add_argument("--samples", type=int, default=256, help=f"number of {what} (default 256)")
 
 
-def add_method_argument(group: argparse._ArgumentGroup, samplers: Iterable[str]) -> None:
-    """``--method``: the finite-network sampler, ``auto`` (the library's default) or one of
-    ``samplers`` (:data:`simulations.SAMPLERS`)."""
+def add_method_argument(group: argparse._ArgumentGroup) -> None:
+    """``--method``: the finite-network sampler, ``auto`` (the library's default) or a name of
+    :data:`simulations.SAMPLERS` (:func:`simulations.samplers.method_names`)."""
+    from simulations.samplers import method_names
+
     group.add_argument(
         "--method",
-        choices=("auto", *samplers),
+        choices=method_names(),
         default="auto",
         help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm; "
         "one head, or any heads with W^O), else 'exact'. All are exact in distribution",

@@ -35,7 +35,6 @@ from ._common import (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from sde import METHODS as SDE_METHODS
-    from simulations import SAMPLERS
     from simulations.presets import PRESETS
 
     parser = subparsers.add_parser(
@@ -68,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--dt", type=float, default=0.01, help="SDE step (default 0.01)")
     g.add_argument("--sde-method", choices=SDE_METHODS, default="euler")
-    add_method_argument(g, SAMPLERS)
+    add_method_argument(g)
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
     )

@@ -14,7 +14,6 @@ from ._common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from simulations import SAMPLERS
 
     parser = subparsers.add_parser(
         "simulate",
@@ -26,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(parser)
     g = parser.add_argument_group("simulation")
     add_input_arguments(g)
-    add_method_argument(g, SAMPLERS)
+    add_method_argument(g)
     add_run_arguments(g)
     parser.set_defaults(func=run)
 
