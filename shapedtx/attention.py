@@ -167,10 +167,10 @@ def causal_centring(x: Tensor, *, transpose: bool = False) -> Tensor:
     """``(I - C) x`` (or ``(I - C)^T x`` if ``transpose``), C the causal uniform matrix;
     x: (..., m, d) -> (..., m, d), a new tensor (plain differentiable operations).
 
-    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise: one batched product with the
-    block matrices ``I - diag(1/(i+1)) tril(1)`` (the identity and the running-mean weights
-    folded in), the block totals, a small running sum of them and one in-place pass.
-    Elsewhere from ``torch.cumsum``. The same values up to rounding.
+    On CPU with m >= 2 ``CUMSUM_BLOCK`` tokens, blockwise: one batched product with block
+    matrices (for ``(I - C) x`` ``I - diag(1/(i+1)) tril(1)``, the identity and the
+    running-mean weights folded in), the block totals, a small running sum of them and one
+    or two in-place passes. Elsewhere from ``torch.cumsum``. The same values up to rounding.
     """
     return _causal_centring(x, transpose, fresh=False)
 
@@ -188,17 +188,21 @@ def _causal_centring(x: Tensor, transpose: bool, fresh: bool) -> Tensor:
     pad = -m % b
     xb = (F.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(-2, (-1, b))  # (..., nb, b, d)
     W, inv_blocks = _centring_blocks(m + pad, b, transpose, x.dtype, x.device)
-    # x minus the weighted running sums within each block
+    # forward: x minus the weighted running sums within each block; transpose: those sums
     if fresh:
         result = x.new_empty((*x.shape[:-2], m + pad, x.shape[-1]))
         out = torch.matmul(W, xb, out=result.view(xb.shape))
     else:
         out = torch.matmul(W, xb)
         result = out.flatten(-3, -2)
-    if transpose:  # block k needs the weighted totals of the blocks after it
-        totals = torch.matmul(inv_blocks.mT, xb).squeeze(-2)
+    if transpose:  # block k needs the weighted totals of the blocks after it (its row 0)
+        totals = out[..., 0, :]
         after = token_cumsum(totals, reverse=True) - totals
-        out.sub_(after.unsqueeze(-2))
+        out.add_(after.unsqueeze(-2))
+        if fresh:
+            torch.sub(xb, out, out=out)
+        else:  # out= is not differentiable
+            result = (xb - out).flatten(-3, -2)
     else:  # block k needs the plain totals of the blocks before it, weighted per row
         totals = xb.sum(dim=-2)
         before = token_cumsum(totals) - totals
@@ -213,12 +217,14 @@ def _centring_blocks(
     m: int, b: int, transpose: bool, dtype: torch.dtype, device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """(nb, b, b) block matrices of :func:`causal_centring` and the weights (nb, b, 1):
-    ``I - diag(1/(i+1)) tril(1)`` per block, or ``I - triu(1) diag(1/(i+1))`` if
-    ``transpose`` (the identity folded in: the product gives x minus the within-block part)."""
+    ``I - diag(1/(i+1)) tril(1)`` per block (the identity folded in: the product gives x
+    minus the within-block part), or ``triu(1) diag(1/(i+1))`` if ``transpose`` (the product's
+    row 0 is the block's weighted total, summed directly: accurate in low precision)."""
     inv = _inverse_counts(m, dtype, device).view(-1, b, 1)  # (nb, b, 1)
     ones = torch.ones(b, b, dtype=dtype, device=device)
-    W = ones.triu() * inv.transpose(-1, -2) if transpose else inv * ones.tril()
-    return torch.eye(b, dtype=dtype, device=device) - W, inv
+    if transpose:
+        return ones.triu() * inv.transpose(-1, -2), inv
+    return torch.eye(b, dtype=dtype, device=device) - inv * ones.tril(), inv
 
 
 class _CentredSum(torch.autograd.Function):
