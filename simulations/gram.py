@@ -90,6 +90,7 @@ from shapedtx.blocks import attention_from_logits
 
 from .rng import GroupedNormal
 from .samplers import SAMPLERS, Sampler
+from .wishart import bartlett_dof
 
 HIDDEN_ELEMENTS = 2**22
 """Hidden-layer numbers drawn at once per generator group (bounds the MLP's memory); fixes
@@ -227,9 +228,7 @@ class _Layout:
             return None
         return torch.cat(
             [
-                (d - torch.arange(self._shapes[name][1], dtype=torch.float64)).repeat(
-                    self._shapes[name][0]
-                )
+                bartlett_dof(d, self._shapes[name][1], self._shapes[name][0])
                 for name, d in self._dof.items()
             ]
         )

@@ -31,7 +31,7 @@ from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
 from .rng import Draw, GroupedNormal, PendingDraw
-from .wishart import bartlett
+from .wishart import bartlett, bartlett_dof
 
 FUSED_TOKENS = 32
 """The exact sampler uses the fused attention path (SDPA + token mean) above this many tokens
@@ -176,7 +176,6 @@ class ExactSampler(TokenSampler):
         self._gram: tuple[Tensor | None, Tensor | None] = (None, None)
         self._buffers: list[Tensor | None] = [None, None]
         self._draws: dict[str, Tensor] = {}
-        self._dof: Tensor | None = None  # the keys' Bartlett chi-square degrees of freedom
 
     @classmethod
     def memory(cls, config: ModelConfig, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -243,15 +242,12 @@ class ExactSampler(TokenSampler):
         return self.rng.start([buf], self._chi2_dof(layout))
 
     def _chi2_dof(self, layout: dict[str, tuple[int, int]]) -> Tensor | None:
-        """Degrees of freedom of the keys' Bartlett chi-square variables (None without),
-        built once for the sampler's number of tokens."""
+        """Degrees of freedom of the keys' Bartlett chi-square variables, one factor per head
+        (None when the keys are not Bartlett factors)."""
         cfg = self.config
         if "key" not in layout or cfg.key_dim < layout["key"][0]:
             return None
-        k = layout["key"][0]
-        if self._dof is None or self._dof.numel() != cfg.heads * k:
-            self._dof = (cfg.key_dim - torch.arange(k, dtype=torch.float64)).repeat(cfg.heads)
-        return self._dof
+        return bartlett_dof(cfg.key_dim, layout["key"][0], cfg.heads)
 
     def _bartlett(self, Z: Tensor, chi: Tensor) -> Tensor:
         """Per head, the Bartlett factor C (k x k) of Wishart(n_k, I_k) from the normals Z:

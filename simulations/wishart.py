@@ -17,6 +17,8 @@ a generator). Draw order per call: normals first, then the m chi-square variable
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,16 @@ def chi2(dof: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Chi-square variables with ``dof`` (> 0, any shape) degrees of freedom, one per entry:
     ``2 Gamma(dof / 2, 1)`` drawn from ``generator``; same shape, dtype and device as dof."""
     return 2.0 * torch._standard_gamma(dof / 2, generator=generator)
+
+
+@functools.lru_cache(maxsize=64)
+def bartlett_dof(
+    k: int, m: int, batch: int = 1, device: torch.device | str | None = None
+) -> Tensor:
+    """Degrees of freedom ``k - i`` (i = 0..m-1) of the chi-square variables on the diagonal
+    of a Bartlett factor of Wishart(k, I_m), repeated for ``batch`` factors: (batch m,),
+    float64 (k may exceed float32's 2^24). Cached: a shared tensor, not to be modified."""
+    return (k - torch.arange(m, dtype=torch.float64, device=device)).repeat(batch)
 
 
 def bartlett(normals: Tensor, diagonal: Tensor) -> Tensor:
@@ -56,9 +68,9 @@ def wishart_factor(
     if k < m:
         return torch.randn((batch, m, k), generator=generator, dtype=dtype, device=device)
     normals = torch.randn((batch, m, m), generator=generator, dtype=dtype, device=device)
-    # degrees of freedom and chi-square draws in float64 (k may exceed float32's 2^24)
-    dof = (k - torch.arange(m, dtype=torch.float64, device=device)).expand(batch, m)
-    return bartlett(normals, chi2(dof.contiguous(), generator).sqrt().to(dtype))
+    # chi-square draws in float64 (k may exceed float32's 2^24)
+    dof = bartlett_dof(k, m, device=device).expand(batch, m).contiguous()
+    return bartlett(normals, chi2(dof, generator).sqrt().to(dtype))
 
 
 def wishart(
