@@ -170,16 +170,24 @@ def gram_factor(M: Tensor) -> Tensor:
     return _factor(small_matmul(M, M.mT.contiguous()), lambda: M)
 
 
+def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(L, bad): the lower Cholesky factor of V: (..., m, m), C-contiguous (into ``out`` if
+    given), and where it failed (bool, (...)). Computed as the upper factor ``U = L^T`` into
+    the transposed view of L: LAPACK's column-major output is then L row by row, so torch
+    copies nothing (about 30% faster than asking for L on CPU, and numpy's products take L
+    without a copy)."""
+    if out is None:
+        out = V.new_empty(V.shape)
+    info = V.new_empty(V.shape[:-2], dtype=torch.int32)
+    torch.linalg.cholesky_ex(V, upper=True, out=(out.mT, info))
+    return out, info != 0
+
+
 def _factor(V: Tensor, M: Callable[[], Tensor], out: Tensor | None = None) -> Tensor:
     """The Cholesky factor of ``V = M M^T``: (..., m, m), into ``out`` if given; ``M()``
     (built only when needed on CPU) gives the QR fallback for the numerically singular
     samples (:func:`gram_factor`)."""
-    if out is None:
-        out, info = torch.linalg.cholesky_ex(V)
-    else:
-        info = V.new_empty(V.shape[:-2], dtype=torch.int32)
-        out, info = torch.linalg.cholesky_ex(V, out=(out, info))
-    bad = info != 0
+    out, bad = _cholesky(V, out)
     if bad.device.type == "cpu":
         if bool(bad.any()):
             out[bad] = torch.linalg.qr(M()[bad].mT, mode="r").R.mT
@@ -193,8 +201,7 @@ def _hidden_factor(K: Tensor) -> Tensor:
     zero on every hidden unit) the symmetric square root after clipping rounding-negative
     eigenvalues (:func:`sde.psd_factor`), for those samples only (one host check, also on
     accelerators, where ``eigh`` would synchronise anyway)."""
-    B, info = torch.linalg.cholesky_ex(K)
-    bad = info != 0
+    B, bad = _cholesky(K)
     if bool(bad.any()):
         B[bad] = psd_factor(K[bad])[0]
     return B
