@@ -213,6 +213,24 @@ def test_residual_update_algebra():
     assert torch.equal(out, out.tril())
 
 
+def test_residual_update_singular_sample_into_workspace():
+    """A sample whose V' is singular (a zero token) takes the QR factor, the others the
+    Cholesky factor, both written into the reused workspace tensors: L' L'^T = V' for all."""
+    gen = torch.Generator().manual_seed(1)
+    L, B, G = torch.randn((3, 4, 3, 3), generator=gen, dtype=torch.float64)
+    F = torch.randn((4, 3, 3), generator=gen, dtype=torch.float64)
+    L, B = L.tril(), B.clone()
+    L[1, 0], B[1, 0] = 0.0, 0.0  # sample 1: token 0 is zero before and after the block
+    work = gram_module.Workspace()
+    for _ in range(2):  # the second call writes into the tensors of the first
+        out, V = gram_module.residual_update(L, B, G, F, 0.8, 0.3, work)
+        torch.testing.assert_close(out @ out.mT, V, rtol=1e-12, atol=1e-12)
+        assert torch.equal(out, out.tril()) and out.is_contiguous()
+        assert float(V[1, 0].abs().max()) == 0.0 and float(out[1, 0].abs().max()) == 0.0
+        L = out.clone()
+        L[1, 0], B[1, 0] = 0.0, 0.0
+
+
 def test_mlp_with_singular_hidden_gram():
     """A zero token makes the hidden Gram matrix singular: the update stays finite and exact
     (the zero token stays zero under the MLP sub-block)."""
