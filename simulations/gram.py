@@ -56,10 +56,11 @@ a block are drawn into one contiguous tensor per kind (N, C, D, G, F; only the e
 the diagonal of a Bartlett factor), then all chi-square variables (Bartlett diagonals), by
 one call per generator group (:meth:`simulations.rng.GroupedNormal.start`). **Speed (CPU).**
 The block loop reuses its tensors (:class:`Workspace`; a fresh large tensor costs page
-faults) and keeps every batched product on contiguous stacks of matrices (numpy's stacked
-``matmul`` is several times slower on strided ones); with several threads the driver runs one
-sampler per thread on its own groups (``parallel_parts``), the same numbers for any thread
-count.
+faults) and keeps the factors of every batched product on contiguous stacks of matrices
+(numpy's stacked ``matmul`` is several times slower on strided ones; its outputs may be
+strided: ``(L C)^T`` is written through a transposed view, no copy); with several threads
+the driver runs one sampler per thread on its own groups (``parallel_parts``), the same
+numbers for any thread count.
 
 **Cost per block and sample.** Attention-only networks: O(H m^3), independent of the width
 and of n_k, d_p. With an MLP: O(m^2 n) (the hidden Gram matrix; exact, no approximation).
@@ -85,7 +86,7 @@ from torch import Tensor
 
 from sde import psd_factor
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
-from shapedtx._matmul import small_matmul
+from shapedtx._matmul import small_matmul, transpose_into
 from shapedtx.blocks import attention_from_logits
 
 from .rng import GroupedNormal
@@ -151,13 +152,15 @@ def residual_update(
     singular ``R^T`` from the QR ``M^T = Q R`` (exact also for singular V').
     """
     work = work or Workspace(keep=False)
-    P = small_matmul(B, G, out=work.get("P", L.shape, L)).mul_(s).add_(L, alpha=lam)
-    BF = small_matmul(B, F, out=work.get("BF", (*B.shape[:-1], F.shape[-1]), L)).mul_(s)
-    # V' = P P^T + BF BF^T; numpy multiplies contiguous matrices faster than transposed ones
-    V = small_matmul(P, work.get("Pt", P.mT.shape, L).copy_(P.mT), out=work.get("V", L.shape, L))
-    BFt = work.get("BFt", BF.mT.shape, L).copy_(BF.mT)
-    V.add_(small_matmul(BF, BFt, out=work.get("BFBFt", L.shape, L)))
-    return _factor(V, lambda: torch.cat([P, BF], dim=-1), work.other("L", L)), V
+    m = L.shape[-1]
+    M = work.get("M", (*L.shape[:-1], m + F.shape[-1]), L)  # [P, s B F] side by side
+    small_matmul(B, G, out=M[..., :m])
+    small_matmul(B, F, out=M[..., m:])
+    M.mul_(s)[..., :m].add_(L, alpha=lam)
+    # V' = M M^T; numpy multiplies contiguous matrices faster than transposed ones
+    Mt = transpose_into(M, work.get("Mt", M.mT.shape, L))
+    V = small_matmul(M, Mt, out=work.get("V", L.shape, L))
+    return _factor(V, lambda: M, work.other("L", L)), V
 
 
 def gram_factor(M: Tensor) -> Tensor:
@@ -205,6 +208,14 @@ def _hidden_factor(K: Tensor) -> Tensor:
     if bool(bad.any()):
         B[bad] = psd_factor(K[bad])[0]
     return B
+
+
+@functools.lru_cache(maxsize=16)
+def _below_diagonal(k: int, device: torch.device) -> Tensor:
+    """(1, k (k - 1) / 2): flat indices ``i k + j`` of the entries ``j < i`` of a k x k
+    matrix, row by row (where the packed numbers of a Bartlett factor go)."""
+    rows, cols = torch.tril_indices(k, k, -1, device=device)
+    return (rows * k + cols)[None]
 
 
 class _Layout:
@@ -256,10 +267,8 @@ class _Layout:
         for name in self._dof:
             h, k, _ = self._shapes[name]
             T = work.get(name, (S, h, k, k), like)  # stays zero above the diagonal
-            packed, first = out[name], 0
-            for i in range(1, k):  # row i: its i numbers below the diagonal
-                T[:, :, i, :i].copy_(packed[:, :, first : first + i])
-                first += i
+            below = _below_diagonal(k, like.device).expand(S * h, -1)  # row by row
+            T.view(S * h, k * k).scatter_(1, below, out[name].view(S * h, -1))
             T.diagonal(dim1=-2, dim2=-1).copy_(diagonals[:, start : start + h * k].view(S, h, k))
             out[name], start = T, start + h * k
         return out
@@ -360,8 +369,8 @@ class GramSampler(Sampler):
         kq, kd, k, _ = self._attention_shapes(m)
         Z = self._layout("attention", m).draw(self.rng, work, L)
         LN = small_matmul(L[:, None], Z["N"], out=work.get("LN", (S, H, m, kq), L))
-        LC = small_matmul(L[:, None], Z["C"], out=work.get("LC", (S, H, m, kq), L))
-        LCt = work.get("LCt", (S, H, kq, m), L).copy_(LC.mT)
+        LCt = work.get("LCt", (S, H, kq, m), L)  # (L C)^T, written transposed: no copy
+        small_matmul(L[:, None], Z["C"], out=LCt.mT)
         Y = small_matmul(LN, LCt, out=work.get("Y", (S, H, m, m), L))
         A = attention_from_logits(Y, cfg, overwrite=True)  # (S, H, m, m)
         if cfg.out_proj:  # O O^T = sum_h A_h L D_h D_h^T L^T A_h^T with D_h D_h^T ~ Wishart(d_p)

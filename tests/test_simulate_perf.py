@@ -307,7 +307,7 @@ def test_in_place_variants_equal_the_functional_ones():
     activations as the functional forms; ``small_matmul`` with ``out`` and with a large
     transposed operand (numpy's transposed BLAS path) equals torch's product."""
     from shapedtx import shaped_attention_matrix, shaped_relu
-    from shapedtx._matmul import TRANSPOSED_DIRECT
+    from shapedtx._matmul import TRANSPOSED_DIRECT, transpose_into
     from shapedtx.blocks import attention_from_logits
 
     gen = torch.Generator().manual_seed(0)
@@ -337,6 +337,16 @@ def test_in_place_variants_equal_the_functional_ones():
     out = torch.empty(3, 5, 5, dtype=torch.float64)
     assert small_matmul(a, b.mT, out=out) is out
     torch.testing.assert_close(out, a @ b.mT, rtol=1e-12, atol=1e-12)
+    # into strided views (the gram sampler's transposed and side-by-side products)
+    small_matmul(a, b, out=out.mT)
+    torch.testing.assert_close(out, (a @ b).mT, rtol=1e-12, atol=1e-12)
+    side = torch.zeros(3, 5, 12, dtype=torch.float64)
+    small_matmul(a, b, out=side[..., 5:10])
+    torch.testing.assert_close(side[..., 5:10], a @ b, rtol=1e-12, atol=1e-12)
+    assert not side[..., :5].any() and not side[..., 10:].any()
+    for dtype in (torch.float64, torch.bfloat16):  # numpy's copy, and torch's
+        x = side.to(dtype)
+        assert torch.equal(transpose_into(x, torch.empty(3, 12, 5, dtype=dtype)), x.mT)
 
 
 def test_workspace_reuses_and_alternates_tensors():
