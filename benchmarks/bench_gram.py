@@ -9,6 +9,7 @@ left unset); medians over rounds and of the per-round ratios.
 
     python benchmarks/bench_gram.py --baseline /tmp/base            # m 8, n 1024
     python benchmarks/bench_gram.py --baseline /tmp/base --threads 2
+    python benchmarks/bench_gram.py --baseline /tmp/base --only "causal shaped attention"
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", help="run the configs whose name contains this text")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---|---|---|---|")
     for name, config in CONFIGS.items():
+        if args.only is not None and args.only not in name:
+            continue
         runs: dict[str, list[dict]] = {"this": [], "baseline": []}
         for _ in range(args.rounds):
             runs["this"].append(_measure(HERE, args, config))
