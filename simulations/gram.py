@@ -170,7 +170,7 @@ def gram_factor(M: Tensor) -> Tensor:
     whose ``M M^T`` is numerically singular (on CPU only those samples; on accelerators
     computed for all and selected, with no host synchronisation).
     """
-    return _factor(small_matmul(M, M.mT.contiguous()), lambda: M)
+    return _factor(small_matmul(M, transpose_into(M, M.new_empty(M.mT.shape))), lambda: M)
 
 
 def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,6 @@ from ._common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-
     parser = subparsers.add_parser(
         "simulate",
         help="simulate the token covariance of random networks at initialisation",
