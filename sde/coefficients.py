@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from shapedtx.config import ModelConfig
+from shapedtx._validation import check_int
+from shapedtx.config import ModelConfig, check_config
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
 
     Raises ValueError for configurations without a (non-degenerate) covariance SDE limit.
     """
+    check_config(config)
+    if m is not None:
+        check_int("m (number of tokens)", m, 2)
     _check_vanilla_fields(config)
     if config.attention == "softmax":
         raise ValueError(

@@ -7,8 +7,14 @@ import torch
 import xarray as xr
 from torch import Tensor
 
-from shapedtx._validation import check_device, check_dtype, check_int, check_positive
-from shapedtx.config import ModelConfig
+from shapedtx._validation import (
+    check_device,
+    check_dtype,
+    check_int,
+    check_positive,
+    check_progress,
+)
+from shapedtx.config import ModelConfig, check_config
 from shapedtx.covariance import check_covariance
 from shapedtx.options import RunOptions
 from shapedtx.results import covariance_dataset
@@ -21,6 +27,8 @@ from .torchsde_solver import solve_torchsde
 
 METHODS: tuple[str, ...] = tuple(SOLVERS)
 """Solver names accepted by :func:`solve` (see :mod:`sde.options`)."""
+SEED_MAX = 2**64 - 1
+"""Largest seed (torch generators take an unsigned 64-bit seed)."""
 DEFAULT_BOUND = 1e8
 """Default blow-up bound: a path beyond ``DEFAULT_BOUND * max_a V0^{aa}`` is flagged."""
 
@@ -79,7 +87,7 @@ def solve(
         if dt is not None and dt != method.dt:
             raise ValueError(f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one")
         solver = method
-    elif method in SOLVERS:
+    elif isinstance(method, str) and method in SOLVERS:
         solver = SOLVERS[method](0.01 if dt is None else dt)
     else:
         raise ValueError(
@@ -87,13 +95,16 @@ def solve(
             f"(sde.FactoredEuler, ...), got {method!r}"
         )
     method = solver.name
+    check_config(config)
     check_int("samples", samples, 1)
+    check_int("seed", seed, 0, SEED_MAX)
     check_positive("bound", bound)
+    check_progress(progress)
     check_dtype(dtype)
     device = check_device(device) if device is not None else None
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)
     T, steps, step, every, saved = grid.T, grid.steps, grid.dt, grid.save_every, grid.saved
-    V0 = check_covariance(torch.as_tensor(V0).to(dtype=dtype, device=device))
+    V0 = check_covariance(V0).to(dtype=dtype, device=device)
     m = V0.shape[-1]
     sde_constants(config, m)  # raises for configurations without an SDE limit
     times = torch.as_tensor(grid.times, dtype=dtype)

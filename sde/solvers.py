@@ -31,7 +31,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from shapedtx._validation import check_int, check_positive
 from shapedtx.config import ModelConfig
+from shapedtx.covariance import check_covariance_batch
 
 from .coefficients import (
     arccos_kernel,
@@ -213,6 +215,11 @@ def integrate(
     its step-``k`` candidate is non-finite, exceeds ``bound * max_a V0^{aa}`` in absolute value
     or is rejected by the stepper (EM: not PSD).
     """
+    check_covariance_batch(V0)
+    check_int("steps", steps, 0)
+    check_int("save_every", save_every, 1)
+    check_positive("dt", dt)
+    check_positive("bound", bound)
     B, m = V0.shape[0], V0.shape[-1]
     saved = save_steps(steps, save_every)
     out = V0.new_empty(B, len(saved), m, m)

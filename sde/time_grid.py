@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shapedtx._validation import check_int, check_positive
-from shapedtx.config import ModelConfig
+from shapedtx.config import ModelConfig, check_config
 
 MAX_SAVED = 200
 """Default number of saved times (about; the last step is always saved)."""
@@ -48,7 +48,7 @@ def time_grid(
     """The SDE's time grid: ``steps = ceil(T / dt)`` (so the step ``T / steps`` is at most
     ``dt`` and the grid ends exactly at T), saving every ``save_every`` steps (default about
     :data:`MAX_SAVED` times) and at T. ValueError names a bad argument."""
-    T = config.T if T is None else T
+    T = check_config(config).T if T is None else T
     check_positive("dt", dt)
     check_positive("T", T)
     if save_every is not None:

@@ -15,7 +15,9 @@ import torch
 import torchsde
 from torch import Tensor
 
-from shapedtx.config import ModelConfig
+from shapedtx._validation import check_int, check_positive
+from shapedtx.config import ModelConfig, check_config
+from shapedtx.covariance import check_covariance_batch
 
 from .coefficients import causal_centerings, centering, drift, sde_constants
 from .noise import psd_factor
@@ -102,6 +104,12 @@ def solve_torchsde(
     Returns ``V (B, S, m, m)`` (non-finite saved states replaced by the last finite one),
     ``exploded (B,)`` and ``t_explode (B,)`` (first saved time with a bad state, NaN if none).
     """
+    check_config(config)
+    check_covariance_batch(V0)
+    check_positive("dt", dt)
+    check_positive("bound", bound)
+    check_int("seed", seed, 0)
+    _check_times(ts)
     B, m = V0.shape[0], V0.shape[-1]
     limit = bound * torch.diagonal(V0, dim1=-2, dim2=-1).amax(-1)
     sde = CovarianceSDE(config, m, limit)
@@ -125,3 +133,13 @@ def solve_torchsde(
     first_bad = (~good).to(torch.int64).argmax(-1)
     t_explode = torch.where(exploded, ts.to(V0.dtype)[first_bad], math.nan)
     return unpack(ys, m), exploded, t_explode
+
+
+def _check_times(ts: Tensor) -> None:
+    """ValueError unless ``ts`` is a 1-D tensor of at least two finite, increasing times."""
+    ok = isinstance(ts, Tensor) and ts.dim() == 1 and ts.numel() >= 2 and ts.is_floating_point()
+    if not (ok and bool(torch.isfinite(ts).all()) and bool((ts[1:] > ts[:-1]).all())):
+        raise ValueError(
+            "ts must be a 1-D floating-point tensor of at least two finite, strictly "
+            f"increasing times, got {ts!r}"
+        )

@@ -23,7 +23,7 @@ from .attention import (
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
 from .config import ModelConfig
-from .covariance import check_covariance, equicorrelated, initial_tokens
+from .covariance import check_covariance, check_covariance_batch, equicorrelated, initial_tokens
 from .metrics import detect_collapse
 from .nn import (
     MLP,
@@ -107,6 +107,7 @@ __all__ = [
     "causal_centring",
     "causal_uniform",
     "check_covariance",
+    "check_covariance_batch",
     "config_of",
     "covariance_dataset",
     "depth_threshold",

@@ -7,7 +7,7 @@ returns the value (a number as a float) so that a caller can check and assign in
 - :func:`check_number`: a finite real number (not a bool), optionally in an interval;
 - :func:`check_positive`: a finite real number > 0;
 - :func:`check_choice`: one of a fixed set of values;
-- :func:`check_bool`: True or False;
+- :func:`check_bool`: True or False; :func:`check_progress`: True, False or None;
 - :func:`check_dtype`, :func:`check_device`: torch dtypes and devices.
 """
 
@@ -92,6 +92,13 @@ def check_bool(name: str, value: Any) -> bool:
     """``value`` if it is True or False (not 0/1); else ValueError naming it."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_progress(value: Any, name: str = "progress") -> bool | None:
+    """``value`` if it is None (automatic), True or False; else ValueError naming it."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None (automatic), got {value!r}")
     return value
 
 

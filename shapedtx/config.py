@@ -188,17 +188,16 @@ class ModelConfig:
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any], prefix: str = "config.") -> ModelConfig:
-        """Inverse of :meth:`to_attrs` (ignores unrelated keys)."""
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            key = prefix + f.name
-            if key not in attrs:
-                continue
-            value = attrs[key]
-            if hasattr(value, "item"):
-                value = value.item()
-            kwargs[f.name] = FIELD_TYPES[f.name](value)
-        return cls(**kwargs)
+        """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
+        default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
+        return cls(**fields_from_attrs(cls, FIELD_TYPES, attrs, prefix))
+
+
+def check_config(config: Any, name: str = "config") -> ModelConfig:
+    """``config`` if it is a :class:`ModelConfig`; else ValueError naming ``name``."""
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"{name} must be a shapedtx.ModelConfig, got {type(config).__name__}")
+    return config
 
 
 def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
@@ -213,6 +212,41 @@ def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
     if name in ("out", "mlp_out"):
         return GPT2_STD / math.sqrt(2 * config.depth)
     return GPT2_STD
+
+
+def fields_from_attrs(
+    cls: type, types: dict[str, type], attrs: dict[str, Any], prefix: str
+) -> dict[str, Any]:
+    """Keyword arguments of the dataclass ``cls`` read back from flat attrs (the keys
+    ``prefix + field`` that are present; ``types``: :func:`_field_types`). Strict: an int
+    field takes an integral number, a bool field a bool or 0/1, a float field a real number,
+    a str field a string; anything else is a ValueError naming the key, as is attrs with no
+    key starting with ``prefix`` (not a saved configuration)."""
+    if not any(isinstance(key, str) and key.startswith(prefix) for key in attrs):
+        raise ValueError(f"attrs hold no {cls.__name__}: no key starts with {prefix!r}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if key in attrs:
+            kwargs[f.name] = _read_attr(key, attrs[key], types[f.name])
+    return kwargs
+
+
+def _read_attr(key: str, value: Any, kind: type) -> Any:
+    """``value`` (a Python or NumPy scalar) as ``kind``; ValueError naming ``key`` if it is
+    not one (see :func:`fields_from_attrs`)."""
+    value = value.item() if hasattr(value, "item") else value
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is bool and (isinstance(value, bool) or (number and value in (0, 1))):
+        return bool(value)
+    if kind is int and number and float(value).is_integer():
+        return int(value)
+    if kind is float and number:
+        return float(value)
+    if kind is str and isinstance(value, str):
+        return value
+    what = {bool: "True/False or 0/1", int: "an integer", float: "a number", str: "a string"}
+    raise ValueError(f"attrs[{key!r}] must be {what[kind]}, got {value!r}")
 
 
 def _field_types(cls: type, optional_ints: tuple[str, ...] = ()) -> dict[str, type]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._validation import check_int, check_number, check_positive
+from ._validation import check_device, check_dtype, check_int, check_number, check_positive
 
 
 def equicorrelated(
@@ -24,6 +24,8 @@ def equicorrelated(
     check_int("m (number of tokens)", m, 2)
     rho0 = check_correlation(rho0, m)
     check_positive("scale", scale)
+    check_dtype(dtype)
+    device = check_device(device)
     eye = torch.eye(m, dtype=dtype, device=device)
     return scale * ((1 - rho0) * eye + rho0 * torch.ones_like(eye))
 
@@ -41,12 +43,23 @@ def check_correlation(rho0: Any, m: int, name: str = "rho0") -> float:
 
 
 def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
-    """Validate an initial covariance: (m, m), m >= 2, finite, symmetric, positive definite.
+    """Validate an initial covariance: a real (m, m) matrix (tensor, array or nested
+    sequence), m >= 2, finite, symmetric, positive definite.
 
-    Returns V0 symmetrised exactly; raises ValueError naming ``name`` otherwise.
+    Returns V0 symmetrised exactly (float32 and float64 tensors keep their dtype, other real
+    ones become float64); raises ValueError naming ``name`` otherwise.
     """
     if not isinstance(V0, Tensor):
-        V0 = torch.as_tensor(V0, dtype=torch.float64)
+        try:
+            V0 = torch.as_tensor(V0)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(
+                f"{name} must be a real (m, m) matrix (tensor or array), got {type(V0).__name__}"
+            ) from None
+    if V0.is_complex() or V0.dtype == torch.bool:
+        raise ValueError(f"{name} must be a real (m, m) matrix, got dtype {V0.dtype}")
+    if V0.dtype not in (torch.float32, torch.float64):
+        V0 = V0.to(torch.float64)
     if V0.dim() != 2 or V0.shape[0] != V0.shape[1]:
         raise ValueError(f"{name} must be a square (m, m) matrix, got shape {tuple(V0.shape)}")
     m = V0.shape[0]
@@ -61,6 +74,20 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
     if torch.linalg.eigvalsh(V0)[0] <= 0:
         raise ValueError(f"{name} must be positive definite (smallest eigenvalue <= 0)")
     return V0
+
+
+def check_covariance_batch(V: Any, name: str = "V0") -> Tensor:
+    """Validate a batch of covariances ``V: (B, m, m)``, B >= 1, m >= 2, float32 or float64,
+    finite; returns V. ValueError naming ``name`` otherwise. (Positive definiteness is left
+    to the solvers, which flag a path that leaves the PSD cone.)"""
+    if not isinstance(V, Tensor) or V.dtype not in (torch.float32, torch.float64):
+        what = f"dtype {V.dtype}" if isinstance(V, Tensor) else type(V).__name__
+        raise ValueError(f"{name} must be a float32 or float64 tensor, got {what}")
+    if V.dim() != 3 or V.shape[-1] != V.shape[-2] or V.shape[0] < 1 or V.shape[-1] < 2:
+        raise ValueError(f"{name} must have shape (B, m, m), B >= 1, m >= 2, got {tuple(V.shape)}")
+    if not bool(torch.isfinite(V).all()):
+        raise ValueError(f"{name} must be finite")
+    return V
 
 
 def initial_tokens(
@@ -79,9 +106,10 @@ def initial_tokens(
     ``G: (samples, n, m)`` iid N(0, 1), drawn from ``generator``, or ``normals`` if given
     (e.g. from a faster generator; not together with ``generator``).
     """
+    V0 = check_covariance(V0)
     m = V0.shape[-1]
-    if width < m:
-        raise ValueError(f"width must be >= the number of tokens m = {m}, got {width}")
+    check_int("width", width, m)
+    check_int("samples", samples, 1)
     if normals is None:
         G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
     elif generator is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from scipy.special import lambertw
 
 from ._validation import check_int, check_number, check_positive
-from .config import ModelConfig
+from .config import ModelConfig, check_config
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,7 @@ def param_count(config: ModelConfig, *, bias: bool = False) -> ParamCount:
     Per block: query and key ``n x (n_h n_k)``, value ``n x (n_h d_p)``, output
     ``(n_h d_p) x n`` if ``out_proj``; MLP ``2 n^2``; plus biases if ``bias``.
     """
-    if not isinstance(config, ModelConfig):
-        raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+    check_config(config)
     n, depth = config.width, config.depth
     mlp = 0 if config.mlp == "none" else 2 * n * n + (2 * n if bias else 0)
     return ParamCount(
@@ -264,8 +263,7 @@ def head_size_report(config: ModelConfig, seq_len: int) -> HeadSizeReport:
     (head size width / heads) whose size still reaches seq_len (0: even one head is too small).
     ``params_actual`` is this config's attention parameter count per layer (no biases).
     """
-    if not isinstance(config, ModelConfig):
-        raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+    check_config(config)
     seq_len = check_int("seq_len", seq_len, 1)
     if config.attention == "none":
         raise ValueError("config.attention must be 'shaped' or 'softmax' for a head-size report")

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .activation import relu_slopes, shaped_relu
 from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
-from .config import ModelConfig, weight_std
+from .config import ModelConfig, check_config, weight_std
 from .metrics import covariance
 from .norm import LN_EPS
 
@@ -188,7 +188,7 @@ class Transformer(nn.Module):
         self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
     ) -> None:
         super().__init__()
-        self.config = config
+        self.config = check_config(config)
         self.blocks = nn.ModuleList(
             [Block(config, bias=bias, fused=fused) for _ in range(config.depth)]
         )

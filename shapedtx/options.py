@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._validation import check_device, check_dtype, check_int
+from ._validation import check_device, check_dtype, check_int, check_progress
 
 DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
 """The simulation and SDE dtypes by name (the one table; training also takes bfloat16)."""
@@ -30,6 +30,7 @@ class RunOptions:
         if self.device is not None:
             check_device(self.device)
         check_dtype(self.dtype)
+        check_progress(self.progress)
         if self.chunk_size is not None:
             check_int("chunk_size", self.chunk_size, 1)
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
-from .config import ModelConfig
+from .config import ModelConfig, check_config
 from .metrics import covariance
 
 if TYPE_CHECKING:
@@ -208,8 +208,7 @@ def _config(model: nn.Module, config: ModelConfig | None, width: int, depth: int
     """(config, known): the given config, else the model's own ModelConfig if it matches the
     recorded width and depth, else ``ModelConfig(width, depth)`` marked unknown."""
     if config is not None:
-        if not isinstance(config, ModelConfig):
-            raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
+        check_config(config)
         if (config.width, config.depth) != (width, depth):
             raise ValueError(
                 f"config has width {config.width} and depth {config.depth}, the probed model "

@@ -20,7 +20,7 @@ import xarray as xr
 from torch import Tensor
 
 from . import metrics
-from .config import ModelConfig
+from .config import ModelConfig, check_config
 from .files import atomic_path
 
 DIMS = ("sample", "t", "token_a", "token_b")
@@ -49,8 +49,10 @@ def covariance_dataset(
     ``attrs`` are added to the standard ones (values must be netCDF-safe: str, int, float);
     ``data_vars`` (e.g. ``exploded``) are added as given.
     """
-    if V.dim() != 4 or V.shape[-1] != V.shape[-2]:
-        raise ValueError(f"V must have shape (sample, t, m, m), got {tuple(V.shape)}")
+    check_config(config)
+    if not isinstance(V, Tensor) or V.dim() != 4 or V.shape[-1] != V.shape[-2]:
+        got = tuple(V.shape) if isinstance(V, Tensor) else type(V).__name__
+        raise ValueError(f"V must be a tensor of shape (sample, t, m, m), got {got}")
     t = np.asarray(t.cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
     if t.shape != (V.shape[1],):
         raise ValueError(f"t must have shape ({V.shape[1]},), got {t.shape}")

@@ -29,6 +29,7 @@ import xarray as xr
 from scipy import stats
 
 from shapedtx import metrics
+from shapedtx._validation import check_number
 from shapedtx.metrics import detect_collapse
 from shapedtx.results import rho as _rho
 
@@ -68,6 +69,16 @@ def quantiles_with_se(
     g = (x[..., None] <= q[None, :, None, :]).mean(axis=2)  # (N, t, P)
     se = np.sqrt(g.var(axis=0, ddof=1) / N) * sparsity
     return q, se
+
+
+def _check_quantiles(quantiles: Sequence[float]) -> None:
+    """ValueError naming ``quantiles`` unless it is a non-empty sequence of numbers in (0, 1)."""
+    try:
+        q = np.asarray(quantiles, dtype=np.float64)
+    except (TypeError, ValueError):
+        q = np.empty(0)
+    if q.ndim != 1 or q.size == 0 or not np.all((q > 0) & (q < 1)):
+        raise ValueError(f"quantiles must be a non-empty sequence in (0, 1), got {quantiles!r}")
 
 
 def _hall_sheather(n: int, probs: np.ndarray, alpha: float = 0.05) -> np.ndarray:
@@ -235,6 +246,9 @@ def compare(
         )
     if network.sizes["token_a"] < 2:
         raise ValueError("need m >= 2 tokens")
+    _check_quantiles(quantiles)
+    if tolerance is not None:
+        check_number("tolerance", tolerance, 0.0)
     ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
     parts = [network.isel(t=ia), limit.isel(t=ib)]
     counts = {}

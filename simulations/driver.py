@@ -22,7 +22,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
-from shapedtx._validation import check_choice, check_device, check_dtype, check_int
+from shapedtx._validation import (
+    check_choice,
+    check_device,
+    check_dtype,
+    check_int,
+    check_progress,
+)
+from shapedtx.config import check_config
 
 from .options import RunOptions
 from .options import Sampler as SamplerChoice
@@ -34,8 +41,7 @@ DEFAULT_MEMORY_BUDGET = 2**30
 
 
 def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget) -> None:
-    if not isinstance(config, ModelConfig):
-        raise ValueError(f"config must be a shapedtx.ModelConfig, got {type(config).__name__}")
+    check_config(config)
     check_int("samples", samples)
     if method is not None:
         check_choice("method", method, method_names())
@@ -63,7 +69,7 @@ def resolve_method(config: ModelConfig, method: str | None = None) -> str:
     exact-in-law method whose ``check`` accepts ``config`` ("gram" where it applies, else
     "exact", which simulates every configuration)."""
     if method not in AUTO:
-        return method
+        return check_choice("method", method, method_names())
     for name in AUTO_ORDER:
         if name not in SAMPLERS:
             continue
@@ -257,6 +263,7 @@ def simulate(
         seed, device, dtype = options.seed, options.device, options.dtype
         progress, chunk_size = options.progress, options.chunk_size
     _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
+    check_progress(progress)
     requested = "auto" if method is None else method
     method = resolve_method(config, method)
     sampler_cls = SAMPLERS[method]

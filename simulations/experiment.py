@@ -36,6 +36,7 @@ from shapedtx._validation import (
     check_number,
     check_positive,
 )
+from shapedtx.config import check_config
 from shapedtx.covariance import check_correlation
 from shapedtx.files import write_json
 from shapedtx.options import DTYPES
@@ -84,8 +85,7 @@ class Experiment:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.config, ModelConfig):
-            raise ValueError(f"config must be a ModelConfig, got {type(self.config).__name__}")
+        check_config(self.config)
         check_int("tokens", self.tokens, 2)
         if self.tokens > self.config.width:
             raise ValueError(f"tokens must be <= config.width = {self.config.width}")

@@ -170,6 +170,12 @@ def test_compare_rejects_bad_input():
     for probs in ((0.0, 0.5), (0.5, 1.0), ((0.5,),)):
         with pytest.raises(ValueError, match="probs"):
             quantiles_with_se(np.zeros((5, 1, 1)), probs)
+    c = _dataset(_random_V(10, 2, 3, 1))
+    for quantiles in ((1.5,), (), "x", ((0.5,),)):
+        with pytest.raises(ValueError, match=r"quantiles must be a non-empty sequence in \(0, 1\)"):
+            compare(a, c, quantiles=quantiles)
+    with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+        compare(a, c, tolerance=-1.0)
 
 
 def test_collapse_report_known_layers():

@@ -75,6 +75,30 @@ def test_attrs_round_trip():
     assert ModelConfig.from_attrs(attrs) == c
 
 
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ({}, "no key starts with 'config.'"),
+        ({"config.width": 8.9}, r"attrs\['config.width'\] must be an integer"),
+        ({"config.width": "8"}, r"attrs\['config.width'\] must be an integer"),
+        ({"config.causal": "0"}, r"attrs\['config.causal'\] must be True/False or 0/1"),
+        ({"config.causal": 2}, r"attrs\['config.causal'\] must be True/False or 0/1"),
+        ({"config.gamma": True}, r"attrs\['config.gamma'\] must be a number"),
+        ({"config.mlp": 1}, r"attrs\['config.mlp'\] must be a string"),
+    ],
+)
+def test_from_attrs_rejects_what_to_attrs_never_writes(attrs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_attrs(attrs)
+
+
+def test_from_attrs_reads_netcdf_scalars():
+    # netCDF gives NumPy scalars back, bools as 0/1 and integral floats where ints were
+    attrs = {"config.width": np.int64(64), "config.depth": 9.0, "config.causal": np.int64(1)}
+    attrs |= {"config.gamma": np.float64(0.5), "unrelated": "kept out"}
+    assert ModelConfig.from_attrs(attrs) == ModelConfig(width=64, depth=9, causal=True, gamma=0.5)
+
+
 # Round trips for every valid config (property-based) -----------------------------------------
 @settings(deadline=None)
 @given(model_configs(max_width=64, max_depth=300))

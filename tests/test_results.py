@@ -56,11 +56,47 @@ def test_invalid_V0(V0, message):
         check_covariance(V0.double())
 
 
+@pytest.mark.parametrize(
+    "V0, message",
+    [
+        ("x", "V0 must be a real"),
+        (torch.eye(2, dtype=torch.complex128), "V0 must be a real"),
+        (torch.eye(2, dtype=torch.bool), "V0 must be a real"),
+    ],
+)
+def test_V0_that_is_not_a_real_matrix(V0, message):
+    with pytest.raises(ValueError, match=message):
+        check_covariance(V0)
+
+
+def test_V0_of_other_real_dtypes_is_checked_in_float64():
+    expected = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    for V0 in ([[2, 1], [1, 2]], torch.tensor([[2, 1], [1, 2]]), expected.half()):
+        assert torch.equal(check_covariance(V0), expected)
+    assert check_covariance(expected.float()).dtype == torch.float32
+
+
+def test_initial_tokens_check_their_arguments():
+    V0 = equicorrelated(3, 0.2)
+    with pytest.raises(ValueError, match="positive definite"):
+        initial_tokens(torch.ones(3, 3, dtype=torch.float64), 8, 2)
+    with pytest.raises(ValueError, match="width must be an integer >= 3"):
+        initial_tokens(V0, 2, 2)
+    with pytest.raises(ValueError, match="width must be an integer >= 3"):
+        initial_tokens(V0, 4.0, 2)
+    with pytest.raises(ValueError, match="samples must be an integer >= 1"):
+        initial_tokens(V0, 8, 0)
+
+
 def test_equicorrelated_range():
     with pytest.raises(ValueError, match="rho0"):
         equicorrelated(3, -0.6)
     with pytest.raises(ValueError, match="m "):
         equicorrelated(1, 0.2)
+    with pytest.raises(ValueError, match="dtype must be"):
+        equicorrelated(3, 0.2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="device"):
+        equicorrelated(3, 0.2, device="foo")
 
 
 def test_dataset_contract_round_trip(tmp_path):

@@ -63,6 +63,13 @@ def test_dataset_contract_and_reproducibility(tmp_path):
         ({"dtype": torch.float16}, "dtype must be"),
         ({"device": "tpu"}, "device"),
         ({"method": sde.FactoredEuler(0.01), "dt": 0.02}, "conflicts"),
+        ({"method": ["euler"]}, "method must be one of"),
+        ({"seed": -1}, "seed must be"),
+        ({"seed": 1.5}, "seed must be"),
+        ({"seed": True}, "seed must be"),
+        ({"seed": 2**64}, "seed must be"),
+        ({"V0": "x"}, "V0 must be a real"),
+        ({"V0": torch.eye(2, dtype=torch.complex128)}, "V0 must be a real"),
     ]
     + ([] if torch.cuda.is_available() else [({"device": "cuda"}, "CUDA is not available")]),
 )
@@ -71,6 +78,56 @@ def test_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         sde.solve(ATT, args.pop("V0"), args.pop("samples"), **args)
+
+
+def test_solve_rejects_a_config_that_is_not_one():
+    with pytest.raises(ValueError, match=r"config must be a shapedtx\.ModelConfig"):
+        sde.solve("x", equicorrelated(2, 0.1), 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dt": 0.0}, "dt must be"),  # torchsde would loop forever
+        ({"dt": math.nan}, "dt must be"),
+        ({"bound": 0.0}, "bound must be"),
+        ({"seed": -1}, "seed must be"),
+        ({"ts": torch.tensor([0.0])}, "ts must be"),
+        ({"ts": torch.tensor([0.2, 0.0])}, "ts must be"),
+        ({"ts": torch.tensor([0.0, math.inf])}, "ts must be"),
+        ({"V0": torch.eye(2, dtype=torch.float64)}, r"V0 must have shape \(B, m, m\)"),
+        ({"V0": torch.eye(2)[None].int()}, "V0 must be a float32 or float64 tensor"),
+        ({"V0": torch.full((1, 2, 2), math.nan, dtype=torch.float64)}, "V0 must be finite"),
+    ],
+)
+def test_solve_torchsde_checks_its_arguments(kwargs, match):
+    from sde.torchsde_solver import solve_torchsde
+
+    args = {"V0": equicorrelated(2, 0.1)[None], "ts": torch.tensor([0.0, 0.1], dtype=torch.float64)}
+    args |= {"dt": 0.05, "bound": 1e8} | kwargs
+    with pytest.raises(ValueError, match=match):
+        solve_torchsde(ATT, args.pop("V0"), args.pop("ts"), **args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": -1}, "steps must be"),
+        ({"save_every": 0}, "save_every must be"),
+        ({"dt": -1.0}, "dt must be"),
+        ({"dt": math.nan}, "dt must be"),
+        ({"bound": math.nan}, "bound must be"),
+        ({"V0": equicorrelated(2, 0.1)}, r"V0 must have shape \(B, m, m\)"),
+    ],
+)
+def test_integrate_checks_its_arguments(kwargs, match):
+    from sde.solvers import STEPPERS, gaussian_noise
+
+    args = {"V0": equicorrelated(2, 0.1)[None], "steps": 2, "dt": 0.01, "save_every": 1}
+    args |= {"bound": 1e8} | kwargs
+    noise = gaussian_noise((1, 2, 2, 2), torch.Generator(), torch.float64, torch.device("cpu"))
+    with pytest.raises(ValueError, match=match):
+        sde.integrate(STEPPERS["euler"](ATT, 2), args.pop("V0"), noise=noise, **args)
 
 
 def test_factored_euler_stays_psd_where_em_fails():

@@ -19,6 +19,7 @@ from simulations import (
     GroupedNormal,
     equicorrelated,
     group_seed,
+    resolve_method,
     simulate,
     with_metrics,
     with_rho,
@@ -152,6 +153,8 @@ def test_invalid_V0(V0, match):
         (dict(memory_budget=0), "memory_budget must be a number of bytes > 0"),
         (dict(config="shaped"), "config must be a shapedtx.ModelConfig"),
         (dict(config=ModelConfig(width=3)), "width must be >= the number of tokens m = 4"),
+        (dict(progress="yes"), "progress must be True, False or None"),
+        (dict(V0="x"), "V0 must be a real"),
     ],
 )
 def test_invalid_arguments(kwargs, match):
@@ -159,6 +162,13 @@ def test_invalid_arguments(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         simulate(args.pop("config"), args.pop("V0"), args.pop("samples"), **args)
+
+
+def test_resolve_method_rejects_unknown_names():
+    assert resolve_method(SMALL, None) == resolve_method(SMALL, "auto") == "exact"
+    assert resolve_method(SMALL, "weights") == "weights"
+    with pytest.raises(ValueError, match="method must be one of"):
+        resolve_method(SMALL, "foo")
 
 
 def test_nonfinite_covariances_are_reported():

@@ -158,6 +158,28 @@ def test_train_config_rejects_bad_values(changes, message):
 def test_train_config_round_trips_through_attrs():
     config = TrainConfig(steps=7, lr=0.5, warmup_steps=1)
     assert TrainConfig.from_attrs(config.to_attrs()) == config
+    with pytest.raises(ValueError, match=r"no key starts with 'train\.'"):
+        TrainConfig.from_attrs({"config.width": 8})
+    with pytest.raises(ValueError, match=r"attrs\['train.steps'\] must be an integer"):
+        TrainConfig.from_attrs({"train.steps": 7.5})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model_config": "x"}, r"model_config must be a shapedtx\.ModelConfig"),
+        ({"config": "x"}, "config must be a TrainConfig or None"),
+        ({"data": "x"}, "data must be a ByteCorpus"),
+        ({"device": "foo"}, "device must be"),
+        ({"dtype": torch.int64}, "dtype must be a floating-point torch dtype"),
+        ({"resume": "no"}, "resume must be True or False"),
+        ({"progress": None}, "progress must be True or False"),
+    ],
+)
+def test_train_checks_its_arguments(corpus, kwargs, message):
+    args = {"model_config": MODEL, "data": corpus, "config": TRAIN, "progress": False} | kwargs
+    with pytest.raises(ValueError, match=message):
+        train(args.pop("model_config"), args.pop("data"), args.pop("config"), **args)
 
 
 def test_seq_len_longer_than_data_is_rejected(corpus):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validation import check_int, check_number
-from ..config import _field_types
+from ..config import _field_types, fields_from_attrs
 
 
 @dataclass(frozen=True)
@@ -121,15 +121,9 @@ class TrainConfig:
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any], prefix: str = "train.") -> TrainConfig:
-        """Inverse of :meth:`to_attrs` (ignores unrelated keys)."""
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if prefix + f.name not in attrs:
-                continue
-            value = attrs[prefix + f.name]
-            value = value.item() if hasattr(value, "item") else value
-            kwargs[f.name] = _FIELD_TYPES[f.name](value)
-        return cls(**kwargs)
+        """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
+        default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
+        return cls(**fields_from_attrs(cls, _FIELD_TYPES, attrs, prefix))
 
 
 _FIELD_TYPES = _field_types(TrainConfig, ("warmup_steps",))

@@ -23,7 +23,8 @@ import xarray as xr
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import ModelConfig
+from .._validation import check_bool, check_device
+from ..config import ModelConfig, check_config
 from ..files import atomic_path
 from ..results import save_dataset
 from .config import TrainConfig
@@ -166,9 +167,18 @@ def train(
         TrainingDiverged: the loss or gradient norm became NaN/inf (message gives the step and
             the last good checkpoint, which is kept; the log is saved with status "diverged").
     """
+    check_config(model_config, "model_config")
     config = config or TrainConfig()
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig or None, got {type(config).__name__}")
+    if not isinstance(data, ByteCorpus):
+        raise ValueError(f"data must be a ByteCorpus (load_corpus), got {type(data).__name__}")
     _check_data(data, config)
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device = check_device(device)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
+    check_bool("resume", resume)
+    check_bool("progress", progress)
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from shapedtx._validation import check_int
+from shapedtx._validation import check_device, check_int, check_progress
 from shapedtx.options import DTYPES
 
 from ..grid import make_grid
@@ -129,6 +129,9 @@ def sweep(
     workers = min(2, os.cpu_count() or 1) if workers is None else workers
     check_int("workers", workers)
     check_int("threads_per_worker", threads_per_worker)
+    check_progress(progress)
+    if device is not None and client is None:  # a given cluster's workers may differ
+        check_device(device)
     g = make_grid(grid, kind)
     points = list(g.points())
     if all(p.error for p in points):
