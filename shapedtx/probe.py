@@ -20,6 +20,7 @@ ViTs (``blocks``) and Llama-style models (``model.layers``); otherwise pass ``bl
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -272,6 +273,15 @@ def probe(
         V, layer / width, config, source="network", method="probe", seed=-1, layer=layer,
         attrs=attrs,
     )  # fmt: skip
+    nonfinite = int((~torch.isfinite(V.flatten(1)).all(dim=1)).sum())
+    ds.attrs["nonfinite"] = nonfinite
+    if nonfinite:
+        warnings.warn(
+            f"probe: {nonfinite} of {V.shape[0]} sequences have non-finite covariances (the "
+            "residual stream overflowed or is NaN); see the 'nonfinite' attribute",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if not known:
         keep = ("config.width", "config.depth")
         ds.attrs = {k: v for k, v in ds.attrs.items() if not k.startswith("config.") or k in keep}

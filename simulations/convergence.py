@@ -12,6 +12,7 @@ import xarray as xr
 from torch import Tensor
 
 from shapedtx import ModelConfig
+from shapedtx._validation import check_int
 
 from .compare import compare, distances, token_values, valid_samples
 
@@ -80,6 +81,7 @@ def convergence(
     widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
     if len(widths) < 2 or len(set(widths)) != len(widths):
         raise ValueError(f"widths must list at least 2 distinct widths, got {widths!r}")
+    check_int("samples", samples, 2)  # compare needs two per source: refused before any run
     configs = {w: at_width(config, w) for w in sorted(widths)}
     T = config.T
     if limit is None:

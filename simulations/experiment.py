@@ -32,6 +32,7 @@ from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
     check_choice,
+    check_device,
     check_int,
     check_number,
     check_positive,
@@ -92,6 +93,7 @@ class Experiment:
         check_correlation(self.rho0, self.tokens)
         check_int("samples", self.samples, 2)
         check_int("baseline_samples", self.baseline_samples, 2)
+        check_device(self.device)
         object.__setattr__(self, "convergence_widths", tuple(self.convergence_widths))
         for w in self.convergence_widths:
             check_int("convergence_widths", w, 1)

@@ -221,6 +221,8 @@ def test_convergence_fit_recovers_a_known_rate():
     assert out["depth"].values.tolist() == [6, 24, 96]
     with pytest.raises(ValueError, match="widths"):
         convergence(config, [8], torch.eye(2), 400, limit=limit, networks=networks)
+    with pytest.raises(ValueError, match="samples must be an integer >= 2"):
+        convergence(config, [8, 32], torch.eye(2), 1)  # before any simulation or solve
 
 
 def test_plot_functions_write_png_and_pdf(tmp_path):

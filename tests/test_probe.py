@@ -55,6 +55,15 @@ class _Toy(nn.Module):
         return x
 
 
+def test_probe_reports_nonfinite_covariances():
+    model, X = _transformer(), _tokens()
+    assert probe(model, X).attrs["nonfinite"] == 0
+    X[1] = torch.nan
+    with pytest.warns(RuntimeWarning, match="1 of 3 sequences have non-finite covariances"):
+        ds = probe(model, X)
+    assert ds.attrs["nonfinite"] == 1
+
+
 def test_probe_of_transformer_equals_its_covariances():
     model, X = _transformer(), _tokens()
     ds = probe(model, X)
