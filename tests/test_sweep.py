@@ -357,8 +357,10 @@ def test_a_store_of_another_sweep_is_refused(client, tmp_path):
     assert not (tmp_path / "y.zarr").exists()
     with pytest.raises(ValueError, match="do not pass it with client"):
         sweep(grid, store=store, client=client, workers=2)
-    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
-        sweep(grid, store=store, workers=0)
+    cores = os.cpu_count() or 1
+    for workers in (0, cores + 1):  # a process per worker: more than the cores only costs
+        with pytest.raises(ValueError, match=rf"workers must be an integer in \[1, {cores}\]"):
+            sweep(grid, store=store, workers=workers)
     with pytest.raises(ValueError, match="give exactly the grid dimensions"):
         open_point(store, width=8, tau0=1.0)
     with pytest.raises(ValueError, match="no point"):
@@ -481,9 +483,10 @@ def test_run_point_is_the_direct_call_without_progress_bars(capfd):
 
 
 def test_embedded_cluster_defaults_progress_and_chunks(client, tmp_path, monkeypatch, capfd):
-    """The embedded cluster has ``min(2, cpu_count)`` workers and never becomes the global
-    default client; ``progress=False`` prints nothing, ``progress=True`` a bar and the
-    dashboard link; a point's samples are one chunk, never larger than the samples."""
+    """The embedded cluster has ``min(2, cpu_count)`` workers (no more than the points to
+    run) and never becomes the global default client; ``progress=False`` prints nothing,
+    ``progress=True`` a bar and the dashboard link; a point's samples are one chunk, never
+    larger than the samples."""
     import distributed
 
     seen = {}
@@ -496,6 +499,9 @@ def test_embedded_cluster_defaults_progress_and_chunks(client, tmp_path, monkeyp
     monkeypatch.setattr(distributed, "LocalCluster", recording)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     grid = {"width": 8, "depth": 2, "tokens": 2, "samples": 1}
+    assert sweep(grid, store=tmp_path / "one.zarr", processes=False, progress=False).ok
+    assert seen["n_workers"] == 1  # one point
+    grid["width"] = [8, 10]
     assert sweep(grid, store=tmp_path / "a.zarr", processes=False, progress=False).ok
     assert seen["n_workers"] == 2
     assert distributed.default_client() is client  # the caller's default is untouched

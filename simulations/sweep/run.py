@@ -106,7 +106,8 @@ def sweep(
             any Dask cluster (SLURM/PBS via dask-jobqueue, Kubernetes via dask-kubernetes);
             default: an embedded LocalCluster (in scripts, call under
             ``if __name__ == "__main__":``, as worker processes re-import the main module).
-        workers: worker processes of the embedded cluster (default ``min(2, cpu_count)``).
+        workers: worker processes of the embedded cluster, at most the machine's core count
+            and never more than the points left to run (default ``min(2, cpu_count)``).
         threads_per_worker: threads per embedded worker (torch uses as many per task).
         processes: embedded workers as processes (default) or threads of this process.
         dtype, device: passed to every simulate / solve call (device as seen by workers).
@@ -126,9 +127,11 @@ def sweep(
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype!r}")
     if client is not None and workers is not None:
         raise ValueError("workers sets the embedded cluster; do not pass it with client")
-    workers = min(2, os.cpu_count() or 1) if workers is None else workers
-    check_int("workers", workers)
-    check_int("threads_per_worker", threads_per_worker)
+    cores = os.cpu_count() or 1
+    workers = min(2, cores) if workers is None else workers
+    # more CPU-bound workers than cores only costs memory (a process each)
+    check_int("workers", workers, 1, cores)
+    check_int("threads_per_worker", threads_per_worker, 1, cores)
     check_progress(progress)
     if device is not None and client is None:  # a given cluster's workers may differ
         check_device(device)
@@ -169,6 +172,7 @@ def sweep(
     if not todo:
         return summary
 
+    workers = min(workers, len(todo))
     with (
         _connect(client, workers, threads_per_worker, processes) as (dask_client, threads),
         tqdm(total=len(todo), desc="sweep", unit="point", disable=_disable(progress)) as bar,
