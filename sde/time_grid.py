@@ -14,6 +14,9 @@ from shapedtx.config import ModelConfig, check_config
 
 MAX_SAVED = 200
 """Default number of saved times (about; the last step is always saved)."""
+MAX_STEPS = 10**7
+"""Most steps of one solve: a larger ``T / dt`` is refused (at about a microsecond per path
+and step it would run for days); raise dt or lower T."""
 
 
 def save_steps(steps: int, save_every: int) -> list[int]:
@@ -54,5 +57,10 @@ def time_grid(
     if save_every is not None:
         check_int("save_every", save_every, 1)
     steps = max(1, math.ceil(T / dt - 1e-9))
+    if steps > MAX_STEPS:
+        raise ValueError(
+            f"T / dt must be at most {MAX_STEPS:.0e} steps, got T = {T:g}, dt = {dt:g} "
+            f"({steps:.3g} steps): raise dt or lower T (T = depth / width)"
+        )
     every = save_every or max(1, steps // MAX_SAVED)
     return TimeGrid(float(T), steps, T / steps, every, tuple(save_steps(steps, every)))

@@ -481,6 +481,11 @@ def test_time_grid_steps_saved_times_and_argument_checks():
         args = {"dt": 0.01, **bad}
         with pytest.raises(ValueError, match=next(iter(bad))):
             sde.time_grid(ATT, args.pop("dt"), **args)
+    assert sde.time_grid(ATT, 1e-7, T=1.0).steps == 10**7  # the most steps of one solve
+    with pytest.raises(ValueError, match=r"T / dt must be at most 1e\+07 steps"):
+        sde.time_grid(ATT, 1e-7, T=1.0 + 1e-6)
+    with pytest.raises(ValueError, match="raise dt or lower T"):
+        sde.time_grid(ATT, 1e-12)
     with pytest.raises(dataclasses.FrozenInstanceError):
         grid.steps = 3
 
