@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from scipy.special import lambertw
 
-from ._validation import check_int, check_number, check_positive
+from ._validation import check_bool, check_int, check_number, check_positive
 from .config import ModelConfig, check_config
 
 
@@ -218,6 +218,7 @@ def param_count(config: ModelConfig, *, bias: bool = False) -> ParamCount:
     ``(n_h d_p) x n`` if ``out_proj``; MLP ``2 n^2``; plus biases if ``bias``.
     """
     check_config(config)
+    check_bool("bias", bias)
     n, depth = config.width, config.depth
     mlp = 0 if config.mlp == "none" else 2 * n * n + (2 * n if bias else 0)
     return ParamCount(

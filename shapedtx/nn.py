@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_bool
 from .activation import relu_slopes, shaped_relu
 from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
 from .config import ModelConfig, check_config, weight_std
@@ -189,6 +190,9 @@ class Transformer(nn.Module):
     ) -> None:
         super().__init__()
         self.config = check_config(config)
+        if bias is not None:
+            check_bool("bias", bias)
+        check_bool("fused", fused)
         self.blocks = nn.ModuleList(
             [Block(config, bias=bias, fused=fused) for _ in range(config.depth)]
         )

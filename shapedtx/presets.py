@@ -61,5 +61,5 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     256
     """
     if name not in PRESETS:
-        raise ValueError(f"model must be one of {', '.join(map(repr, PRESETS))}, got {name!r}")
+        raise ValueError(f"name must be one of {', '.join(map(repr, PRESETS))}, got {name!r}")
     return ModelConfig(**{**PRESETS[name], **overrides})

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_int
+from ._validation import check_bool, check_int
 from .config import ModelConfig, check_config
 from .metrics import covariance
 
@@ -258,6 +258,7 @@ def probe(
         ValueError: no blocks found, inputs the model cannot run on or that give no
             ``(batch, tokens, width)`` stream, a block returning no tensor.
     """
+    check_bool("eval", eval)
     named = find_blocks(model, blocks)
     V, width, stream_dtype = _record(model, inputs, named, eval)
     depth = len(named)

@@ -31,6 +31,7 @@ import xarray as xr
 from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
+    check_bool,
     check_choice,
     check_device,
     check_int,
@@ -241,6 +242,7 @@ def run_comparison(
 
     from .driver import simulate
 
+    check_bool("figures", figures)
     e = experiment
     cfg = e.config
     writes = out is not None

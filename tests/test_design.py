@@ -96,6 +96,12 @@ def test_allocation_matches_fixed_size_comparison():
 def test_param_count_matches_module(config, bias):
     model = Transformer(config, bias=bias)
     counted = param_count(config, bias=bias)
+    with pytest.raises(ValueError, match="bias must be True or False"):
+        param_count(config, bias="yes")
+    with pytest.raises(ValueError, match="bias must be True or False"):
+        Transformer(config, bias="y")
+    with pytest.raises(ValueError, match="fused must be True or False"):
+        Transformer(config, fused=2)
     assert counted.total == sum(p.numel() for p in model.parameters())
     assert counted.convention == 12 * config.depth * config.width**2
 

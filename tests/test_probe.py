@@ -62,6 +62,8 @@ def test_probe_reports_nonfinite_covariances():
     with pytest.warns(RuntimeWarning, match="1 of 3 sequences have non-finite covariances"):
         ds = probe(model, X)
     assert ds.attrs["nonfinite"] == 1
+    with pytest.raises(ValueError, match="eval must be True or False"):
+        probe(model, X, eval="no")
 
 
 def test_probe_of_transformer_equals_its_covariances():

@@ -11,6 +11,7 @@ from shapedtx._validation import (
     check_int,
     check_number,
     check_positive,
+    check_progress,
 )
 
 
@@ -23,6 +24,7 @@ def test_accepted_values_are_returned():
     assert check_positive("x", 1e-300) == 1e-300
     assert check_choice("c", "a", ("a", "b")) == "a"
     assert check_bool("b", False) is False
+    assert check_progress(None) is None and check_progress(True) is True
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,7 @@ def test_accepted_values_are_returned():
         (lambda: check_positive("x", math.inf), "x must be a finite number > 0, got inf"),
         (lambda: check_choice("c", "z", ("a", "b")), "c must be one of 'a', 'b', got 'z'"),
         (lambda: check_bool("b", 1), "b must be True or False, got 1"),
+        (lambda: check_progress("yes"), "progress must be True, False or None .*, got 'yes'"),
     ],
 )
 def test_rejections_name_the_parameter_the_range_and_the_value(call, message):

@@ -184,7 +184,7 @@ def test_presets_are_valid_and_overridable():
     assert cfg.bias and cfg.final_norm
     assert preset("post_ln", width=64, depth=3).norm == "post"
     assert ModelConfig.from_attrs(cfg.to_attrs()) == cfg
-    with pytest.raises(ValueError, match="model"):
+    with pytest.raises(ValueError, match="name must be one of"):
         preset("gpt5")
     with pytest.raises(ValueError, match="heads"):
         preset("pre_ln", width=30, depth=2)
