@@ -290,6 +290,10 @@ def test_experiment_defaults_and_validation_boundaries():
                        ({"tokens": 9}, "tokens"), ({"device": "foo"}, "device")):  # fmt: skip
         with pytest.raises(ValueError, match=field):
             _tiny_experiment(**bad)
+    from simulations import run_comparison
+
+    with pytest.raises(ValueError, match="figures must be True or False"):
+        run_comparison(_tiny_experiment(), figures="no")
 
 
 def test_p_value_formatting():
