@@ -128,6 +128,8 @@ def check_device(device: Any, name: str = "device") -> Any:
             raise ValueError(
                 f"{name} {device!r}: only {torch.cuda.device_count()} CUDA device(s) available"
             )
-    elif dev.type not in ("cpu", "mps", "meta"):
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{name} {device!r}: MPS is not available on this machine")
+    elif dev.type not in ("cpu", "mps"):
         raise ValueError(f"{name} must be 'cpu' or 'cuda[:index]', got {device!r}")
     return dev

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._validation import check_bool, check_choice, check_int, check_number, check_positive
+from ._validation import check_bool, check_choice, check_int, check_number
 
 Attention = Literal["shaped", "softmax", "none"]
 MLPKind = Literal["shaped_relu", "relu", "gelu", "none"]
@@ -23,6 +23,10 @@ MLPS: tuple[str, ...] = ("shaped_relu", "relu", "gelu", "none")
 NORMS: tuple[str, ...] = ("none", "pre", "post")
 RESIDUALS: tuple[str, ...] = ("scaled", "unit")
 INITS: tuple[str, ...] = ("fan_in", "gpt2")
+TAU0_RANGE = (1e-6, 1e6)
+"""Accepted ``tau0``: far beyond any useful temperature, and finite SDE coefficients."""
+C_RANGE = (-1e6, 1e6)
+"""Accepted shaped-ReLU constants ``c_plus``, ``c_minus``."""
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ATTENTIONS,
     "mlp": MLPS,
@@ -126,12 +130,14 @@ class ModelConfig:
                 f"set out_proj=True for a fixed head size"
             )
         # stored as the checked Python floats (NumPy scalars would leak into derived values)
-        object.__setattr__(self, "tau0", check_positive("tau0", self.tau0))
+        # bounded so that every derived constant (tau, the SDE's 1 / tau0^2 terms, the ReLU
+        # normaliser) is a finite float64 far from overflow
+        object.__setattr__(self, "tau0", check_number("tau0", self.tau0, *TAU0_RANGE))
         object.__setattr__(
             self, "gamma", check_number("gamma", self.gamma, 0.0, 1.0, low_open=True)
         )
-        object.__setattr__(self, "c_plus", check_number("c_plus", self.c_plus))
-        object.__setattr__(self, "c_minus", check_number("c_minus", self.c_minus))
+        for name in ("c_plus", "c_minus"):
+            object.__setattr__(self, name, check_number(name, getattr(self, name), *C_RANGE))
         if self.mlp == "shaped_relu":
             for name in ("c_plus", "c_minus"):
                 if 1 + getattr(self, name) / math.sqrt(self.width) < 0:

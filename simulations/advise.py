@@ -69,6 +69,7 @@ from shapedtx._validation import (
     check_number,
     check_positive,
 )
+from shapedtx.config import TAU0_RANGE
 from shapedtx.covariance import check_correlation, equicorrelated
 from shapedtx.design import allocation, depth_threshold, head_size_report, regime
 
@@ -500,12 +501,16 @@ def solve_batch(
     return solved
 
 
-def _check_grid(name: str, values: Sequence[float], low: float, high: float) -> tuple[float, ...]:
+def _check_grid(
+    name: str, values: Sequence[float], low: float, high: float, low_open: bool = True
+) -> tuple[float, ...]:
+    if isinstance(values, str) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}")
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} must not be empty")
     for v in values:
-        check_number(f"{name} values", v, low, high, low_open=True)
+        check_number(f"{name} values", v, low, high, low_open=low_open)
     return tuple(sorted(set(float(v) for v in values)))
 
 
@@ -549,7 +554,7 @@ def advise(
         width, depth, tokens: n, d and m (T = d / n); ``tokens >= 2``.
         heads: attention heads (with W^O when > 1); mlp: ``"shaped_relu"`` or ``"none"``.
         causal: the causal variant (needs the causal SDE; passed through to :mod:`sde`).
-        gammas, tau0s: the grid, gamma in (0, 1], tau0 > 0.
+        gammas, tau0s: the grid, gamma in (0, 1], tau0 in [1e-6, 1e6].
         criteria: safety thresholds; spread_target: see :func:`rank_key`.
         rho0: the input covariance is equicorrelated with correlation rho0 and V^{aa} = 1.
         samples: paths per confirmed candidate; screen_samples: paths per screened candidate.
@@ -576,7 +581,7 @@ def advise(
     check_correlation(rho0, tokens)
     check_positive("spread_target", spread_target)
     gammas = _check_grid("gammas", gammas, 0.0, 1.0)
-    tau0s = _check_grid("tau0s", tau0s, 0.0, math.inf)
+    tau0s = _check_grid("tau0s", tau0s, *TAU0_RANGE, low_open=False)
     T = depth / width
     if steps is None:
         steps = max(50, math.ceil(50 * T))

@@ -99,6 +99,12 @@ def test_advice_fields_and_design_checks():
     assert json.loads(json.dumps(a.to_dict()))["gamma"] == a.gamma
 
 
+def test_grids_that_are_not_sequences_are_refused_by_name():
+    for grid in ({"gammas": 0.3}, {"tau0s": "1"}):
+        with pytest.raises(ValueError, match=f"{next(iter(grid))} must be a sequence"):
+            advise(8, 4, 4, **grid)
+
+
 def test_advised_config_passes_on_the_finite_network_and_a_rejected_one_fails():
     width, depth, m = 32, 32, 4
     a = advise(width, depth, m, **SMALL)
@@ -182,6 +188,8 @@ def test_cli_table(capsys):
         ["--width", "8", "--depth", "4", "--tokens", "4", "--gammas", ""],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "-1"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "nan"],
+        ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "1e-308"],  # k_att overflow
+        ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "1e308"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--max-collapse", "2"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--max-norm", "0.5"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--samples", "0"],

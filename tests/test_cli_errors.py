@@ -22,6 +22,10 @@ BAD = [
     ["simulate", "--gamma", "1.5"],
     ["simulate", "--tau0", "0"],
     ["simulate", "--heads", "7"],
+    ["simulate", "--out", "/proc/shapedtx-test/out.nc"],  # os.access says yes to root
+    ["simulate", "--device", "meta"],
+    ["simulate", "--threads", "100000"],
+    ["simulate", "--width", "8", "--depth", "2", "--tokens", "2", "--samples", "1000000000000"],
     # sde
     ["sde", "--attention", "softmax"],
     ["sde", "--residual", "unit"],
@@ -31,6 +35,7 @@ BAD = [
     ["sde", "--tokens", "1"],
     ["sde", "--out", "{tmp}"],
     ["sde", "--dtype", "float16"],
+    ["sde", "--out", "/sys/shapedtx-test.nc"],
     # compare
     ["compare", "--out", "{out}", "--samples", "1"],
     ["compare", "--out", "{out}", "--dt", "0"],
@@ -41,12 +46,15 @@ BAD = [
     ["compare", "--out", "{file}"],
     ["compare", "--out", "{out}", "--threads", "0"],
     ["compare", "--out", "{out}", "--preset", "x"],
+    ["compare", "--out", "/proc/shapedtx-test/out"],
     # train
     ["train", "--steps", "0"],
     ["train", "--lr", "-1"],
     ["train", "--seq-len", "1"],
     ["train", "--no-causal"],
     ["train", "--width", "0"],
+    ["train", "--out", "{file}"],
+    ["train", "--out", "/proc/shapedtx-test/run"],
     # design, advise, sweep, probe
     ["design", "--params", "-1"],
     ["design", "--params", "1e9", "--head-size", "0"],

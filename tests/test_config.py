@@ -50,6 +50,9 @@ def test_fixed_head_size_requires_out_proj():
         ("out_proj", "yes"),
         ("tau0", 0.0),
         ("tau0", float("nan")),
+        ("tau0", 1e-7),  # the SDE's k_att = gamma^4 / tau0^2 would overflow near 1e-154
+        ("tau0", 1e7),
+        ("c_plus", 1e7),  # the ReLU normaliser 2 / (s_+^2 + s_-^2) would overflow near 1e154
         ("gamma", 0.0),
         ("gamma", 1.5),
         ("c_plus", float("inf")),
@@ -61,6 +64,14 @@ def test_invalid_field_raises_naming_it(field, value):
     kwargs = {"width": 64, "mlp": "shaped_relu", field: value}
     with pytest.raises(ValueError, match=field):
         ModelConfig(**kwargs)
+
+
+def test_tau0_and_relu_constants_accept_their_whole_range():
+    for tau0 in (1e-6, 1e6):
+        assert ModelConfig(tau0=tau0).tau0 == tau0
+    assert ModelConfig(width=64, mlp="shaped_relu", c_plus=1e6).c_plus == 1e6
+    with pytest.raises(ValueError, match=r"tau0 must be in \[1e-06, 1e\+06\], got 1e-07"):
+        ModelConfig(tau0=1e-7)
 
 
 def test_empty_block_rejected():

@@ -92,3 +92,16 @@ def test_resume_mismatch_names_the_cli_flags(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--depth 1" in err and "--no-resume" in err and "resume=False" not in err
+    # starting afresh over a finished run needs --overwrite too
+    assert main([*args, "--depth", "2", "--no-resume"]) == 2
+    assert "pass --overwrite with --no-resume" in capsys.readouterr().err
+    assert load_dataset(tmp_path / "r" / "log.nc").attrs["config.depth"] == 1
+    assert main([*args, "--depth", "2", "--no-resume", "--overwrite"]) == 0
+    assert load_dataset(tmp_path / "r" / "log.nc").attrs["config.depth"] == 2
+    # probe never replaces its --out silently either
+    probe = ["probe", str(tmp_path / "r"), "--data", str(text), "--out", str(tmp_path / "p.nc")]
+    assert main(probe) == 0
+    capsys.readouterr()
+    assert main(probe) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert main([*probe, "--overwrite"]) == 0

@@ -46,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UsageError) as err:
         sys.stderr.write(f"shapedtx {args.command}: error: {err}\n")
         return 2
+    except (MemoryError, RuntimeError) as err:  # sizes too large for this machine
+        if not isinstance(err, MemoryError) and "allocate" not in str(err):
+            raise
+        sys.stderr.write(
+            f"shapedtx {args.command}: error: not enough memory for these sizes ("
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}); lower --samples, "
+            "--depth, --width or the batch sizes\n"
+        )
+        return 2
     except KeyboardInterrupt:  # outputs are atomic: nothing half-written is left behind
         sys.stderr.write(f"shapedtx {args.command}: interrupted; no partial output was kept\n")
         return 130

@@ -162,8 +162,9 @@ def set_threads(threads: int | None, option: str = "--threads") -> None:
     """Apply a ``--threads`` option (None leaves torch's default)."""
     if threads is None:
         return
-    if threads < 1:
-        raise UsageError(f"{option} must be >= 1, got {threads}")
+    cores = os.cpu_count() or 1
+    if not 1 <= threads <= cores:
+        raise UsageError(f"{option} must be in [1, {cores}] (the cores), got {threads}")
     torch.set_num_threads(threads)
 
 
@@ -198,12 +199,18 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     return config, V0, options
 
 
-def _writable_parent(path: Path) -> Path:
-    """The nearest existing ancestor of ``path`` (where it would be created)."""
+def _check_writable(path: Path, option: str) -> None:
+    """UsageError unless a file can be created in the nearest existing ancestor of ``path``
+    (where it would be created): tried with a temporary file, which also catches read-only
+    and pseudo file systems that ``os.access`` reports writable to root."""
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
-    return parent
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot write in {parent} ({err.strerror})") from None
 
 
 def check_output_file(path: str | os.PathLike, overwrite: bool, option: str = "--out") -> Path:
@@ -214,9 +221,7 @@ def check_output_file(path: str | os.PathLike, overwrite: bool, option: str = "-
         raise UsageError(f"{option} {path} is a folder; give a file name")
     if path.exists() and not overwrite:
         raise UsageError(f"{option} {path} exists; pass --overwrite to replace it")
-    parent = _writable_parent(path)
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: cannot write in {parent}")
+    _check_writable(path, option)
     return path
 
 
@@ -230,9 +235,7 @@ def check_output_folder(path: Path, overwrite: bool, option: str = "--out") -> N
             f"{option} {path} already holds files; pass --overwrite to replace them, or "
             "choose another folder"
         )
-    parent = _writable_parent(path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: cannot write in {parent}")
+    _check_writable(path, option)
 
 
 @contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import UsageError, parse_device, set_threads
+from ._common import UsageError, check_output_file, parse_device, set_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run", help="output folder of `shapedtx train` (log.nc, checkpoint.pt)")
     parser.add_argument("--out", default=None, help="write the Dataset to this .nc file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument(
         "--windows", type=int, default=None, help="validation windows (default: metrics_batch)"
     )
@@ -46,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from shapedtx.training.trainer import CHECKPOINT, LOG
 
     folder = Path(args.run)
-    if args.out is not None and Path(args.out).suffix != ".nc":
-        raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+    if args.out is not None:
+        if Path(args.out).suffix != ".nc":
+            raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+        check_output_file(args.out, args.overwrite)
     if not 0 < args.threshold < 1:
         raise UsageError(f"--threshold must be in (0, 1), got {args.threshold}")
     for name in (LOG, CHECKPOINT):

@@ -15,6 +15,7 @@ from shapedtx.options import DTYPES as SIM_DTYPES
 from ._common import (
     UsageError,
     add_config_arguments,
+    check_output_folder,
     config_from_args,
     parse_device,
     set_threads,
@@ -55,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --no-resume: start afresh over a run already in --out",
+    )
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     parser.set_defaults(func=run)
 
@@ -69,7 +75,18 @@ def run(args: argparse.Namespace) -> int:
         plot_losses,
     )
     from shapedtx.training import train as train_model
+    from shapedtx.training.trainer import CHECKPOINT, LOG
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    held = any((out / name).exists() for name in (CHECKPOINT, LOG))
+    if held and not args.resume and not args.overwrite:
+        raise UsageError(
+            f"--out {out} holds a run; pass --overwrite with --no-resume to start afresh "
+            "over it, or resume it (drop --no-resume)"
+        )
+    check_output_folder(out, overwrite=True)  # writable; its content is the run's to manage
     model_config = config_from_args(args)
     train_config = TrainConfig(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
@@ -79,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
     data = load_corpus(
         args.data, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
     )
-    out = Path(args.out)
     try:
         result = train_model(
             model_config,
@@ -95,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         flag = "--" + err.key.split(".")[-1].replace("_", "-")
         raise UsageError(
             f"--out {out} holds a checkpoint written with {flag} {err.saved!r} (now "
-            f"{err.current!r}); use another --out, or --no-resume to start afresh there"
+            f"{err.current!r}); use another --out, or --no-resume --overwrite to start afresh "
+            "there"
         ) from None
     except TrainingDiverged as err:
         sys.stderr.write(f"shapedtx train: diverged: {err}\n")
