@@ -69,9 +69,9 @@ class ModelConfig:
             of ``heads``: the fixed-head-size layer of docs/theory.md#head-size).
         out_proj: whether the attention output goes through W^O (n_h d_p -> n). Without it,
             ``heads * head_dim`` must equal ``width``.
-        tau0: shaped-attention temperature constant, tau = tau0 sqrt(n n_k).
+        tau0: shaped-attention temperature constant, tau = tau0 sqrt(n n_k); in [1e-6, 1e6].
         gamma: branch weight; the skip weight is lambda = sqrt(1 - gamma^2).
-        c_plus, c_minus: shaped-ReLU slopes s_pm = 1 + c_pm / sqrt(n).
+        c_plus, c_minus: shaped-ReLU slopes s_pm = 1 + c_pm / sqrt(n); in [-1e6, 1e6].
         causal: causal mask (and causal uniform centring for shaped attention).
     """
 
