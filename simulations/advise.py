@@ -61,6 +61,7 @@ from sde.coefficients import (
 )
 from sde.solve import DEFAULT_BOUND
 from sde.solvers import _jittered_cholesky, gaussian_noise, integrate
+from sde.time_grid import MAX_STEPS
 from shapedtx import ModelConfig
 from shapedtx._validation import (
     check_bool,
@@ -558,7 +559,8 @@ def advise(
         criteria: safety thresholds; spread_target: see :func:`rank_key`.
         rho0: the input covariance is equicorrelated with correlation rho0 and V^{aa} = 1.
         samples: paths per confirmed candidate; screen_samples: paths per screened candidate.
-        steps: Euler steps to T (default ``max(50, ceil(50 T))``: dt <= min(T/50, 0.02)).
+        steps: Euler steps to T (default ``max(50, ceil(50 T))``: dt <= min(T/50, 0.02)), at
+            most ``sde.time_grid.MAX_STEPS`` (1e7).
         max_confirm: at most this many candidates are confirmed.
         seed: seeds the screening (confirmation i uses ``seed + 1 + i``).
 
@@ -583,9 +585,14 @@ def advise(
     gammas = _check_grid("gammas", gammas, 0.0, 1.0)
     tau0s = _check_grid("tau0s", tau0s, *TAU0_RANGE, low_open=False)
     T = depth / width
+    if steps is None and 50 * T > MAX_STEPS:
+        raise ValueError(
+            f"depth / width = {T:g} needs {50 * T:.3g} SDE steps (50 per unit time), more "
+            f"than {MAX_STEPS:.0e}: lower depth"
+        )
     if steps is None:
         steps = max(50, math.ceil(50 * T))
-    steps = check_int("steps", steps, 1)
+    steps = check_int("steps", steps, 1, MAX_STEPS)
     grid = [(g, t) for g in gammas for t in tau0s]
     configs = [_config(width, depth, heads, mlp, causal, g, t) for g, t in grid]
     V0 = equicorrelated(tokens, rho0, 1.0)

@@ -190,6 +190,8 @@ def test_cli_table(capsys):
         ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "nan"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "1e-308"],  # k_att overflow
         ["--width", "8", "--depth", "4", "--tokens", "4", "--tau0s", "1e308"],
+        ["--width", "8", "--depth", "4", "--tokens", "4", "--steps", "1000000000000"],
+        ["--width", "8", "--depth", "1000000000000", "--tokens", "4"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--max-collapse", "2"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--max-norm", "0.5"],
         ["--width", "8", "--depth", "4", "--tokens", "4", "--samples", "0"],
