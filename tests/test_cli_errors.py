@@ -85,5 +85,19 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(argv, tmp_path, ca
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sde", "--T", "-1"], "--T must be a finite number > 0"),
+        (["sde", "--seed", "-1"], "--seed must be an integer >= 0"),
+        (["simulate", "--seed", "-1"], "--seed must be an integer >= 0"),
+        (["train", "--batch-size", "0"], "--batch-size must be an integer >= 1"),
+    ],
+)
+def test_library_messages_name_the_command_line_option(argv, message, capsys):
+    assert main(argv) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+
+
 def test_at_least_40_bad_invocations():
     assert len(BAD) >= 40

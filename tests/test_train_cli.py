@@ -36,15 +36,15 @@ def test_cli_trains_and_writes_outputs(tmp_path, text, capsys):
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--steps", "0"], "steps"),
-        (["--lr", "-1"], "lr"),
+        (["--steps", "0"], "--steps"),
+        (["--lr", "-1"], "--lr must be"),
         (["--width", "abc"], "--width"),
         (["--attention", "linear"], "--attention"),
         (["--no-causal"], "causal"),
         (["--data", "/no/such/file"], "data path"),
         (["--dtype", "float8"], "--dtype"),
         (["--device", "nonsense"], "device"),
-        (["--val-fraction", "2"], "val_fraction"),
+        (["--val-fraction", "2"], "--val-fraction"),
         (["--threads", "0"], "threads"),
         (["--seq-len", "5000"], "seq_len"),
     ],

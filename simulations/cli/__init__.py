@@ -3,12 +3,13 @@ function; bad input gives a one-line error and exit code 2 (never a traceback)."
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
 from shapedtx import __version__
 
-from ._common import ArgumentParser, UsageError
+from ._common import ArgumentParser, UsageError, option_error
 
 # Subcommand modules of this package, in --help order.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -35,6 +36,13 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def _option_dests(parser: ArgumentParser, command: str) -> list[str]:
+    """The parameters of ``command`` that have an option ``--name-with-dashes``."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = subparsers.choices[command]._actions
+    return [a.dest for a in actions if "--" + a.dest.replace("_", "-") in a.option_strings]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -44,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, UsageError) as err:
+        if not isinstance(err, UsageError):  # a library message: name the option, not the field
+            err = option_error(err, _option_dests(parser, args.command))
         sys.stderr.write(f"shapedtx {args.command}: error: {err}\n")
         return 2
     except (MemoryError, RuntimeError) as err:  # sizes too large for this machine
