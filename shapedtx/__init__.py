@@ -22,7 +22,7 @@ from .attention import (
     token_mean,
 )
 from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
-from .config import ModelConfig
+from .config import ModelConfig, check_config
 from .covariance import check_covariance, check_covariance_batch, equicorrelated, initial_tokens
 from .metrics import detect_collapse
 from .nn import (
@@ -106,6 +106,7 @@ __all__ = [
     "bottleneck",
     "causal_centring",
     "causal_uniform",
+    "check_config",
     "check_covariance",
     "check_covariance_batch",
     "config_of",

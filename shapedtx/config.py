@@ -196,7 +196,7 @@ class ModelConfig:
     def from_attrs(cls, attrs: dict[str, Any], prefix: str = "config.") -> ModelConfig:
         """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
         default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
-        return cls(**fields_from_attrs(cls, FIELD_TYPES, attrs, prefix))
+        return cls(**_fields_from_attrs(cls, FIELD_TYPES, attrs, prefix))
 
 
 def check_config(config: Any, name: str = "config") -> ModelConfig:
@@ -220,7 +220,7 @@ def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
     return GPT2_STD
 
 
-def fields_from_attrs(
+def _fields_from_attrs(
     cls: type, types: dict[str, type], attrs: dict[str, Any], prefix: str
 ) -> dict[str, Any]:
     """Keyword arguments of the dataclass ``cls`` read back from flat attrs (the keys
@@ -240,7 +240,7 @@ def fields_from_attrs(
 
 def _read_attr(key: str, value: Any, kind: type) -> Any:
     """``value`` (a Python or NumPy scalar) as ``kind``; ValueError naming ``key`` if it is
-    not one (see :func:`fields_from_attrs`)."""
+    not one (see :func:`_fields_from_attrs`)."""
     value = value.item() if hasattr(value, "item") else value
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind is bool and (isinstance(value, bool) or (number and value in (0, 1))):

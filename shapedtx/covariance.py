@@ -25,7 +25,8 @@ def equicorrelated(
     rho0 = check_correlation(rho0, m)
     check_positive("scale", scale)
     check_dtype(dtype)
-    device = check_device(device)
+    if device is not None:  # None: torch's default device
+        check_device(device)
     eye = torch.eye(m, dtype=dtype, device=device)
     return scale * ((1 - rho0) * eye + rho0 * torch.ones_like(eye))
 

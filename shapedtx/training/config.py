@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validation import check_int, check_number
-from ..config import _field_types, fields_from_attrs
+from ..config import _field_types, _fields_from_attrs
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class TrainConfig:
     def from_attrs(cls, attrs: dict[str, Any], prefix: str = "train.") -> TrainConfig:
         """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
         default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
-        return cls(**fields_from_attrs(cls, _FIELD_TYPES, attrs, prefix))
+        return cls(**_fields_from_attrs(cls, _FIELD_TYPES, attrs, prefix))
 
 
 _FIELD_TYPES = _field_types(TrainConfig, ("warmup_steps",))
