@@ -88,6 +88,9 @@ class Experiment:
 
     def __post_init__(self) -> None:
         check_config(self.config)
+        for label in ("name", "description"):
+            if not isinstance(getattr(self, label), str):
+                raise ValueError(f"{label} must be a string, got {getattr(self, label)!r}")
         check_int("tokens", self.tokens, 2)
         if self.tokens > self.config.width:
             raise ValueError(f"tokens must be <= config.width = {self.config.width}")

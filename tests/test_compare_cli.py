@@ -287,7 +287,8 @@ def test_experiment_defaults_and_validation_boundaries():
                        ({"tokens": 3, "rho0": -0.5}, "rho0"), ({"dt": 0.0}, "dt"),
                        ({"dt": float("inf")}, "dt"), ({"threshold": 0.0}, "threshold"),
                        ({"threshold": 1.0}, "threshold"), ({"method": "bogus"}, "method"),
-                       ({"tokens": 9}, "tokens"), ({"device": "foo"}, "device")):  # fmt: skip
+                       ({"tokens": 9}, "tokens"), ({"device": "foo"}, "device"),
+                       ({"name": 3}, "name"), ({"description": None}, "description")):  # fmt: skip
         with pytest.raises(ValueError, match=field):
             _tiny_experiment(**bad)
     from simulations import run_comparison

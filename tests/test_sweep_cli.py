@@ -111,6 +111,14 @@ def test_bad_input_exit_2_with_one_line(tmp_path, toml, options, message, capsys
     assert not (tmp_path / "s.zarr").exists()
 
 
+def test_a_binary_grid_file_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "grid.toml"
+    path.write_bytes(b"\xb5\x00\xff binary")
+    assert main(["sweep", str(path), "--store", str(tmp_path / "s.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid TOML" in err and err.count("\n") == 1
+
+
 def test_failed_scheduler_connection_leaves_no_default_client(tmp_path, capsys):
     """A client that failed to connect must not become dask's global default (xarray would
     then take distributed locks from it when writing netCDF, and fail)."""

@@ -66,14 +66,22 @@ def test_default_corpus_is_the_python_stdlib_and_respects_max_bytes():
     ("kwargs", "message"),
     [
         ({"path": "/nonexistent/folder"}, "data path"),
+        ({"path": ""}, "data path must be an existing file or folder, got ''"),
         ({"val_fraction": 0.0}, "val_fraction"),
         ({"val_fraction": 1.0}, "val_fraction"),
         ({"max_bytes": 3}, "max_bytes"),
+        ({"suffix": 3}, "suffix must be a string"),
     ],
 )
 def test_bad_corpus_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         load_corpus(**kwargs)
+
+
+def test_a_folder_of_binary_files_is_refused_saying_so(tmp_path):
+    (tmp_path / "random.dat").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"fewer than 16 bytes of text \(1 binary file"):
+        load_corpus(tmp_path)
 
 
 def test_batches_are_windows_of_the_data_and_reproducible():

@@ -92,11 +92,15 @@ def load_corpus(
     check_number("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     if max_bytes is not None:
         check_int("max_bytes", max_bytes, 16)
+    if suffix is not None and not isinstance(suffix, str):
+        raise ValueError(f"suffix must be a string such as '.txt' or None, got {suffix!r}")
     if path is None:
         root = default_corpus_root()
         files = _documents(root, suffix or ".py", ("site-packages", "__pycache__"))
         source = f"python-stdlib:{root}"
     else:
+        if not str(path).strip():  # Path("") is the current folder
+            raise ValueError(f"data path must be an existing file or folder, got {str(path)!r}")
         root = Path(path)
         if root.is_file():
             files, root = [root], root.parent
@@ -107,10 +111,11 @@ def load_corpus(
         source = str(Path(path))
     names = sorted((f.relative_to(root).as_posix() for f in files), key=_read_order)
     texts: list[tuple[str, bytes]] = []
-    total = 0
+    total = binary = 0
     for name in names:
         data = (root / name).read_bytes()
         if not data or b"\0" in data:
+            binary += bool(data)
             continue
         if max_bytes is not None:
             data = data[: max_bytes - total]
@@ -119,7 +124,8 @@ def load_corpus(
         if max_bytes is not None and total >= max_bytes:
             break
     if total < 16:
-        raise ValueError(f"data at {source!r} holds fewer than 16 bytes of text")
+        skipped = f" ({binary} binary file(s), with a NUL byte, skipped)" if binary else ""
+        raise ValueError(f"data at {source!r} holds fewer than 16 bytes of text{skipped}")
     train = b"".join(d for name, d in texts if _hash_fraction(name) >= val_fraction)
     val = b"".join(d for name, d in texts if _hash_fraction(name) < val_fraction)
     if not train or not val:

@@ -64,7 +64,7 @@ def _read_grid(path: str) -> tuple[dict[str, Any], str | None]:
             data = tomllib.load(f)
     except OSError as err:
         raise UsageError(f"cannot read {path!r}: {err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise UsageError(f"{path!r} is not valid TOML: {err}") from None
     unknown = sorted(set(data) - set(_FILE_KEYS))
     if unknown:
