@@ -182,6 +182,16 @@ def test_train_checks_its_arguments(corpus, kwargs, message):
         train(args.pop("model_config"), args.pop("data"), args.pop("config"), **args)
 
 
+def test_resume_mismatch_names_the_first_changed_field_not_a_derived_one(tmp_path):
+    from shapedtx.training.trainer import ResumeMismatch, _check_identity
+
+    saved = MODEL.to_attrs()
+    current = MODEL.replace(width=2 * MODEL.width, head_dim=None, key_dim=None).to_attrs()
+    with pytest.raises(ResumeMismatch) as info:
+        _check_identity(saved, current, tmp_path)
+    assert info.value.key == "config.width"
+
+
 def test_seq_len_longer_than_data_is_rejected(corpus):
     with pytest.raises(ValueError, match="seq_len"):
         train(MODEL, corpus, TRAIN.replace(seq_len=10_000), progress=False)

@@ -330,7 +330,8 @@ def train(
 
 
 def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    for key in sorted(set(saved) | set(current)):
+    # in the fields' own order: a changed width is named, not the head_dim derived from it
+    for key in [*current, *(k for k in saved if k not in current)]:
         if saved.get(key) != current.get(key):
             raise ResumeMismatch(key, saved.get(key), current.get(key), path)
 
