@@ -94,6 +94,7 @@ def test_failed_points_exit_1_and_are_listed(tmp_path, scheduler, capsys):
         ("[grid]\nwidth = 8", ["--threads-per-worker", "0"], "--threads-per-worker must be"),
         ("[grid]\nwidth = 8", ["--kind", "other"], "invalid choice"),
         ("[grid]\nwidth = 8", ["--scheduler", "nosuch://x:1"], "unknown address scheme"),
+        ("[grid]\nwidth = 8", ["--scheduler", "bogus"], "missing port number"),
         ("[grid]\nwidth = 8", ["--scheduler", "tcp://x:1", "--workers", "2"], "omit it with"),
         ("[grid]\nwidth = 8", ["--store", "FILE"], "--store must be a directory"),
         ("[grid]\nwidth = 8", ["--device", "nowhere"], "--device"),
