@@ -99,5 +99,20 @@ def test_library_messages_name_the_command_line_option(argv, message, capsys):
     assert f"error: {message}" in capsys.readouterr().err
 
 
+def test_a_write_that_fails_mid_run_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    import shapedtx.files
+
+    def refuse(src, dst):
+        raise PermissionError(1, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr(shapedtx.files.os, "replace", refuse)
+    out = tmp_path / "V.nc"
+    argv = ["simulate", "--width", "8", "--depth", "1", "--tokens", "2", "--samples", "2"]
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Operation not permitted" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone too
+
+
 def test_at_least_40_bad_invocations():
     assert len(BAD) >= 40

@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             "--depth, --width or the batch sizes\n"
         )
         return 2
+    except OSError as err:  # e.g. the disk filled or an output became unwritable mid-run
+        sys.stderr.write(f"shapedtx {args.command}: error: {err}\n")
+        return 1
     except KeyboardInterrupt:  # outputs are atomic: nothing half-written is left behind
         sys.stderr.write(f"shapedtx {args.command}: interrupted; no partial output was kept\n")
         return 130
