@@ -98,10 +98,11 @@ def run(args: argparse.Namespace) -> int:
     client = None
     if args.scheduler is not None:
         from distributed import Client
-        from distributed.comm import get_address_host_port
+        from distributed.comm import get_address_host_port, parse_address
 
         try:  # a malformed address first: a Client that fails on it waits 40 s to close
-            get_address_host_port(args.scheduler)
+            if parse_address(args.scheduler)[0] != "inproc":  # in-process: no host and port
+                get_address_host_port(args.scheduler)
             client = Client(args.scheduler, timeout="20s", set_as_default=False)
         except (OSError, ValueError, TimeoutError) as err:
             raise UsageError(f"--scheduler {args.scheduler}: {err}") from None
