@@ -192,6 +192,11 @@ def test_resume_mismatch_names_the_first_changed_field_not_a_derived_one(tmp_pat
     assert info.value.key == "config.width"
 
 
+def test_a_model_too_large_for_the_memory_is_refused_before_it_is_built(corpus):
+    with pytest.raises(ValueError, match=r"model_config: about .* parameters need at least .* GiB"):
+        train(MODEL.replace(depth=10**9), corpus, TRAIN, progress=False)
+
+
 def test_seq_len_longer_than_data_is_rejected(corpus):
     with pytest.raises(ValueError, match="seq_len"):
         train(MODEL, corpus, TRAIN.replace(seq_len=10_000), progress=False)

@@ -25,10 +25,11 @@ from tqdm.auto import tqdm
 
 from .._validation import check_bool, check_device
 from ..config import ModelConfig, check_config
+from ..design import param_count
 from ..files import atomic_path
 from ..results import save_dataset
 from .config import TrainConfig
-from .data import ByteCorpus, fixed_windows, sample_batch
+from .data import VOCAB, ByteCorpus, fixed_windows, sample_batch
 from .log import covariance_metrics, log_dataset
 from .model import LanguageModel
 
@@ -118,6 +119,36 @@ def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ad
     )
 
 
+def _device_memory(device: torch.device) -> int | None:
+    """Bytes of memory of ``device`` (physical memory for the CPU), None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _check_fits(
+    model_config: ModelConfig, config: TrainConfig, dtype: torch.dtype, device: torch.device
+) -> None:
+    """ValueError, before anything is built, if the weights, their gradients and the two
+    AdamW moments alone (a lower bound of the memory a step needs) exceed the device's
+    memory: a model of 1e9 blocks would otherwise take hours to build and then fail."""
+    n = model_config.width
+    params = param_count(model_config).total + (2 * VOCAB + config.seq_len) * n
+    need = 4 * params * torch.empty((), dtype=dtype).element_size()
+    have = _device_memory(device)
+    if have is not None and need > have:
+        raise ValueError(
+            f"model_config: about {params:.3g} parameters need at least {need / 2**30:.3g} GiB "
+            f"(weights, gradients and AdamW moments in {dtype}), more than the "
+            f"{have / 2**30:.3g} GiB of {device}: lower depth, width or mlp_ratio"
+        )
+
+
 def _check_data(data: ByteCorpus, config: TrainConfig) -> None:
     for split in ("train", "val"):
         size = getattr(data, split).numel()
@@ -179,6 +210,7 @@ def train(
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
+    _check_fits(model_config, config, dtype, torch.device(device))
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
 
