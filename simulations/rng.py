@@ -6,11 +6,13 @@ the same random numbers whatever the chunking (and whatever the number of sample
 
 Each group has a torch generator (:attr:`GroupedNormal.generators`) and, for bulk normals,
 a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit generator with
-its ziggurat normal sampler (about 2.3x faster than float64 ``torch.randn`` on CPU), seeded
-from ``(seed, g, 1)``; on other devices the group's torch generator.
+its ziggurat normal sampler, seeded from ``(seed, g, 1)``, float64 normals drawn by a compiled
+copy of that sampler (:mod:`simulations._normal_fill`: numpy's numbers, about 2.5x faster
+than numpy's own call and 6x faster than float64 ``torch.randn``); on other devices the
+group's torch generator.
 
 On CPU the groups of a bulk draw can be filled by several threads at once (``workers``;
-numpy releases the GIL while it fills an array). Each group still draws from its own stream
+the fills release the GIL). Each group still draws from its own stream
 in its own order, so the numbers do not depend on the number of threads.
 """
 
@@ -26,6 +28,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 from torch import Tensor
+
+from ._normal_fill import standard_normal_fill
 
 T = TypeVar("T")
 Draw = tuple[list[Tensor], Tensor | None]
@@ -177,17 +181,13 @@ class GroupedNormal:
         if self.device.type != "cpu":
             return self._start_torch(normals, chi2_dof, dtype)
         gens, slices = self._numpy_generators(), self.slices
-        arrays = [
-            (buf.numpy(), np.float64 if buf.dtype == torch.float64 else np.float32)
-            for buf in normals
-        ]
+        arrays = [buf.numpy() for buf in normals]
         half = None if chi2_dof is None else chi2_dof.detach().cpu().double().numpy() / 2
         chi = None if half is None else np.empty((self.samples, half.shape[0]))
 
         def task(i: int) -> None:
             rows = slices[i]
-            for array, np_dtype in arrays:
-                gens[i].standard_normal(out=array[rows], dtype=np_dtype)
+            standard_normal_fill(gens[i], [array[rows] for array in arrays])
             if chi is not None and half is not None:  # chi^2_k = 2 Gamma(k / 2): ``chisquare``
                 gens[i].standard_gamma(half, size=chi[rows].shape, out=chi[rows])
 
@@ -195,7 +195,7 @@ class GroupedNormal:
             chi2 = None if chi is None else torch.from_numpy(chi).mul_(2.0).to(dtype)
             return list(normals), chi2
 
-        numbers = sum(array.size for array, _ in arrays) + (0 if chi is None else chi.size)
+        numbers = sum(array.size for array in arrays) + (0 if chi is None else chi.size)
         helpers = min(self.workers, len(slices)) - 1 if numbers >= PARALLEL_NUMBERS else 0
         return PendingDraw(task, len(slices), helpers, finish)
 

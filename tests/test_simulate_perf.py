@@ -12,6 +12,7 @@ import torch
 from shapedtx import ModelConfig
 from shapedtx._matmul import small_matmul
 from simulations import GroupedNormal, equicorrelated, resolve_method, simulate
+from simulations._normal_fill import _compiled, standard_normal_fill
 from simulations.samplers import ExactSampler
 
 EXACT_CONFIGS = {
@@ -96,6 +97,38 @@ def test_fill_normal_streams_are_per_group():
     assert abs(float(f32.mean())) < 0.01 and abs(float(f32.std()) - 1) < 0.01
     with pytest.raises(ValueError, match="contiguous"):
         both.fill_normal(torch.empty(7, 5, dtype=torch.float64).T)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_normal_fill_gives_numpys_numbers(dtype):
+    """The compiled float64 fill (numba) draws exactly numpy's ``standard_normal`` numbers,
+    array after array, and leaves the generator in numpy's state (float32 goes to numpy)."""
+    arrays = [np.empty((3, 5), dtype), np.empty(0, dtype), np.empty((2, 2, 2), dtype)]
+    gen = np.random.Generator(np.random.SFC64(11))
+    standard_normal_fill(gen, arrays)
+    ref = np.random.Generator(np.random.SFC64(11))
+    for a in arrays:
+        np.testing.assert_array_equal(a, ref.standard_normal(a.shape, dtype=dtype))
+    np.testing.assert_array_equal(gen.standard_normal(8), ref.standard_normal(8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        standard_normal_fill(gen, [np.empty((4, 3), dtype).T])
+
+
+def test_compiled_normal_fill_without_a_writable_cache(monkeypatch):
+    """Where numba finds no writable cache folder, the fill is compiled in memory."""
+    import numba
+
+    real_njit = numba.njit
+
+    def njit(**options):
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function '_fill': no locator available")
+        return real_njit(**options)
+
+    monkeypatch.setattr(numba, "njit", njit)
+    a = np.empty(6)
+    _compiled.__wrapped__()(np.random.Generator(np.random.SFC64(2)), (a,))
+    np.testing.assert_array_equal(a, np.random.Generator(np.random.SFC64(2)).standard_normal(6))
 
 
 def test_bulk_draws_do_not_depend_on_the_number_of_threads():
