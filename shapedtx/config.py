@@ -183,6 +183,25 @@ class ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def unused_fields(self) -> dict[str, str]:
+        """The fields that have no effect on this model, each with the reason (e.g.
+        ``{"tau0": "attention='softmax' (tau0 is the shaped-attention temperature)"}``): the
+        command line refuses an option it would ignore."""
+        unused: dict[str, str] = {}
+        if self.attention == "none":
+            for name in ("heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"):
+                unused[name] = "attention='none' (no attention)"
+        elif self.attention == "softmax":
+            unused["tau0"] = "attention='softmax' (tau0 is the shaped-attention temperature)"
+        if self.mlp == "none":
+            unused["mlp_ratio"] = "mlp='none' (no MLP)"
+        if self.mlp != "shaped_relu":
+            for name in ("c_plus", "c_minus"):
+                unused[name] = f"mlp={self.mlp!r} (c_+ and c_- shape the shaped-ReLU MLP)"
+        if self.residual == "unit":
+            unused["gamma"] = "residual='unit' (X + f(X) has no branch weight)"
+        return unused
+
     # Serialisation (netCDF-safe flat attributes) ------------------------------------------
     def to_attrs(self, prefix: str = "config.") -> dict[str, int | float | str]:
         """Flat, netCDF-safe dictionary (bools as 0/1) with keys ``prefix + field``."""

@@ -92,6 +92,12 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(argv, tmp_path, ca
         (["sde", "--seed", "-1"], "--seed must be an integer >= 0"),
         (["simulate", "--seed", "-1"], "--seed must be an integer >= 0"),
         (["train", "--batch-size", "0"], "--batch-size must be an integer >= 1"),
+        # an option the model would ignore is refused, naming why
+        (["simulate", "--mlp", "none", "--c-plus", "3"], "--c-plus has no effect with mlp='none'"),
+        (["simulate", "--attention", "softmax", "--tau0", "2"], "--tau0 has no effect with"),
+        (["train", "--residual", "unit", "--gamma", "0.5"], "--gamma has no effect with"),
+        (["sde", "--mlp", "none", "--mlp-ratio", "4"], "--mlp-ratio has no effect with"),
+        (["simulate", "--attention", "none", "--mlp", "relu", "--heads", "2"], "--heads has no"),
     ],
 )
 def test_library_messages_name_the_command_line_option(argv, message, capsys):

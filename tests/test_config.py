@@ -74,6 +74,16 @@ def test_tau0_and_relu_constants_accept_their_whole_range():
         ModelConfig(tau0=1e-7)
 
 
+def test_unused_fields_are_exactly_the_ones_without_effect():
+    assert ModelConfig(mlp="shaped_relu").unused_fields() == {}
+    unused = ModelConfig(attention="softmax", mlp="relu", residual="unit").unused_fields()
+    assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"}
+    assert "softmax" in unused["tau0"] and "'relu'" in unused["c_plus"]
+    no_attention = ModelConfig(attention="none", mlp="shaped_relu").unused_fields()
+    assert set(no_attention) == {"heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"}
+    assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"}
+
+
 def test_empty_block_rejected():
     with pytest.raises(ValueError, match="attention"):
         ModelConfig(attention="none", mlp="none")
@@ -123,14 +133,18 @@ def test_every_config_round_trips_through_attrs_cli_and_grid(config):
 
     parser = ArgumentParser(prog="test")
     add_config_arguments(parser)
-    argv = []
+    argv, unused = [], config.unused_fields()  # the command line refuses unused options
     for f in dataclasses.fields(config):
+        if f.name in unused:
+            continue
         value = getattr(config, f.name)
         flag = "--" + f.name.replace("_", "-")
         argv += [flag if value else f"--no-{flag[2:]}"] if isinstance(value, bool) else [
             f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}"
         ]  # fmt: skip
-    assert config_from_args(parser.parse_args(argv)) == config
+    parsed = config_from_args(parser.parse_args(argv))
+    assert parsed.unused_fields() == unused
+    assert parsed == config.replace(**{k: getattr(parsed, k) for k in unused})
 
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     point = next(make_grid(fields).points())

@@ -112,6 +112,7 @@ def test_compiled_normal_fill_gives_numpys_numbers(dtype):
     np.testing.assert_array_equal(gen.standard_normal(8), ref.standard_normal(8))
     with pytest.raises(ValueError, match="C-contiguous"):
         standard_normal_fill(gen, [np.empty((4, 3), dtype).T])
+    assert _compiled().targetoptions["nogil"]  # the parallel fills need the GIL released
 
 
 def test_compiled_normal_fill_without_a_writable_cache(monkeypatch):
@@ -127,7 +128,9 @@ def test_compiled_normal_fill_without_a_writable_cache(monkeypatch):
 
     monkeypatch.setattr(numba, "njit", njit)
     a = np.empty(6)
-    _compiled.__wrapped__()(np.random.Generator(np.random.SFC64(2)), (a,))
+    fill = _compiled.__wrapped__()
+    assert fill.targetoptions["nogil"]
+    fill(np.random.Generator(np.random.SFC64(2)), (a,))
     np.testing.assert_array_equal(a, np.random.Generator(np.random.SFC64(2)).standard_normal(6))
 
 

@@ -93,12 +93,17 @@ def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = No
         fields["head_dim"] = fields["key_dim"] = None
     if args.model is not None:
         fields.update(PRESETS[args.model])
-    given = {k: getattr(args, k, None) for k in FIELD_TYPES}
-    fields.update({k: v for k, v in given.items() if v is not None})
+    given = {k: v for k in FIELD_TYPES if (v := getattr(args, k, None)) is not None}
+    fields.update(given)
     try:
-        return ModelConfig(**fields)
+        config = ModelConfig(**fields)
     except ValueError as err:
         raise option_error(err, FIELD_TYPES) from None
+    ignored = [(k, why) for k, why in config.unused_fields().items() if k in given]
+    if ignored:
+        name, why = ignored[0]
+        raise UsageError(f"--{name.replace('_', '-')} has no effect with {why}; leave it out")
+    return config
 
 
 def option_error(
