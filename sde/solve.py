@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import xarray as xr
@@ -74,7 +76,8 @@ def solve(
         Dataset ``V (sample, t, token_a, token_b)`` per ``shapedtx.results`` with
         ``source="sde"`` and data variables ``exploded (sample)`` (bool) and
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
-        ``steps``, ``bound`` and ``exploded_fraction``.
+        ``steps``, ``bound`` and ``exploded_fraction``. A RuntimeWarning says how many paths
+        exploded, if any.
     """
     if options is not None:
         seed, device, dtype, progress = (
@@ -133,6 +136,15 @@ def solve(
         V, exploded, t_explode = sol.V, sol.exploded, sol.t_explode
     exploded_np = exploded.cpu().numpy()
     fraction = float(exploded_np.mean())
+    if fraction:
+        warnings.warn(
+            f"sde.solve: {int(exploded_np.sum())} of {samples} paths exploded before T = "
+            f"{float(T):.4g} (exceeded bound * max V0^aa or became non-finite; method="
+            f"{method!r}, dt={step:.4g}); they are frozen and flagged: see the 'exploded' "
+            "variable and the 'exploded_fraction' attribute",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return covariance_dataset(
         V,
         times.numpy(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -136,14 +137,19 @@ def test_factored_euler_stays_psd_where_em_fails():
     failures vanish as dt shrinks (numerical, not a blow-up of the SDE)."""
     V0 = equicorrelated(4, 0.95)
     cfg = MLP.replace(gamma=0.7)
-    em = sde.solve(cfg, V0, 400, T=1.0, dt=0.1, method="em", seed=1, progress=False)
+    with pytest.warns(RuntimeWarning, match=r"sde\.solve: \d+ of 400 paths exploded") as caught:
+        em = sde.solve(cfg, V0, 400, T=1.0, dt=0.1, method="em", seed=1, progress=False)
     assert em.attrs["exploded_fraction"] > 0.5
+    assert f"{int(em['exploded'].sum())} of 400" in str(caught[0].message)
+    assert caught[0].filename == __file__  # attributed to the caller of sde.solve
     assert np.isfinite(em["V"].values).all()
     assert (em["t_explode"].values[em["exploded"].values] <= 1.0 + 1e-12).all()
     fine = sde.solve(cfg, V0, 400, T=1.0, dt=0.01, method="em", seed=1, progress=False)
     assert fine.attrs["exploded_fraction"] < 0.01
     for c in (cfg, BLOCK.replace(gamma=0.7)):
-        ds = sde.solve(c, V0, 400, T=1.0, dt=0.1, seed=1, progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no blow-up here: no warning either
+            ds = sde.solve(c, V0, 400, T=1.0, dt=0.1, seed=1, progress=False)
         V = torch.from_numpy(ds["V"].values)
         evals = torch.linalg.eigvalsh(V)
         assert (evals[..., 0] >= -1e-12 * evals[..., -1]).all()

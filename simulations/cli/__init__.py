@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from collections.abc import Callable
 
 from shapedtx import __version__
 
@@ -43,6 +45,17 @@ def _option_dests(parser: ArgumentParser, command: str) -> list[str]:
     return [a.dest for a in actions if "--" + a.dest.replace("_", "-") in a.option_strings]
 
 
+def _one_line_warnings(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints ``shapedtx COMMAND: warning: MESSAGE``, one line
+    (not Python's file, line and source)."""
+
+    def show(message: Warning | str, *args: object, **kwargs: object) -> None:
+        text = str(message).replace("\n", " ")
+        sys.stderr.write(f"shapedtx {command}: warning: {text}\n")
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -50,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # restores the printer afterwards
+            warnings.showwarning = _one_line_warnings(args.command)
+            return int(args.func(args) or 0)
     except (ValueError, UsageError) as err:
         if not isinstance(err, UsageError):  # a library message: name the option, not the field
             err = option_error(err, _option_dests(parser, args.command))

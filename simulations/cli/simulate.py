@@ -43,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
         f"simulate[{ds.attrs['method']}] width={config.width} depth={depth} m={args.tokens} "
         f"samples={args.samples}: mean rho by layer {{{summary}}}"
     )
-    if ds.attrs["nonfinite"]:
-        print(f"warning: {ds.attrs['nonfinite']} samples have non-finite covariances")
     if args.out is not None:
         print(f"wrote {save_dataset(ds, args.out)}")
     return 0
