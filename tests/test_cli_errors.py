@@ -98,6 +98,7 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(argv, tmp_path, ca
         (["train", "--residual", "unit", "--gamma", "0.5"], "--gamma has no effect with"),
         (["sde", "--mlp", "none", "--mlp-ratio", "4"], "--mlp-ratio has no effect with"),
         (["simulate", "--attention", "none", "--mlp", "relu", "--heads", "2"], "--heads has no"),
+        (["train", "--data", __file__, "--suffix", ".py"], "--suffix selects files in a folder"),
     ],
 )
 def test_library_messages_name_the_command_line_option(argv, message, capsys):

@@ -71,6 +71,7 @@ def test_default_corpus_is_the_python_stdlib_and_respects_max_bytes():
         ({"val_fraction": 1.0}, "val_fraction"),
         ({"max_bytes": 3}, "max_bytes"),
         ({"suffix": 3}, "suffix must be a string"),
+        ({"path": __file__, "suffix": ".py"}, "suffix selects files in a folder; the data path"),
     ],
 )
 def test_bad_corpus_arguments(kwargs, message):

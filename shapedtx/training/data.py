@@ -87,7 +87,7 @@ def load_corpus(
         max_bytes: read documents (in the order of a second hash of their relative path) until
             this many bytes, truncating the last one; ``None``: all.
         suffix: only files with this suffix (e.g. ``".py"``); default all (``.py`` for the
-            default corpus).
+            default corpus). Not with a file ``path``.
     """
     check_number("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     if max_bytes is not None:
@@ -103,6 +103,11 @@ def load_corpus(
             raise ValueError(f"data path must be an existing file or folder, got {str(path)!r}")
         root = Path(path)
         if root.is_file():
+            if suffix is not None:
+                raise ValueError(
+                    f"suffix selects files in a folder; the data path {str(path)!r} is a file "
+                    "(leave suffix out)"
+                )
             files, root = [root], root.parent
         elif root.is_dir():
             files = _documents(root, suffix, ("__pycache__", ".git"))
