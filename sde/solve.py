@@ -10,6 +10,7 @@ import xarray as xr
 from torch import Tensor
 
 from shapedtx._validation import (
+    check_bool,
     check_device,
     check_dtype,
     check_int,
@@ -50,6 +51,7 @@ def solve(
     bound: float = DEFAULT_BOUND,
     progress: bool | None = None,
     options: RunOptions | None = None,
+    warn: bool = True,
 ) -> xr.Dataset:
     """Solve ``dV = b dt + Sigma^{1/2} dB`` (docs/theory.md#sde and #causal-sde) for ``samples``
     paths.
@@ -71,13 +73,14 @@ def solve(
         progress: tqdm progress bar (None: automatic, False: off).
         options: a :class:`shapedtx.options.RunOptions` (seed, device, dtype, progress)
             replacing those keyword arguments.
+        warn: a RuntimeWarning with the number of exploded paths, if any (False for callers
+            that report them themselves, e.g. :func:`simulations.run_comparison`).
 
     Returns:
         Dataset ``V (sample, t, token_a, token_b)`` per ``shapedtx.results`` with
         ``source="sde"`` and data variables ``exploded (sample)`` (bool) and
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
-        ``steps``, ``bound`` and ``exploded_fraction``. A RuntimeWarning says how many paths
-        exploded, if any.
+        ``steps``, ``bound`` and ``exploded_fraction``.
     """
     if options is not None:
         seed, device, dtype, progress = (
@@ -103,6 +106,7 @@ def solve(
     check_int("seed", seed, 0, SEED_MAX)
     check_positive("bound", bound)
     check_progress(progress)
+    check_bool("warn", warn)
     check_dtype(dtype)
     device = check_device(device) if device is not None else None
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)
@@ -136,7 +140,7 @@ def solve(
         V, exploded, t_explode = sol.V, sol.exploded, sol.t_explode
     exploded_np = exploded.cpu().numpy()
     fraction = float(exploded_np.mean())
-    if fraction:
+    if fraction and warn:
         warnings.warn(
             f"sde.solve: {int(exploded_np.sum())} of {samples} paths exploded before T = "
             f"{float(T):.4g} (exceeded bound * max V0^aa or became non-finite; method="

@@ -88,7 +88,7 @@ def convergence(
         from sde import solve
 
         limit = solve(config, V0, samples, T=T, dt=dt, method=sde_method, seed=seed + 1,
-                      device=device, dtype=dtype)  # fmt: skip
+                      device=device, dtype=dtype, warn=False)  # fmt: skip  # compare drops them
     k_T = int(np.abs(limit["t"].values - T).argmin())
     if abs(limit["t"].values[k_T] - T) > 1e-6 * max(1.0, T):
         raise ValueError(f"limit has no time at T = {T:g} (last time {limit['t'].values[-1]:g})")

@@ -256,7 +256,7 @@ def run_comparison(
         network = simulate(cfg, e.V0(), e.samples, method=e.sampler(cfg), seed=e.seed, **common)
     with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}, {e.samples} paths"):
         limit = solve(cfg, e.V0(), e.samples, T=cfg.T, dt=e.dt, method=e.sde_method,
-                      seed=e.seed + 1, **common)  # fmt: skip
+                      seed=e.seed + 1, warn=False, **common)  # fmt: skip  # reported below
     with timer("baselines", f"baselines, {e.baseline_samples} samples each"):
         collapse, models = run_collapse(e, network, progress)
     with timer("statistics", "comparison statistics"):

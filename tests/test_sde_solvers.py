@@ -142,6 +142,13 @@ def test_factored_euler_stays_psd_where_em_fails():
     assert em.attrs["exploded_fraction"] > 0.5
     assert f"{int(em['exploded'].sum())} of 400" in str(caught[0].message)
     assert caught[0].filename == __file__  # attributed to the caller of sde.solve
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warn=False: flagged in the Dataset only
+        quiet = sde.solve(cfg, V0, 400, T=1.0, dt=0.1, method="em", seed=1, progress=False,
+                          warn=False)  # fmt: skip
+    assert quiet.attrs["exploded_fraction"] == em.attrs["exploded_fraction"]
+    with pytest.raises(ValueError, match="warn must be"):
+        sde.solve(cfg, V0, 4, T=1.0, warn="no")
     assert np.isfinite(em["V"].values).all()
     assert (em["t_explode"].values[em["exploded"].values] <= 1.0 + 1e-12).all()
     fine = sde.solve(cfg, V0, 400, T=1.0, dt=0.01, method="em", seed=1, progress=False)
