@@ -71,8 +71,14 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
     scale = V0.abs().max().clamp(min=torch.finfo(V0.dtype).tiny)
     if (V0 - V0.T).abs().max() > 1e-8 * scale:
         raise ValueError(f"{name} must be symmetric")
-    V0 = (V0 + V0.T) / 2
-    if torch.linalg.eigvalsh(V0)[0] <= 0:
+    V0 = V0 / 2 + V0.T / 2  # (V0 + V0^T) / 2 exactly, without overflow near the float max
+    try:  # scaled to max |V0^ab| = 1: entries near the float max would overflow eigh
+        smallest = torch.linalg.eigvalsh(V0 / scale)[0]
+    except torch.linalg.LinAlgError:
+        raise ValueError(
+            f"{name} must be positive definite (its eigenvalues could not be computed)"
+        ) from None
+    if smallest <= 0:
         raise ValueError(f"{name} must be positive definite (smallest eigenvalue <= 0)")
     return V0
 

@@ -76,6 +76,27 @@ def test_V0_of_other_real_dtypes_is_checked_in_float64():
     assert check_covariance(expected.float()).dtype == torch.float32
 
 
+def test_V0_near_the_float_max_is_checked_without_overflow():
+    """Entries near the float64 maximum: symmetrised and tested positive definite without
+    overflowing (eigh failed, and (V0 + V0^T) / 2 became inf)."""
+    V0 = equicorrelated(3, 0.2, scale=1e308)
+    assert torch.equal(check_covariance(V0), V0)
+    with pytest.raises(ValueError, match="positive definite"):
+        check_covariance(torch.full((3, 3), 1e308, dtype=torch.float64))
+    small = torch.tensor([[1.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    V1 = small + torch.tensor([[0.0, 1e-17], [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(check_covariance(V1), (V1 + V1.T) / 2, rtol=0, atol=0)
+
+
+def test_V0_whose_eigenvalues_cannot_be_computed_is_refused(monkeypatch):
+    def fail(_):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigvalsh", fail)
+    with pytest.raises(ValueError, match="eigenvalues could not be computed"):
+        check_covariance(equicorrelated(3, 0.2))
+
+
 def test_initial_tokens_check_their_arguments():
     V0 = equicorrelated(3, 0.2)
     with pytest.raises(ValueError, match="positive definite"):

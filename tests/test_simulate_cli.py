@@ -59,3 +59,14 @@ def test_bad_options_exit_2_with_one_line(options, message, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_library_warnings_are_one_line_naming_the_command(capsys):
+    argv = ["simulate", "--width", "8", "--depth", "2", "--tokens", "3", "--samples", "3"]
+    # V doubles per block from 1e308: overflows float64 (and V0 itself is still accepted)
+    assert main([*argv, "--scale", "1e308", "--residual", "unit", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "shapedtx simulate: warning: simulate: 3 of 3 samples have non-finite covariances "
+        "(method='gram', dtype=torch.float64); see the 'nonfinite' attribute\n"
+    )

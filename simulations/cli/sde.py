@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     config, V0, options = run_setup(args)
     ds = solve(
         config, V0, args.samples, T=args.T, dt=args.dt, method=args.method, bound=args.bound,
-        options=options,
+        options=options, warn=False,  # the exploded fraction is printed below
     )  # fmt: skip
     ok = ~ds["exploded"]
     mean_rho = with_metrics(ds)["mean_rho"].where(ok).mean("sample")
