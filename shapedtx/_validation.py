@@ -16,7 +16,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Collection
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -111,7 +114,7 @@ def check_dtype(dtype: Any, name: str = "dtype") -> Any:
     return dtype
 
 
-def check_device(device: Any, name: str = "device") -> Any:
+def check_device(device: Any, name: str = "device") -> torch.device:
     """``device`` as a ``torch.device`` (None: cpu); ValueError naming it if it is not a
     device or is not available (CUDA without a GPU, an index beyond the GPU count)."""
     import torch

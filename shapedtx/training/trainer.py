@@ -210,7 +210,7 @@ def train(
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
-    _check_fits(model_config, config, dtype, torch.device(device))
+    _check_fits(model_config, config, dtype, device)
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
 
