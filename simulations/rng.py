@@ -7,9 +7,9 @@ the same random numbers whatever the chunking (and whatever the number of sample
 Each group has a torch generator (:attr:`GroupedNormal.generators`) and, for bulk normals,
 a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit generator with
 its ziggurat normal sampler, seeded from ``(seed, g, 1)``, float64 normals drawn by a compiled
-copy of that sampler (:mod:`simulations._normal_fill`: numpy's numbers, about 2.5x faster
-than numpy's own call and 6x faster than float64 ``torch.randn``); on other devices the
-group's torch generator.
+copy of that sampler (:mod:`simulations._compiled_random`: numpy's numbers, about 2.5x
+faster than numpy's own call and 6x faster than float64 ``torch.randn``; chi-square
+variables likewise, 2x faster); on other devices the group's torch generator.
 
 On CPU the groups of a bulk draw can be filled by several threads at once (``workers``;
 the fills release the GIL). Each group still draws from its own stream
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._normal_fill import standard_normal_fill
+from ._compiled_random import random_fill
 
 T = TypeVar("T")
 Draw = tuple[list[Tensor], Tensor | None]
@@ -185,14 +185,13 @@ class GroupedNormal:
         half = None if chi2_dof is None else chi2_dof.detach().cpu().double().numpy() / 2
         chi = None if half is None else np.empty((self.samples, half.shape[0]))
 
-        def task(i: int) -> None:
+        def task(i: int) -> None:  # chi^2_k = 2 Gamma(k / 2): numpy's ``chisquare``
             rows = slices[i]
-            standard_normal_fill(gens[i], [array[rows] for array in arrays])
-            if chi is not None and half is not None:  # chi^2_k = 2 Gamma(k / 2): ``chisquare``
-                gens[i].standard_gamma(half, size=chi[rows].shape, out=chi[rows])
+            chi_rows = None if chi is None else chi[rows]
+            random_fill(gens[i], [array[rows] for array in arrays], half, chi_rows)
 
         def finish() -> Draw:
-            chi2 = None if chi is None else torch.from_numpy(chi).mul_(2.0).to(dtype)
+            chi2 = None if chi is None else torch.from_numpy(chi).to(dtype)
             return list(normals), chi2
 
         numbers = sum(array.size for array in arrays) + (0 if chi is None else chi.size)

@@ -55,7 +55,7 @@ TESTS: dict[str, list[str]] = {
     "simulations/samplers.py": ["tests/test_simulate.py", "tests/test_simulate_law.py"],
     "simulations/driver.py": ["tests/test_simulate.py"],
     "simulations/rng.py": ["tests/test_simulate.py", "tests/test_simulate_perf.py"],
-    "simulations/_normal_fill.py": ["tests/test_simulate_perf.py::-k normal_fill"],
+    "simulations/_compiled_random.py": ["tests/test_simulate_perf.py::-k compiled_fill"],
     "simulations/presets.py": ["tests/test_compare_cli.py"],
     "simulations/baselines.py": ["tests/test_compare_cli.py"],
     "shapedtx/training/trainer.py": ["tests/test_train.py"],

@@ -12,7 +12,7 @@ import torch
 from shapedtx import ModelConfig
 from shapedtx._matmul import small_matmul
 from simulations import GroupedNormal, equicorrelated, resolve_method, simulate
-from simulations._normal_fill import _compiled, standard_normal_fill
+from simulations._compiled_random import _compiled, random_fill
 from simulations.samplers import ExactSampler
 
 EXACT_CONFIGS = {
@@ -100,22 +100,34 @@ def test_fill_normal_streams_are_per_group():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_compiled_normal_fill_gives_numpys_numbers(dtype):
-    """The compiled float64 fill (numba) draws exactly numpy's ``standard_normal`` numbers,
-    array after array, and leaves the generator in numpy's state (float32 goes to numpy)."""
+def test_compiled_fill_gives_numpys_numbers(dtype):
+    """The compiled fill (numba) draws exactly numpy's ``standard_normal`` numbers (float64;
+    float32 goes to numpy), array after array, then numpy's ``chisquare`` numbers (shapes
+    below, at and above 1: numpy's three gamma samplers), and leaves the generator in
+    numpy's state."""
     arrays = [np.empty((3, 5), dtype), np.empty(0, dtype), np.empty((2, 2, 2), dtype)]
+    half = np.array([0.5, 1.0, 1.5, 7.0, 511.5, 1e6])
+    chi = np.empty((40, half.size))
     gen = np.random.Generator(np.random.SFC64(11))
-    standard_normal_fill(gen, arrays)
+    random_fill(gen, arrays, half, chi)
     ref = np.random.Generator(np.random.SFC64(11))
     for a in arrays:
         np.testing.assert_array_equal(a, ref.standard_normal(a.shape, dtype=dtype))
+    np.testing.assert_array_equal(chi, ref.chisquare(2 * half, size=chi.shape))
     np.testing.assert_array_equal(gen.standard_normal(8), ref.standard_normal(8))
+    random_fill(gen, arrays)  # normals only
+    for a in arrays:
+        np.testing.assert_array_equal(a, ref.standard_normal(a.shape, dtype=dtype))
     with pytest.raises(ValueError, match="C-contiguous"):
-        standard_normal_fill(gen, [np.empty((4, 3), dtype).T])
+        random_fill(gen, [np.empty((4, 3), dtype).T])
+    with pytest.raises(ValueError, match="both half and chi"):
+        random_fill(gen, arrays, half)
+    with pytest.raises(ValueError, match="chi must be"):
+        random_fill(gen, arrays, half, np.empty((3, 2)))
     assert _compiled().targetoptions["nogil"]  # the parallel fills need the GIL released
 
 
-def test_compiled_normal_fill_without_a_writable_cache(monkeypatch):
+def test_compiled_fill_without_a_writable_cache(monkeypatch):
     """Where numba finds no writable cache folder, the fill is compiled in memory."""
     import numba
 
@@ -130,8 +142,11 @@ def test_compiled_normal_fill_without_a_writable_cache(monkeypatch):
     a = np.empty(6)
     fill = _compiled.__wrapped__()
     assert fill.targetoptions["nogil"]
-    fill(np.random.Generator(np.random.SFC64(2)), (a,))
-    np.testing.assert_array_equal(a, np.random.Generator(np.random.SFC64(2)).standard_normal(6))
+    chi = np.empty((1, 2))
+    fill(np.random.Generator(np.random.SFC64(2)), (a,), np.array([0.5, 4.0]), chi)
+    ref = np.random.Generator(np.random.SFC64(2))
+    np.testing.assert_array_equal(a, ref.standard_normal(6))
+    np.testing.assert_array_equal(chi, ref.chisquare([1.0, 8.0], size=(1, 2)))
 
 
 def test_bulk_draws_do_not_depend_on_the_number_of_threads():
