@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._numba import compile_kernel
+
 _Fill = Callable[[np.random.Generator, tuple[np.ndarray, ...], np.ndarray, np.ndarray], None]
 
 
@@ -57,14 +59,8 @@ def _fill(
 
 @functools.cache
 def _compiled() -> _Fill:
-    """:func:`_fill` compiled on first use (numba is imported only then: it is slow to
-    import), cached on disk when a cache folder is writable (about 1 s to compile)."""
-    import numba
-
-    try:
-        return numba.njit(nogil=True, cache=True)(_fill)
-    except RuntimeError:  # numba found no writable cache location: compile in memory
-        return numba.njit(nogil=True)(_fill)
+    """:func:`_fill` compiled on first use (about 1 s, then cached on disk)."""
+    return compile_kernel(_fill)
 
 
 def random_fill(

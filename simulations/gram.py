@@ -89,6 +89,7 @@ from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul, transpose_into
 from shapedtx.blocks import attention_from_logits
 
+from . import _compiled_cholesky as compiled_cholesky
 from .rng import GroupedNormal
 from .samplers import SAMPLERS, Sampler
 from .wishart import bartlett_dof
@@ -175,12 +176,15 @@ def gram_factor(M: Tensor) -> Tensor:
 
 def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(L, bad): the lower Cholesky factor of V: (..., m, m), C-contiguous (into ``out`` if
-    given), and where it failed (bool, (...)). Computed as the upper factor ``U = L^T`` into
-    the transposed view of L: LAPACK's column-major output is then L row by row, so torch
-    copies nothing (about 30% faster than asking for L on CPU, and numpy's products take L
-    without a copy)."""
+    given), and where it failed (bool, (...)). On CPU for m <= 32 compiled
+    (:mod:`simulations._compiled_cholesky`, 2x faster than LAPACK's batched call there);
+    otherwise computed as the upper factor ``U = L^T`` into the transposed view of L:
+    LAPACK's column-major output is then L row by row, so torch copies nothing (about 30%
+    faster than asking for L on CPU, and numpy's products take L without a copy)."""
     if out is None:
         out = V.new_empty(V.shape)
+    if compiled_cholesky.applies(V):
+        return out, compiled_cholesky.cholesky(V, out)
     info = V.new_empty(V.shape[:-2], dtype=torch.int32)
     torch.linalg.cholesky_ex(V, upper=True, out=(out.mT, info))
     return out, info != 0
