@@ -53,20 +53,32 @@ def _causal_bias(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return bias.masked_fill_(~causal_mask(m, device), -math.inf)
 
 
-def _masked_softmax(Y: Tensor, causal: bool, overwrite: bool = False) -> Tensor:
-    """Softmax over the last dimension (keys j > i masked out if causal); ``overwrite``: Y
-    may be used as scratch memory (callers pass :func:`_may_overwrite`)."""
+def _masked_softmax(
+    Y: Tensor, scale: float, causal: bool, overwrite: bool = False, offset: Tensor | None = None
+) -> Tensor:
+    """``Softmax(scale Y)`` over the last dimension (keys j > i masked out if causal), plus
+    ``offset`` if given (a constant (m, m) matrix); ``overwrite``: Y may be used as scratch
+    memory (callers pass :func:`_may_overwrite`); then every step writes in place, the
+    scaling and the causal mask in one pass (the same numbers as two)."""
     if causal and overwrite:  # -inf + a finite logit is -inf: one pass, no mask lookup
-        Y = Y.add_(_causal_bias(Y.shape[-1], Y.dtype, Y.device))
+        Y = torch.add(_causal_bias(Y.shape[-1], Y.dtype, Y.device), Y, alpha=scale, out=Y)
+    elif overwrite:
+        Y = Y.mul_(scale)
     elif causal:
-        Y = Y.masked_fill(~causal_mask(Y.shape[-1], Y.device), -math.inf)
+        Y = (Y * scale).masked_fill_(~causal_mask(Y.shape[-1], Y.device), -math.inf)
+    else:
+        Y = Y * scale
     if Y.shape[-1] > SMALL_SOFTMAX:
-        return torch.softmax(Y, dim=-1)
-    if overwrite:
+        A = torch.softmax(Y, dim=-1)
+    elif overwrite:
         e = Y.sub_(Y.amax(dim=-1, keepdim=True)).exp_()
-        return e.mul_(e.sum(dim=-1, keepdim=True).reciprocal_())
-    e = torch.exp(Y - Y.amax(dim=-1, keepdim=True))
-    return e * e.sum(dim=-1, keepdim=True).reciprocal()  # as above: the same numbers
+        A = e.mul_(e.sum(dim=-1, keepdim=True).reciprocal_())
+    else:
+        e = torch.exp(Y - Y.amax(dim=-1, keepdim=True))
+        A = e * e.sum(dim=-1, keepdim=True).reciprocal()  # as above: the same numbers
+    if offset is None:
+        return A
+    return A + offset if A.requires_grad else A.add_(offset)  # softmax's backward needs A
 
 
 def softmax_attention_matrix(
@@ -75,9 +87,7 @@ def softmax_attention_matrix(
     """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m).
 
     ``overwrite=True`` lets Y be used as scratch memory (ignored when autograd needs Y)."""
-    scale = 1.0 / math.sqrt(key_dim)
-    overwrite = _may_overwrite(Y, overwrite)
-    return _masked_softmax(Y.mul_(scale) if overwrite else Y * scale, causal, overwrite)
+    return _masked_softmax(Y, 1.0 / math.sqrt(key_dim), causal, _may_overwrite(Y, overwrite))
 
 
 def shaped_attention_matrix(
@@ -90,11 +100,7 @@ def shaped_attention_matrix(
     ``overwrite=True`` lets Y be used as scratch memory (ignored when autograd needs Y).
     """
     offset = _identity_minus_centre(Y.shape[-1], causal, Y.dtype, Y.device)
-    overwrite = _may_overwrite(Y, overwrite)
-    A = _masked_softmax(Y.mul_(1.0 / tau) if overwrite else Y * (1.0 / tau), causal, overwrite)
-    if A.requires_grad:  # torch.softmax's backward needs its output unchanged
-        return A + offset
-    return A.add_(offset)  # (m, m) constant: one pass
+    return _masked_softmax(Y, 1.0 / tau, causal, _may_overwrite(Y, overwrite), offset)
 
 
 @functools.lru_cache(maxsize=64)
