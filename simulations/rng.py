@@ -22,7 +22,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -85,13 +85,13 @@ class PendingDraw(Generic[T]):
     def result(self) -> T:
         try:
             self._run()
-        except BaseException:  # e.g. Ctrl-C: the helpers take no further group
-            with self._lock:
+        except BaseException:  # e.g. Ctrl-C: the helpers take no further group, and what
+            with self._lock:  # they raise then (e.g. on a half-done import) is a consequence
                 self._next = self._groups
+            wait(self._futures)
             raise
-        finally:
-            for future in self._futures:
-                future.result()
+        for future in self._futures:
+            future.result()
         return self._finish()
 
 

@@ -201,6 +201,36 @@ def test_interrupted_parallel_work_stops_the_helpers():
     assert len(done) < 5  # the helper stopped after the task(s) it had taken
 
 
+def test_interrupt_is_not_replaced_by_a_helpers_error():
+    """Ctrl-C in the calling thread can break what a helper is doing (e.g. a module import
+    interrupted half way); the caller still gets KeyboardInterrupt, after the helpers are
+    done, not the helper's consequent error. Without an interrupt a helper's error reaches
+    the caller."""
+    from simulations.rng import run_parallel
+
+    finished = []
+
+    def work(i):
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.02)
+            raise KeyboardInterrupt
+        time.sleep(0.05)
+        finished.append(i)
+        raise AttributeError("module 'numba' has no attribute 'core'")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_parallel(work, 2, 2)
+    assert finished  # the helper had finished before the interrupt was raised
+
+    def helper_fails(i):
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("helper")
+        time.sleep(0.05)
+
+    with pytest.raises(ValueError, match="helper"):
+        run_parallel(helper_fails, 2, 2)
+
+
 def test_interrupt_stops_the_parallel_samplers_within_a_block(monkeypatch):
     """With 2 threads the gram sampler runs one sampler per thread on its own groups; an
     interrupt in the calling thread's part stops the other part before its next block."""
@@ -416,3 +446,21 @@ def test_workspace_reuses_and_alternates_tensors():
     assert Workspace(keep=False).get("a", (3, 2), like) is not Workspace(keep=False).get(
         "a", (3, 2), like
     )
+
+
+def test_kernel_benchmark_runs_and_checks_its_kernels():
+    """benchmarks/bench_kernels.py: every row first checks the compiled kernel against what
+    it replaces (same numbers), then times it; one round runs in seconds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    cmd = [sys.executable, str(root / "benchmarks" / "bench_kernels.py"), "--rounds", "1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "ns /" in line]
+    assert len(rows) == 3 + 2 + 2 * 5  # normals, chi-square, Cholesky at five sizes
+    assert sum("(not used)" in row for row in rows) == 2  # m = 64 > MAX_SIZE
