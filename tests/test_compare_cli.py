@@ -203,10 +203,11 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
     out = tmp_path / "interrupted"
     argv = ["compare", "--width", "32", "--depth", "24", "--samples", "4096",
             "--baseline-samples", "256", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from simulations.cli import main; sys.exit(main())",
-         *argv], stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # Python's Ctrl-C handler, also when pytest runs as a background job (which starts its
+    # children with SIGINT ignored, and then the CLI rightly leaves it ignored)
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from simulations.cli import main; sys.exit(main())")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stderr=subprocess.PIPE, text=True)
     first = proc.stderr.readline()  # the first stage line: the computation has started
     assert first.startswith("[1/"), first
     time.sleep(1.0)
