@@ -55,7 +55,7 @@ def applies(V: Tensor) -> bool:
         V.device.type == "cpu"
         and V.dtype in (torch.float32, torch.float64)
         and V.dim() == 3
-        and V.shape[-1] <= MAX_SIZE
+        and V.shape[-1] == V.shape[-2] <= MAX_SIZE
         and not V.requires_grad
     )
 

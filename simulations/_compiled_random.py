@@ -36,7 +36,7 @@ def _fill(
         for i in range(a.size):
             a[i] = gen.standard_normal()
     b = half - 1.0 / 3.0
-    c = 1.0 / np.sqrt(9.0 * np.maximum(b, 1.0))  # used for shape > 1 only
+    c = 1.0 / np.sqrt(9.0 * np.where(half > 1.0, b, 1.0))  # used for shape > 1 only
     for r in range(chi.shape[0]):
         for j in range(half.size):
             if half[j] <= 1.0:

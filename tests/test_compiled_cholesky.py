@@ -63,6 +63,7 @@ def test_gram_factor_uses_it_up_to_32_tokens():
     assert not compiled.applies(V[0])
     assert not compiled.applies(V.clone().requires_grad_())
     assert not compiled.applies(V.to(torch.bfloat16))
+    assert not compiled.applies(V[:, :, :7]) and not compiled.applies(V[:, :7, :])  # square
     with pytest.raises(ValueError, match="C-contiguous out"):
         compiled.cholesky(V, torch.empty_like(V).mT)
     with pytest.raises(ValueError, match="m <= 32"):

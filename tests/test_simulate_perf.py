@@ -106,8 +106,8 @@ def test_compiled_fill_gives_numpys_numbers(dtype):
     below, at and above 1: numpy's three gamma samplers), and leaves the generator in
     numpy's state."""
     arrays = [np.empty((3, 5), dtype), np.empty(0, dtype), np.empty((2, 2, 2), dtype)]
-    half = np.array([0.5, 1.0, 1.5, 7.0, 511.5, 1e6])
-    chi = np.empty((40, half.size))
+    half = np.array([0.5, 1.0, 1.05, 1.2, 1.5, 2.0, 7.0, 511.5, 1e6])  # b = shape - 1/3 < 1
+    chi = np.empty((2000, half.size))  # enough to reach the squeeze test's every branch
     gen = np.random.Generator(np.random.SFC64(11))
     random_fill(gen, arrays, half, chi)
     ref = np.random.Generator(np.random.SFC64(11))
