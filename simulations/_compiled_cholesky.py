@@ -70,5 +70,5 @@ def cholesky(V: Tensor, out: Tensor) -> Tensor:
             "C-contiguous out of the same shape and dtype"
         )
     bad = np.empty(V.shape[0], dtype=np.bool_)
-    _compiled()(V.detach().numpy(), out.numpy(), bad)
+    _compiled()(V.numpy(), out.numpy(), bad)
     return torch.from_numpy(bad)
