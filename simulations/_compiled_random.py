@@ -8,9 +8,9 @@ written out in :func:`_fill`; numba's port of numpy's sampler for shapes up to 1
 state) of one ``gen.standard_normal(out=a)`` per array in turn, then ``2
 gen.standard_gamma(half, out=chi)`` (numpy's ``chisquare(2 half)``). It draws in one
 compiled call with the GIL released: several threads fill their own generators' arrays at
-once. Normals 3.0 instead of 7.5 ns each, chi-square variables 10 instead of 20 ns
-(``benchmarks/RESULTS.md``). Only float64 normals are compiled (numba's float32 sampler is
-slower than numpy's here); other arrays go to numpy.
+once. Normals 3.3 instead of 7.5 ns each, chi-square variables 12 instead of 20 ns
+(``benchmarks/bench_kernels.py``). Only float64 normals are compiled (numba's float32
+sampler is slower than numpy's here); other arrays go to numpy.
 """
 
 from __future__ import annotations
@@ -87,4 +87,4 @@ def random_fill(
         for a in arrays:
             gen.standard_normal(out=a, dtype=a.dtype)
         flat = ()
-    _compiled()(gen, flat or (np.empty(0),), half.astype(np.float64), chi)  # a typed tuple
+    _compiled()(gen, flat or (np.empty(0),), np.asarray(half, np.float64), chi)  # typed tuple

@@ -177,7 +177,7 @@ def gram_factor(M: Tensor) -> Tensor:
 def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(L, bad): the lower Cholesky factor of V: (..., m, m), C-contiguous (into ``out`` if
     given), and where it failed (bool, (...)). On CPU for m <= 32 compiled
-    (:mod:`simulations._compiled_cholesky`, 2x faster than LAPACK's batched call there);
+    (:mod:`simulations._compiled_cholesky`, up to 2x faster than LAPACK's batched call);
     otherwise computed as the upper factor ``U = L^T`` into the transposed view of L:
     LAPACK's column-major output is then L row by row, so torch copies nothing (about 30%
     faster than asking for L on CPU, and numpy's products take L without a copy)."""
