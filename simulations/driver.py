@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
+from shapedtx._memory import empty
 from shapedtx._validation import (
     check_choice,
     check_device,
@@ -280,7 +281,7 @@ def simulate(
     G = sampler_cls.group_size
     n_groups = math.ceil(samples / G)
     per_chunk = _chunk_groups(sampler_cls, config, m, dtype, chunk_size, memory_budget)
-    V = torch.empty(samples, config.depth + 1, m, m, dtype=dtype)
+    V = empty((samples, config.depth + 1, m, m), dtype)  # huge pages where offered
     with (
         _fill_threads(device) as workers,
         tqdm(

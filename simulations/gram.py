@@ -87,6 +87,7 @@ from torch import Tensor
 from sde import psd_factor
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul, transpose_into
+from shapedtx._memory import empty, zeros
 from shapedtx.blocks import attention_from_logits
 
 from . import _compiled_cholesky as compiled_cholesky
@@ -101,7 +102,8 @@ the column batch ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and so the random
 
 class Workspace:
     """Tensors reused from block to block by name, zero-filled when created: the block loop
-    allocates (almost) nothing, where each fresh large CPU tensor costs page faults. With
+    allocates (almost) nothing, where each fresh large CPU tensor costs page faults (fewer
+    with huge pages, :func:`shapedtx._memory.empty`). With
     ``keep=False`` every request is a fresh tensor (one-off calls)."""
 
     def __init__(self, keep: bool = True) -> None:
@@ -112,7 +114,7 @@ class Workspace:
         """The tensor ``name`` of ``shape`` with ``like``'s dtype and device."""
         t = self._tensors.get(name)
         if t is None or t.shape != tuple(shape) or t.dtype != like.dtype or t.device != like.device:
-            t = like.new_zeros(tuple(shape))
+            t = zeros(shape, like.dtype, like.device)
             if self._keep:
                 self._tensors[name] = t
         return t
@@ -123,7 +125,7 @@ class Workspace:
         size = math.prod(shape)
         t = self._tensors.get(name)
         if t is None or t.numel() < size or t.dtype != like.dtype or t.device != like.device:
-            t = like.new_empty(size)
+            t = empty((size,), like.dtype, like.device)
             if self._keep:
                 self._tensors[name] = t
         return t[:size].view(tuple(shape))

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
 from shapedtx._matmul import small_matmul
+from shapedtx._memory import empty
 from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
@@ -238,7 +239,7 @@ class ExactSampler(TokenSampler):
         slot = self._blocks % 2
         buf = self._buffers[slot]
         if buf is None or buf.shape != (samples, total):
-            buf = self._buffers[slot] = torch.empty((samples, total), dtype=dtype, device=device)
+            buf = self._buffers[slot] = empty((samples, total), dtype, device)
         return self.rng.start([buf], self._chi2_dof(layout))
 
     def _chi2_dof(self, layout: dict[str, tuple[int, int]]) -> Tensor | None:

@@ -1,0 +1,63 @@
+"""Large CPU tensors backed by transparent huge pages where the OS offers them.
+
+A fresh CPU tensor is paged in on first touch, one 4 KB page at a time: about 1.5 us per page
+on the 2-core benchmark machine, which was 0.3 us of the gram sampler's 2.7 us per sample and
+block (its workspace and the result; benchmarks/RESULTS.md, section 3). Into anonymous memory
+advised ``MADV_HUGEPAGE``, Linux maps 2 MB pages instead (when
+``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``), paged in about
+3x faster. Elsewhere (other systems, other devices, tensors below 2 MB) :func:`empty` and
+:func:`zeros` are ``torch.empty`` and ``torch.zeros``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+HUGE_PAGE_BYTES = 2**21
+"""The size of a transparent huge page on x86-64 and most arm64 kernels; tensors from this
+size up are mapped as whole multiples of it (Linux then aligns the mapping to it)."""
+
+
+def empty(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
+) -> Tensor:
+    """An uninitialised C-contiguous tensor of ``shape``, ``dtype`` on ``device`` (default
+    CPU). On CPU from :data:`HUGE_PAGE_BYTES` up, in private anonymous memory advised for
+    huge pages, rounded up to whole huge pages (the tensor keeps the mapping alive; it is
+    unmapped with the last reference)."""
+    mapped = _mapped(shape, dtype, device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
+
+
+def zeros(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
+) -> Tensor:
+    """:func:`empty`, zero-filled (a fresh mapping is zero already: no pass over it)."""
+    mapped = _mapped(shape, dtype, device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
+
+
+def _mapped(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None
+) -> Tensor | None:
+    """The tensor in a fresh huge-page mapping, or None where it does not apply or the
+    mapping fails (e.g. too large: torch's allocator then says so in its own words)."""
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if torch.device(device or "cpu").type != "cpu" or nbytes < HUGE_PAGE_BYTES or advice is None:
+        return None
+    size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    try:
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):  # a kernel without huge pages: ordinary pages
+        mapping.madvise(advice)
+    return torch.frombuffer(mapping, dtype=dtype, count=count).view(tuple(shape))

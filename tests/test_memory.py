@@ -1,0 +1,102 @@
+"""Large CPU tensors in huge-page mappings (shapedtx._memory)."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shapedtx import _memory
+
+LARGE = (3, _memory.HUGE_PAGE_BYTES // 8)  # mapped: 1.5 huge pages in float32, 3 in float64
+
+
+def _mapping(address: int) -> tuple[int, list[str]] | None:
+    """(size, VmFlags) of the mapping of this process holding ``address`` (None if not
+    Linux)."""
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        return None
+    inside, size = False, 0
+    for line in smaps.read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside, size = lo <= address < hi, hi - lo
+        elif inside and head == "VmFlags:":
+            return size, line.split()[1:]
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_tensor_is_an_ordinary_writable_tensor_that_outlives_its_mapping(dtype):
+    t = _memory.empty(LARGE, dtype)
+    assert t.shape == LARGE and t.dtype == dtype and t.is_contiguous()
+    assert t.device.type == "cpu"
+    gc.collect()  # only the tensor refers to the mapping now
+    t.copy_(torch.arange(t.numel(), dtype=dtype).view(LARGE))
+    view = t.numpy()
+    assert np.shares_memory(view, t.numpy())
+    np.testing.assert_array_equal(view.ravel()[-3:], np.arange(t.numel())[-3:])
+    assert float(t.sum()) == float(torch.arange(t.numel(), dtype=torch.float64).sum())
+
+
+def test_large_tensor_is_advised_for_huge_pages_on_linux():
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this system")
+    t = _memory.empty(LARGE, torch.float32)  # rounded up to 2 huge pages
+    found = _mapping(t.data_ptr())
+    if found is None:
+        pytest.skip("no /proc/self/smaps")
+    size, flags = found
+    assert "hg" in flags, flags  # madvise(MADV_HUGEPAGE) reached the kernel
+    assert size % _memory.HUGE_PAGE_BYTES == 0  # whole huge pages (adjacent ones may merge)
+    small = _memory.empty((4, 4), torch.float64)
+    assert "hg" not in (_mapping(small.data_ptr()) or (0, []))[1]
+
+
+@pytest.mark.parametrize("shape", [LARGE, (5, 3)])
+def test_zeros_are_zero_mapped_or_not(shape):
+    t = _memory.zeros(shape, torch.float64)
+    assert t.shape == shape and t.dtype == torch.float64 and not t.any()
+
+
+def test_small_tensors_other_devices_and_other_systems_use_torch_empty(monkeypatch):
+    def no_mapping(*args, **kwargs):
+        raise AssertionError("mmap called")
+
+    monkeypatch.setattr(_memory.mmap, "mmap", no_mapping)
+    below = (_memory.HUGE_PAGE_BYTES // 8 - 1,)
+    assert _memory.empty(below, torch.float64).shape == below
+    assert not _memory.zeros(below, torch.float64).any()
+    meta = _memory.empty(LARGE, torch.float64, "meta")
+    assert meta.device.type == "meta" and meta.shape == LARGE
+    monkeypatch.delattr(_memory.mmap, "MADV_HUGEPAGE", raising=False)
+    assert _memory.empty(LARGE, torch.float32).shape == LARGE
+
+
+def test_a_kernel_refusing_the_advice_gives_ordinary_pages(monkeypatch):
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this system")
+
+    class Refusing(mmap.mmap):
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(_memory.mmap, "mmap", Refusing)
+    t = _memory.empty(LARGE, torch.float64).fill_(2.0)
+    assert float(t.sum()) == 2.0 * t.numel()
+
+
+def test_a_mapping_that_fails_leaves_the_error_to_torch(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(_memory.mmap, "mmap", no_memory)
+    assert _memory.empty(LARGE, torch.float64).shape == LARGE  # torch's own allocation
+    with pytest.raises(RuntimeError, match="allocate"):
+        _memory.empty((2**40,), torch.float64)  # 8 TB
