@@ -5,7 +5,8 @@ this tree or ``--baseline`` (a checkout of another commit, e.g. from
 ``git archive 3ccbfbf | tar -x -C /tmp/base``); rounds interleave the two trees so that
 machine load affects them alike. Cost per (sample x block), process CPU time after a warm-up
 (wall time with ``--threads`` > 1: torch's thread count in both trees, OMP_NUM_THREADS then
-left unset); medians over rounds and of the per-round ratios.
+left unset); medians over rounds (and the mean and range: a slow round shows) and of the
+per-round ratios.
 
     python benchmarks/bench_gram.py --baseline /tmp/base            # m 8, n 1024
     python benchmarks/bench_gram.py --baseline /tmp/base --threads 2
@@ -147,10 +148,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'CPU' if args.threads == 1 else 'wall'} time"
     )
     print(
-        "| config | tree | median us per (sample x block) | speed-up vs baseline "
-        "| its random numbers alone (us) |"
+        "| config | tree | median us per (sample x block) | mean [min, max] us "
+        "| speed-up vs baseline | its random numbers alone (us) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, config in CONFIGS.items():
         if args.only is not None and args.only not in name:
             continue
@@ -171,9 +172,12 @@ def main(argv: list[str] | None = None) -> None:
                 )
             floors = [r["random_only"] for r in runs[tree] if r.get("random_only") is not None]
             floor = f"{1e6 * statistics.median(floors):.2f}" if floors else "-"
-            print(
-                f"| {name} | {tree} | {1e6 * statistics.median(values):.2f} | {extra} | {floor} |"
+            spread = (
+                f"{1e6 * statistics.mean(values):.2f} [{1e6 * min(values):.2f}, "
+                f"{1e6 * max(values):.2f}]"
             )
+            median = 1e6 * statistics.median(values)
+            print(f"| {name} | {tree} | {median:.2f} | {spread} | {extra} | {floor} |")
 
 
 if __name__ == "__main__":

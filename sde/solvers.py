@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from shapedtx._memory import empty
 from shapedtx._validation import check_int, check_positive
 from shapedtx.config import ModelConfig
 from shapedtx.covariance import check_covariance_batch
@@ -223,7 +222,7 @@ def integrate(
     check_positive("bound", bound)
     B, m = V0.shape[0], V0.shape[-1]
     saved = save_steps(steps, save_every)
-    out = empty((B, len(saved), m, m), V0.dtype, V0.device)  # huge pages where offered
+    out = V0.new_empty(B, len(saved), m, m)
     out[:, 0] = V0
     limit = bound * torch.diagonal(V0, dim1=-2, dim2=-1).amax(-1)
     active = torch.ones(B, dtype=torch.bool, device=V0.device)

@@ -204,7 +204,8 @@ def _parts(
     parts, row = [], 0
     for a, b in itertools.pairwise(bounds):
         rng = GroupedNormal(seed, groups[a:b], sizes[a:b], device, workers)
-        parts.append((sampler_cls(config, rng), slice(row, row + rng.samples)))
+        sampler = sampler_cls(config, rng, huge_pages=threads == 1)
+        parts.append((sampler, slice(row, row + rng.samples)))
         row += rng.samples
     return parts
 
@@ -281,7 +282,6 @@ def simulate(
     G = sampler_cls.group_size
     n_groups = math.ceil(samples / G)
     per_chunk = _chunk_groups(sampler_cls, config, m, dtype, chunk_size, memory_budget)
-    V = empty((samples, config.depth + 1, m, m), dtype)  # huge pages where offered
     with (
         _fill_threads(device) as workers,
         tqdm(
@@ -292,6 +292,9 @@ def simulate(
             disable=None if progress is None else not progress,
         ) as bar,
     ):
+        # huge pages on one thread only: with two they made the gram sampler 20% slower
+        # (benchmarks/RESULTS.md, section 3, ninth pass)
+        V = (empty if workers == 1 else torch.empty)((samples, config.depth + 1, m, m), dtype=dtype)
         for first in range(0, n_groups, per_chunk):
             groups = range(first, min(first + per_chunk, n_groups))
             sizes = [min(G, samples - g * G) for g in groups]

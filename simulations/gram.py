@@ -103,18 +103,19 @@ the column batch ``max(1, HIDDEN_ELEMENTS // (group_size m))`` and so the random
 class Workspace:
     """Tensors reused from block to block by name, zero-filled when created: the block loop
     allocates (almost) nothing, where each fresh large CPU tensor costs page faults (fewer
-    with huge pages, :func:`shapedtx._memory.empty`). With
+    with ``huge_pages``, :func:`shapedtx._memory.empty`). With
     ``keep=False`` every request is a fresh tensor (one-off calls)."""
 
-    def __init__(self, keep: bool = True) -> None:
+    def __init__(self, keep: bool = True, huge_pages: bool = False) -> None:
         self._keep = keep
+        self._empty, self._zeros = (empty, zeros) if huge_pages else (_torch_empty, _torch_zeros)
         self._tensors: dict[str, Tensor] = {}
 
     def get(self, name: str, shape: Sequence[int], like: Tensor) -> Tensor:
         """The tensor ``name`` of ``shape`` with ``like``'s dtype and device."""
         t = self._tensors.get(name)
         if t is None or t.shape != tuple(shape) or t.dtype != like.dtype or t.device != like.device:
-            t = zeros(shape, like.dtype, like.device)
+            t = self._zeros(shape, like.dtype, like.device)
             if self._keep:
                 self._tensors[name] = t
         return t
@@ -125,7 +126,7 @@ class Workspace:
         size = math.prod(shape)
         t = self._tensors.get(name)
         if t is None or t.numel() < size or t.dtype != like.dtype or t.device != like.device:
-            t = empty((size,), like.dtype, like.device)
+            t = self._empty((size,), like.dtype, like.device)
             if self._keep:
                 self._tensors[name] = t
         return t[:size].view(tuple(shape))
@@ -134,6 +135,14 @@ class Workspace:
         """One of two tensors ``name`` of x's shape, the one that is not x (used in turn)."""
         a = self.get(name + "0", x.shape, x)
         return self.get(name + "1", x.shape, x) if a.data_ptr() == x.data_ptr() else a
+
+
+def _torch_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def _torch_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.zeros(tuple(shape), dtype=dtype, device=device)
 
 
 def residual_update(
@@ -287,9 +296,11 @@ class GramSampler(Sampler):
     group_size: ClassVar[int] = 256
     parallel_parts: ClassVar[bool] = True
 
-    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
-        super().__init__(config, rng)
-        self._work = Workspace()
+    def __init__(
+        self, config: ModelConfig, rng: GroupedNormal, *, huge_pages: bool = False
+    ) -> None:
+        super().__init__(config, rng, huge_pages=huge_pages)
+        self._work = Workspace(huge_pages=huge_pages)
         self._layouts: dict[str, _Layout] = {}
 
     @classmethod

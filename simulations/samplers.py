@@ -27,7 +27,6 @@ from torch import Tensor
 
 from shapedtx import ModelConfig, block, gaussian_linear, initial_tokens
 from shapedtx._matmul import small_matmul
-from shapedtx._memory import empty
 from shapedtx.blocks import attention_matrix, scale_standard
 from shapedtx.metrics import covariance
 
@@ -60,9 +59,14 @@ class Sampler(ABC):
     """If set, the default chunk holds about this many bytes per (m, widest) tensor (at least
     one group): small enough for the CPU caches, where elementwise passes are memory-bound."""
 
-    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
+    def __init__(
+        self, config: ModelConfig, rng: GroupedNormal, *, huge_pages: bool = False
+    ) -> None:
+        """``huge_pages``: large CPU work tensors may use huge pages
+        (:func:`shapedtx._memory.empty`; the driver asks for them on one thread)."""
         self.config = config
         self.rng = rng
+        self.huge_pages = huge_pages
 
     @classmethod
     def check(cls, config: ModelConfig) -> None:
@@ -168,8 +172,10 @@ class ExactSampler(TokenSampler):
     group_size = 64
     chunk_bytes = 2**23
 
-    def __init__(self, config: ModelConfig, rng: GroupedNormal) -> None:
-        super().__init__(config, rng)
+    def __init__(
+        self, config: ModelConfig, rng: GroupedNormal, *, huge_pages: bool = False
+    ) -> None:
+        super().__init__(config, rng, huge_pages=huge_pages)  # not used: no gain measured
         self._pending: PendingDraw[Draw] | None = None  # the next block's draws, under way
         self._blocks = 0  # blocks whose draws were taken
         self._x: Tensor | None = None
@@ -239,7 +245,7 @@ class ExactSampler(TokenSampler):
         slot = self._blocks % 2
         buf = self._buffers[slot]
         if buf is None or buf.shape != (samples, total):
-            buf = self._buffers[slot] = empty((samples, total), dtype, device)
+            buf = self._buffers[slot] = torch.empty((samples, total), dtype=dtype, device=device)
         return self.rng.start([buf], self._chi2_dof(layout))
 
     def _chi2_dof(self, layout: dict[str, tuple[int, int]]) -> Tensor | None:

@@ -55,8 +55,6 @@ def test_large_tensor_is_advised_for_huge_pages_on_linux():
     size, flags = found
     assert "hg" in flags, flags  # madvise(MADV_HUGEPAGE) reached the kernel
     assert size % _memory.HUGE_PAGE_BYTES == 0  # whole huge pages (adjacent ones may merge)
-    small = _memory.empty((4, 4), torch.float64)
-    assert "hg" not in (_mapping(small.data_ptr()) or (0, []))[1]
 
 
 @pytest.mark.parametrize("shape", [LARGE, (5, 3)])
@@ -100,3 +98,40 @@ def test_a_mapping_that_fails_leaves_the_error_to_torch(monkeypatch):
     assert _memory.empty(LARGE, torch.float64).shape == LARGE  # torch's own allocation
     with pytest.raises(RuntimeError, match="allocate"):
         _memory.empty((2**40,), torch.float64)  # 8 TB
+
+
+def test_simulate_uses_huge_pages_on_one_thread_only_with_the_same_numbers(monkeypatch):
+    import simulations.driver
+    import simulations.gram
+    from shapedtx import ModelConfig
+    from simulations import equicorrelated, simulate
+
+    mapped: list[tuple[int, ...]] = []
+
+    def spy(function):
+        def wrapper(shape, *args, **kwargs):
+            mapped.append(tuple(shape))
+            return function(shape, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(simulations.driver, "empty", spy(_memory.empty))
+    monkeypatch.setattr(simulations.gram, "zeros", spy(_memory.zeros))
+    cfg = ModelConfig(width=64, depth=8, causal=True)
+    V0 = equicorrelated(4, 0.3)
+    threads = torch.get_num_threads()
+    results, calls = {}, {}
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            mapped.clear()
+            results[count] = simulate(cfg, V0, 4096, method="gram", seed=3)["V"].values
+            calls[count] = list(mapped)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(results[1], results[2])
+    assert (4096, 9, 4, 4) in calls[1] and len(calls[1]) > 1  # the result and the workspace
+    assert calls[2] == []  # two threads: ordinary pages (measured slower with huge ones)
+    found = _mapping(results[1].ctypes.data)
+    if found is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+        assert "hg" in found[1]
