@@ -63,6 +63,29 @@ def test_zeros_are_zero_mapped_or_not(shape):
     assert t.shape == shape and t.dtype == torch.float64 and not t.any()
 
 
+def test_the_huge_page_size_is_the_kernels():
+    size = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+    if not size.exists():
+        pytest.skip("no transparent huge pages here")
+    assert int(size.read_text()) == _memory.HUGE_PAGE_BYTES
+
+
+def test_from_exactly_one_huge_page_up_tensors_are_mapped(monkeypatch):
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this system")
+    sizes: list[int] = []
+
+    class Counting(mmap.mmap):
+        def __new__(cls, fileno, length, *args, **kwargs):
+            sizes.append(length)
+            return super().__new__(cls, fileno, length, *args, **kwargs)
+
+    monkeypatch.setattr(_memory.mmap, "mmap", Counting)
+    _memory.empty((_memory.HUGE_PAGE_BYTES // 8,), torch.float64)
+    _memory.empty((_memory.HUGE_PAGE_BYTES // 8 + 1,), torch.float64)
+    assert sizes == [_memory.HUGE_PAGE_BYTES, 2 * _memory.HUGE_PAGE_BYTES]
+
+
 def test_small_tensors_other_devices_and_other_systems_use_torch_empty(monkeypatch):
     def no_mapping(*args, **kwargs):
         raise AssertionError("mmap called")
