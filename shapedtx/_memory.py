@@ -25,21 +25,29 @@ size up are mapped as whole multiples of it (Linux then aligns the mapping to it
 
 
 def empty(
-    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    *,
+    huge_pages: bool = True,
 ) -> Tensor:
     """An uninitialised C-contiguous tensor of ``shape``, ``dtype`` on ``device`` (default
-    CPU). On CPU from :data:`HUGE_PAGE_BYTES` up, in private anonymous memory advised for
-    huge pages, rounded up to whole huge pages (the tensor keeps the mapping alive; it is
-    unmapped with the last reference)."""
-    mapped = _mapped(shape, dtype, device)
+    CPU). With ``huge_pages``, on CPU from :data:`HUGE_PAGE_BYTES` up, in private anonymous
+    memory advised for huge pages, rounded up to whole huge pages (the tensor keeps the
+    mapping alive; it is unmapped with the last reference)."""
+    mapped = _mapped(shape, dtype, device) if huge_pages else None
     return torch.empty(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
 
 
 def zeros(
-    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    *,
+    huge_pages: bool = True,
 ) -> Tensor:
     """:func:`empty`, zero-filled (a fresh mapping is zero already: no pass over it)."""
-    mapped = _mapped(shape, dtype, device)
+    mapped = _mapped(shape, dtype, device) if huge_pages else None
     return torch.zeros(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
 
 

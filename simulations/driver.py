@@ -294,7 +294,7 @@ def simulate(
     ):
         # huge pages on one thread only: with two they made the gram sampler 20% slower
         # (benchmarks/RESULTS.md, section 3, ninth pass)
-        V = (empty if workers == 1 else torch.empty)((samples, config.depth + 1, m, m), dtype=dtype)
+        V = empty((samples, config.depth + 1, m, m), dtype, huge_pages=workers == 1)
         for first in range(0, n_groups, per_chunk):
             groups = range(first, min(first + per_chunk, n_groups))
             sizes = [min(G, samples - g * G) for g in groups]

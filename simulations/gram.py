@@ -108,14 +108,14 @@ class Workspace:
 
     def __init__(self, keep: bool = True, huge_pages: bool = False) -> None:
         self._keep = keep
-        self._empty, self._zeros = (empty, zeros) if huge_pages else (_torch_empty, _torch_zeros)
+        self._huge_pages = huge_pages
         self._tensors: dict[str, Tensor] = {}
 
     def get(self, name: str, shape: Sequence[int], like: Tensor) -> Tensor:
         """The tensor ``name`` of ``shape`` with ``like``'s dtype and device."""
         t = self._tensors.get(name)
         if t is None or t.shape != tuple(shape) or t.dtype != like.dtype or t.device != like.device:
-            t = self._zeros(shape, like.dtype, like.device)
+            t = zeros(shape, like.dtype, like.device, huge_pages=self._huge_pages)
             if self._keep:
                 self._tensors[name] = t
         return t
@@ -126,7 +126,7 @@ class Workspace:
         size = math.prod(shape)
         t = self._tensors.get(name)
         if t is None or t.numel() < size or t.dtype != like.dtype or t.device != like.device:
-            t = self._empty((size,), like.dtype, like.device)
+            t = empty((size,), like.dtype, like.device, huge_pages=self._huge_pages)
             if self._keep:
                 self._tensors[name] = t
         return t[:size].view(tuple(shape))
@@ -135,14 +135,6 @@ class Workspace:
         """One of two tensors ``name`` of x's shape, the one that is not x (used in turn)."""
         a = self.get(name + "0", x.shape, x)
         return self.get(name + "1", x.shape, x) if a.data_ptr() == x.data_ptr() else a
-
-
-def _torch_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(tuple(shape), dtype=dtype, device=device)
-
-
-def _torch_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.zeros(tuple(shape), dtype=dtype, device=device)
 
 
 def residual_update(

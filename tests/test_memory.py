@@ -83,10 +83,11 @@ def test_from_exactly_one_huge_page_up_tensors_are_mapped(monkeypatch):
     monkeypatch.setattr(_memory.mmap, "mmap", Counting)
     _memory.empty((_memory.HUGE_PAGE_BYTES // 8,), torch.float64)
     _memory.empty((_memory.HUGE_PAGE_BYTES // 8 + 1,), torch.float64)
-    assert sizes == [_memory.HUGE_PAGE_BYTES, 2 * _memory.HUGE_PAGE_BYTES]
+    assert not _memory.zeros((_memory.HUGE_PAGE_BYTES // 4,), torch.float32).any()
+    assert sizes == [_memory.HUGE_PAGE_BYTES, 2 * _memory.HUGE_PAGE_BYTES, _memory.HUGE_PAGE_BYTES]
 
 
-def test_small_tensors_other_devices_and_other_systems_use_torch_empty(monkeypatch):
+def test_small_tensors_other_devices_other_systems_or_no_huge_pages_use_torch_empty(monkeypatch):
     def no_mapping(*args, **kwargs):
         raise AssertionError("mmap called")
 
@@ -94,6 +95,8 @@ def test_small_tensors_other_devices_and_other_systems_use_torch_empty(monkeypat
     below = (_memory.HUGE_PAGE_BYTES // 8 - 1,)
     assert _memory.empty(below, torch.float64).shape == below
     assert not _memory.zeros(below, torch.float64).any()
+    assert _memory.empty(LARGE, torch.float64, huge_pages=False).shape == LARGE
+    assert not _memory.zeros(LARGE, torch.float64, huge_pages=False).any()
     meta = _memory.empty(LARGE, torch.float64, "meta")
     assert meta.device.type == "meta" and meta.shape == LARGE
     monkeypatch.delattr(_memory.mmap, "MADV_HUGEPAGE", raising=False)
@@ -133,7 +136,8 @@ def test_simulate_uses_huge_pages_on_one_thread_only_with_the_same_numbers(monke
 
     def spy(function):
         def wrapper(shape, *args, **kwargs):
-            mapped.append(tuple(shape))
+            if kwargs.get("huge_pages", True):
+                mapped.append(tuple(shape))
             return function(shape, *args, **kwargs)
 
         return wrapper
