@@ -6,7 +6,8 @@ block (its workspace and the result; benchmarks/RESULTS.md, section 3). Into ano
 advised ``MADV_HUGEPAGE``, Linux maps 2 MB pages instead (when
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``), paged in about
 3x faster. Elsewhere (other systems, other devices, tensors below 2 MB) :func:`empty` and
-:func:`zeros` are ``torch.empty`` and ``torch.zeros``.
+:func:`zeros` are ``torch.empty`` and ``torch.zeros``. ``simulate`` asks for huge pages on
+one thread only: with two, its gram sampler was measured slower with them (cause not found).
 """
 
 from __future__ import annotations
