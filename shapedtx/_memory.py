@@ -7,7 +7,9 @@ advised ``MADV_HUGEPAGE``, Linux maps 2 MB pages instead (when
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``), paged in about
 3x faster. Elsewhere (other systems, other devices, tensors below 2 MB) :func:`empty` and
 :func:`zeros` are ``torch.empty`` and ``torch.zeros``. ``simulate`` asks for huge pages on
-one thread only: with two, its gram sampler was measured slower with them (cause not found).
+one thread only: with two, its gram sampler was measured slower with them on the benchmark
+machine, a virtual machine whose free-page reporting hands free high-order blocks back to the
+host, so that huge pages there are more often cold memory (benchmarks/RESULTS.md, section 3).
 """
 
 from __future__ import annotations
