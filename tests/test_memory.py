@@ -42,7 +42,7 @@ def test_large_tensor_is_an_ordinary_writable_tensor_that_outlives_its_mapping(d
     view = t.numpy()
     assert np.shares_memory(view, t.numpy())
     np.testing.assert_array_equal(view.ravel()[-3:], np.arange(t.numel())[-3:])
-    assert float(t.sum()) == float(torch.arange(t.numel(), dtype=torch.float64).sum())
+    assert float(t.double().sum()) == float(torch.arange(t.numel(), dtype=torch.float64).sum())
 
 
 def test_large_tensor_is_advised_for_huge_pages_on_linux():
