@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -38,8 +38,7 @@ def empty(
     CPU). With ``huge_pages``, on CPU from :data:`HUGE_PAGE_BYTES` up, in private anonymous
     memory advised for huge pages, rounded up to whole huge pages (the tensor keeps the
     mapping alive; it is unmapped with the last reference)."""
-    mapped = _mapped(shape, dtype, device) if huge_pages else None
-    return torch.empty(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
+    return _allocate(torch.empty, shape, dtype, device, huge_pages)
 
 
 def zeros(
@@ -50,8 +49,20 @@ def zeros(
     huge_pages: bool = True,
 ) -> Tensor:
     """:func:`empty`, zero-filled (a fresh mapping is zero already: no pass over it)."""
+    return _allocate(torch.zeros, shape, dtype, device, huge_pages)
+
+
+def _allocate(
+    factory: Callable[..., Tensor],
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    huge_pages: bool,
+) -> Tensor:
+    """A huge-page mapping where it applies (zero when fresh), else ``factory`` (torch.empty
+    or torch.zeros)."""
     mapped = _mapped(shape, dtype, device) if huge_pages else None
-    return torch.zeros(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
+    return factory(tuple(shape), dtype=dtype, device=device) if mapped is None else mapped
 
 
 def _mapped(

@@ -292,7 +292,7 @@ class GramSampler(Sampler):
         self, config: ModelConfig, rng: GroupedNormal, *, huge_pages: bool = False
     ) -> None:
         super().__init__(config, rng, huge_pages=huge_pages)
-        self._work = Workspace(huge_pages=huge_pages)
+        self._work = Workspace(huge_pages=self.huge_pages)
         self._layouts: dict[str, _Layout] = {}
 
     @classmethod
