@@ -1,10 +1,12 @@
 """Benchmark: the fused centring of shaped attention, in isolation and in a training step.
 
 1. Forward + backward of one attention call (causal, float32): SDPA softmax attention,
-   shaped attention with the fused centring (:func:`shapedtx.attention.centred_sum`) and
-   with the former unfused expression ``v + attended - C v`` (C v from ``torch.cumsum``).
+   shaped attention with the fused centring (:func:`shapedtx.attention.centred_sum`) by its
+   compiled kernels (the CPU default, :mod:`shapedtx._compiled_centring`) and by its torch
+   form (used on other devices and in half precision), and with the former unfused
+   expression ``v + attended - C v`` (C v from ``torch.cumsum``).
 2. Full optimiser steps of ``LanguageModel`` (as ``bench_train.py``): softmax + ReLU without
-   LN against shaped attention + ReLU without LN, fused and unfused centring.
+   LN against shaped attention + ReLU without LN, with the same three centrings.
 Interleaved rounds, process CPU time, medians over rounds and of per-round ratios to softmax.
 
     python benchmarks/bench_centring.py
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import shapedtx.attention as attention
-from shapedtx import ModelConfig
+from shapedtx import ModelConfig, _compiled_centring
 from shapedtx.attention import token_cumsum, token_mean
 from shapedtx.blocks import merge_heads, split_heads
 from shapedtx.training import LanguageModel
@@ -36,15 +38,22 @@ def _unfused(attended, v, *, causal=False):
     return v + attended.reshape(v.shape) - mean
 
 
+FORMS = {"compiled": "fused (compiled)", "torch": "fused (torch form)", "unfused": "unfused"}
+"""The centrings compared, and how the variants' names end."""
+
+
 @contextlib.contextmanager
-def _centring(fused: bool):
-    original = attention.centred_sum
-    if not fused:
+def _centring(form: str):
+    """Shaped attention's centring: the compiled kernels, the fused torch form, or unfused."""
+    centred_sum, applies = attention.centred_sum, _compiled_centring.applies
+    if form == "unfused":
         attention.centred_sum = _unfused
+    elif form == "torch":
+        _compiled_centring.applies = lambda x: False
     try:
         yield
     finally:
-        attention.centred_sum = original
+        attention.centred_sum, _compiled_centring.applies = centred_sum, applies
 
 
 def _interleaved(
@@ -86,22 +95,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     B, H, m, d = 16, 4, 128, 32
-    q, k = (torch.randn(B, H, m, d, generator=gen, requires_grad=True) for _ in range(2))
-    values = torch.randn(B, m, H * d, generator=gen, requires_grad=True)  # merged heads
+    # as the blocks' linear maps give them: merged heads, queries and keys split by a view
+    q, k, values = (torch.randn(B, m, H * d, generator=gen, requires_grad=True) for _ in range(3))
     g = torch.randn(B, m, H * d, generator=gen)
     tau = (128 * 32) ** 0.5
 
     def call(variant: str) -> None:
-        # as in shapedtx.blocks.attention_branch: values split into heads, outputs merged
+        # as in shapedtx.blocks.attention_branch: inputs split into heads, outputs merged
+        qh, kh = split_heads(q, H), split_heads(k, H)
         if variant == "softmax (SDPA)":
-            out = F.scaled_dot_product_attention(q, k, split_heads(values, H), is_causal=True)
+            out = F.scaled_dot_product_attention(qh, kh, split_heads(values, H), is_causal=True)
             out = merge_heads(out)
         else:
-            with _centring(variant == "shaped, fused centring"):
-                out = attention.shaped_attention_heads(q, k, values, tau, causal=True)
+            with _centring(forms[variant]):
+                out = attention.shaped_attention_heads(qh, kh, values, tau, causal=True)
         out.backward(g)
 
-    variants = ["softmax (SDPA)", "shaped, fused centring", "shaped, unfused centring"]
+    forms = {f"shaped, {end} centring": form for form, end in FORMS.items()}
+    variants = ["softmax (SDPA)", *forms]
     times = _interleaved(call, variants, args.rounds, args.calls)
     print(
         f"CPU float32, 1 thread, {args.rounds} interleaved rounds, CPU time; "
@@ -113,21 +124,21 @@ def main(argv: list[str] | None = None) -> None:
 
     tokens = torch.randint(0, 256, (16, 129), generator=gen)
     models = {}
-    for name, kind in {
-        "softmax + ReLU, no LN": "softmax",
-        "shaped + ReLU, no LN, fused": "shaped",
-        "shaped + ReLU, no LN, unfused": "shaped",
+    for name, form in {
+        "softmax + ReLU, no LN": "compiled",  # (no centring)
+        **{f"shaped + ReLU, no LN, {end}": form for form, end in FORMS.items()},
     }.items():
+        kind = "shaped" if name.startswith("shaped") else "softmax"
         cfg = ModelConfig(
             width=128, depth=8, heads=4, out_proj=True, causal=True, attention=kind, mlp="relu"
         )
         torch.manual_seed(0)
         model = LanguageModel(cfg, 128)
-        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), form)
 
     def step(name: str) -> None:
-        model, optimizer = models[name]
-        with _centring(not name.endswith("unfused")):
+        model, optimizer, form = models[name]
+        with _centring(form):
             optimizer.zero_grad(set_to_none=True)
             model.loss(tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

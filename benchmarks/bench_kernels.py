@@ -7,12 +7,17 @@
   ``chisquare``), 256 samples per call;
 - Cholesky factors of a stack of m x m matrices: ``simulations._compiled_cholesky`` against
   torch's batched LAPACK call (``cholesky_ex``, as the gram sampler called it), for m from 4
-  to 64 (the kernel is used up to ``MAX_SIZE``).
+  to 64 (the kernel is used up to ``MAX_SIZE``);
+- the causal centring of shaped attention in training, forward ``(I - C) v + attended`` and
+  backward ``(I - C)^T g``: ``shapedtx._compiled_centring`` against the blockwise torch form
+  it replaces on CPU (``shapedtx.attention._causal_centring``, plus the in-place add of
+  ``attended`` for the forward), float32, at the ``bench_centring.py`` size (16, 128, 128)
+  and a larger (32, 512, 256).
 
 Each row checks first that both sides give the same numbers (bit for bit for the random
-numbers, to 1e-13 for the factors). Variants alternate call by call; the table gives the
-median time per number (or per factor) and the median over rounds of the per-round ratio,
-with its range. One thread.
+numbers, to 1e-13 for the factors, to 1e-5 of max |result| for the float32 centring).
+Variants alternate call by call; the table gives the median time per number (or per factor,
+per element) and the median over rounds of the per-round ratio, with its range. One thread.
 
     python benchmarks/bench_kernels.py
     python benchmarks/bench_kernels.py --rounds 51
@@ -28,6 +33,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from shapedtx import _compiled_centring
+from shapedtx.attention import _causal_centring
 from simulations._compiled_cholesky import MAX_SIZE
 from simulations._compiled_cholesky import _compiled as _compiled_cholesky
 from simulations._compiled_random import random_fill
@@ -55,7 +62,7 @@ def _rows(title: str, times: dict[str, list[float]], per_call: int, unit: str) -
         ratios = [t / b for t, b in zip(times[name], base, strict=True)]
         ratio = f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
         ns = statistics.median(times[name]) / per_call * 1e9
-        out.append(f"| {title} | {name} | {ns:.1f} {unit} | {ratio} |")
+        out.append(f"| {title} | {name} | {ns:.3g} {unit} | {ratio} |")
     return out
 
 
@@ -120,6 +127,40 @@ def _cholesky_rows(m: int, kernel: Callable[..., None], rounds: int) -> list[str
     return _rows(f"Cholesky, m = {m} ({used})", times, samples, "ns / factor")
 
 
+def centring(rounds: int) -> list[str]:
+    return [
+        row
+        for shape in ((16, 128, 128), (32, 512, 256))
+        for transpose in (False, True)
+        for row in _centring_rows(shape, transpose, rounds)
+    ]
+
+
+def _torch_centred_sum(attended: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = _causal_centring(v, False, fresh=True)
+    return out.add_(attended)
+
+
+def _centring_rows(shape: tuple[int, ...], transpose: bool, rounds: int) -> list[str]:
+    gen = torch.Generator().manual_seed(3)
+    x, a = (torch.randn(shape, generator=gen) for _ in range(2))
+    if transpose:
+        variants = {
+            "torch form": lambda: _causal_centring(x, True, fresh=True),
+            "compiled": lambda: _compiled_centring.causal_centring_transpose(x),
+        }
+    else:
+        variants = {
+            "torch form": lambda: _torch_centred_sum(a, x),
+            "compiled": lambda: _compiled_centring.causal_centred_sum(a, x),
+        }
+    torch_form, compiled = (fn() for fn in variants.values())
+    assert (compiled - torch_form).abs().max() <= 1e-5 * torch_form.abs().max()
+    times = _time(variants, rounds)
+    title = f"centring {'backward' if transpose else 'forward'}, {tuple(shape)} float32"
+    return _rows(title, times, x.numel(), "ns / element")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=31)
@@ -128,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"compiled CPU kernels, 1 thread, {args.rounds} alternating rounds")
     print("| kernel | variant | median time | time / first variant: median [min, max] |")
     print("|---|---|---|---|")
-    for rows in (normals(args.rounds), chi_square(args.rounds), cholesky(args.rounds)):
+    for kernel in (normals, chi_square, cholesky, centring):
+        rows = kernel(args.rounds)
         print("\n".join(rows))
 
 

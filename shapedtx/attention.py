@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _compiled_centring
+
 
 def causal_mask(m: int, device: torch.device | None = None) -> Tensor:
     """Boolean (m, m) lower-triangular mask: True where query i may attend to key j <= i."""
@@ -243,13 +245,16 @@ def _centring_blocks(
 
 
 class _CentredSum(torch.autograd.Function):
-    """Forward: ``(I - C) v + attended`` (:func:`causal_centring`) or the mean form. Backward:
-    ``d attended = g``, ``d v = (I - C)^T g``."""
+    """Forward: ``(I - C) v + attended`` or the mean form. Backward: ``d attended = g``,
+    ``d v = (I - C)^T g``. Causal on CPU in float32/64 by the compiled kernels of
+    :mod:`shapedtx._compiled_centring`, elsewhere by :func:`causal_centring`'s forms."""
 
     @staticmethod
     def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
         ctx.causal = causal
         ctx.attended_shape = attended.shape
+        if causal and _compiled_centring.applies(v):
+            return _compiled_centring.causal_centred_sum(attended, v)
         out = _causal_centring(v, False, fresh=True) if causal else v - v.mean(dim=-2, keepdim=True)
         out.view(attended.shape).add_(attended)
         return out
@@ -259,7 +264,9 @@ class _CentredSum(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         grad_v = None
         if ctx.needs_input_grad[1]:
-            if ctx.causal:
+            if ctx.causal and _compiled_centring.applies(g):
+                grad_v = _compiled_centring.causal_centring_transpose(g)
+            elif ctx.causal:
                 grad_v = _causal_centring(g, True, fresh=True)
             else:
                 grad_v = g - g.mean(dim=-2, keepdim=True)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._numba import compile_kernel
+from shapedtx._numba import compile_kernel
 
 MAX_SIZE = 32
 """Largest m computed by the compiled kernel; LAPACK's blocked algorithm wins above."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ._numba import compile_kernel
+from shapedtx._numba import compile_kernel
 
 _Fill = Callable[[np.random.Generator, tuple[np.ndarray, ...], np.ndarray, np.ndarray], None]
 

@@ -58,6 +58,7 @@ TESTS: dict[str, list[str]] = {
     "simulations/_compiled_random.py": ["tests/test_simulate_perf.py::-k compiled_fill"],
     "simulations/_compiled_cholesky.py": ["tests/test_compiled_cholesky.py"],
     "shapedtx/_memory.py": ["tests/test_memory.py"],
+    "shapedtx/_compiled_centring.py": ["tests/test_attention_fused.py"],
     "simulations/presets.py": ["tests/test_compare_cli.py"],
     "simulations/baselines.py": ["tests/test_compare_cli.py"],
     "shapedtx/training/trainer.py": ["tests/test_train.py"],

@@ -4,6 +4,7 @@ autograd operation) equals the explicit matrix form, in value and gradient."""
 import pytest
 import torch
 
+from shapedtx import _compiled_centring
 from shapedtx.attention import (
     CUMSUM_BLOCK,
     _causal_centring,
@@ -116,11 +117,20 @@ def test_blocked_causal_centring_float32_error_does_not_grow_with_m(transpose):
     assert err <= 1.5e-6 * x.abs().max()
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def centring_form(request, monkeypatch):
+    """Run a test with the compiled centring kernels (the CPU default) and with the torch
+    forms used on other devices and in half precision."""
+    if request.param == "torch":
+        monkeypatch.setattr(_compiled_centring, "applies", lambda x: False)
+    return request.param
+
+
 @pytest.mark.parametrize("m", [9, 40])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_centring_equals_matrix_form(causal, m):
-    """Value and both gradients of ``attended + (I - C) v`` to 1e-10 in float64 (m = 40 takes
-    the blocked running sum)."""
+def test_fused_centring_equals_matrix_form(causal, m, centring_form):
+    """Value and both gradients of ``attended + (I - C) v`` to 1e-10 in float64, compiled and
+    torch forms (m = 40 takes the torch form's blocked running sum)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 2, m, 5, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -147,7 +157,7 @@ def test_fused_shaped_attention_equals_matrix_form(causal):
 
 @pytest.mark.parametrize("m", [6, 40])
 @pytest.mark.parametrize("causal", [False, True])
-def test_shaped_attention_heads_equals_per_head_matrix_form(causal, m):
+def test_shaped_attention_heads_equals_per_head_matrix_form(causal, m, centring_form):
     """Shaped attention on the merged head layout equals the per-head explicit ``A_h v_h``
     side by side, in value and gradients (float64, 1e-10)."""
     gen = torch.Generator().manual_seed(2)
@@ -169,3 +179,48 @@ def test_centring_without_gradient_and_float32():
     out = centred_sum(torch.zeros_like(v), v, causal=True)
     torch.testing.assert_close(out, v - v.cumsum(-2) / torch.arange(1, 8)[:, None])
     assert out.dtype == torch.float32 and not out.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_centring_gives_fresh_tensors_into_which_gradients_add(dtype):
+    """The compiled forward and backward return fresh contiguous tensors that are not views
+    (autograd adds SDPA's gradient of the values into the backward's in place), from inputs
+    in any layout: values not contiguous, attended as per-head strided views."""
+    gen = torch.Generator().manual_seed(3)
+    v = torch.randn(2, 3, 12, 8, generator=gen, dtype=dtype).transpose(-1, -2)  # (2, 3, 8, 12)
+    a = torch.randn(2, 3, 4, 8, 3, generator=gen, dtype=dtype).transpose(-3, -2)  # (.., 8, 4, 3)
+    out = _compiled_centring.causal_centred_sum(a, v)
+    assert out._base is None and out.is_contiguous() and out.shape == v.shape
+    torch.testing.assert_close(out, causal_centring(v) + a.reshape(v.shape))
+    grad = _compiled_centring.causal_centring_transpose(v)
+    assert grad._base is None and grad.is_contiguous() and grad.dtype == dtype
+    torch.testing.assert_close(grad, causal_centring(v, transpose=True))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_compiled_centring_float32_is_rounded_once(transpose):
+    """Float32 at m = 4096 with a common offset (mean 10): the compiled kernels keep their
+    running sums in float64, so the only error is the final rounding, within one float32
+    epsilon of max |result| (the torch form's blocked float32 sums: up to 1.5e-6 of max |x|);
+    in float64 within 1e-13 of max |result|."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4096, 8, generator=gen, dtype=torch.float64) + 10.0
+    for dtype in (torch.float32, torch.float64):
+        xd = x.to(dtype)
+        reference = causal_centring(xd.double(), transpose=transpose)  # blocked, float64
+        if transpose:
+            out = _compiled_centring.causal_centring_transpose(xd)
+        else:
+            out = _compiled_centring.causal_centred_sum(torch.zeros_like(xd), xd)
+        bound = torch.finfo(torch.float32).eps if dtype == torch.float32 else 1e-13
+        assert (out.double() - reference).abs().max() <= bound * reference.abs().max()
+
+
+def test_centring_in_half_precision_takes_the_torch_form():
+    """bfloat16 on CPU (no compiled kernel) through the fused operation, against float64."""
+    gen = torch.Generator().manual_seed(4)
+    a, v = (torch.randn(2, 64, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    assert not _compiled_centring.applies(v.bfloat16())
+    out = centred_sum(a.bfloat16(), v.bfloat16(), causal=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), a + causal_centring(v), rtol=0, atol=0.05)

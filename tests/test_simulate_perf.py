@@ -448,9 +448,8 @@ def test_workspace_reuses_and_alternates_tensors():
     )
 
 
-def test_kernel_benchmark_runs_and_checks_its_kernels():
-    """benchmarks/bench_kernels.py: every row first checks the compiled kernel against what
-    it replaces (same numbers), then times it; one round runs in seconds."""
+def _run_benchmark(script: str, *args: str) -> str:
+    """Run ``benchmarks/<script>`` with arguments in a fresh interpreter; its stdout."""
     import os
     import subprocess
     import sys
@@ -458,9 +457,26 @@ def test_kernel_benchmark_runs_and_checks_its_kernels():
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root))
-    cmd = [sys.executable, str(root / "benchmarks" / "bench_kernels.py"), "--rounds", "1"]
+    cmd = [sys.executable, str(root / "benchmarks" / script), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "ns /" in line]
-    assert len(rows) == 3 + 2 + 2 * 5  # normals, chi-square, Cholesky at five sizes
+    return done.stdout
+
+
+def test_kernel_benchmark_runs_and_checks_its_kernels():
+    """benchmarks/bench_kernels.py: every row first checks the compiled kernel against what
+    it replaces (same numbers), then times it; one round runs in seconds."""
+    stdout = _run_benchmark("bench_kernels.py", "--rounds", "1")
+    rows = [line for line in stdout.splitlines() if line.startswith("| ") and "ns /" in line]
+    # normals, chi-square, Cholesky at five sizes, centring forward and backward at two sizes
+    assert len(rows) == 3 + 2 + 2 * 5 + 2 * 2 * 2
     assert sum("(not used)" in row for row in rows) == 2  # m = 64 > MAX_SIZE
+
+
+def test_centring_benchmark_runs_every_form():
+    """benchmarks/bench_centring.py: one round of one call and one step of every variant
+    (softmax, the compiled and torch forms of the fused centring, unfused) runs."""
+    stdout = _run_benchmark("bench_centring.py", "--rounds", "1", "--calls", "1", "--steps", "1")
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    for form in ("fused (compiled)", "fused (torch form)", "unfused"):
+        assert sum(form in row for row in rows) == 2  # one attention call, one training step
