@@ -79,6 +79,7 @@ def _rows(x: Tensor) -> np.ndarray:
     return x.detach().contiguous().reshape(-1, *x.shape[-2:]).numpy()
 
 
+@torch.compiler.disable  # numba: torch.compile calls it as it is
 def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     """``(I - C) v + attended`` as a fresh contiguous tensor; v: (..., m, d), attended: any
     shape with v's number of elements that reshapes to v's (e.g. (..., m, h, d / h))."""
@@ -87,6 +88,7 @@ def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     return out
 
 
+@torch.compiler.disable  # numba: torch.compile calls it as it is
 def causal_centring_transpose(g: Tensor) -> Tensor:
     """``(I - C)^T g`` as a fresh contiguous tensor; g: (..., m, d)."""
     out = torch.empty(g.shape, dtype=g.dtype)
