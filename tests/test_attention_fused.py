@@ -224,3 +224,23 @@ def test_centring_in_half_precision_takes_the_torch_form():
     out = centred_sum(a.bfloat16(), v.bfloat16(), causal=True)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), a + causal_centring(v), rtol=0, atol=0.05)
+
+
+def test_compiled_kernels_take_cpu_float32_and_float64(monkeypatch):
+    """``applies``: CPU float32/64 tensors of two or more dimensions, not half precision or
+    other devices; the fused centring then calls the kernels, forward and backward."""
+    for dtype in (torch.float32, torch.float64):
+        assert _compiled_centring.applies(torch.zeros(5, 3, dtype=dtype))
+        assert _compiled_centring.applies(torch.zeros(2, 5, 3, dtype=dtype))
+    assert not _compiled_centring.applies(torch.zeros(5))
+    assert not _compiled_centring.applies(torch.zeros(5, 3, dtype=torch.float16))
+    assert not _compiled_centring.applies(torch.zeros(5, 3, device="meta"))
+    calls = []
+    for name in ("causal_centred_sum", "causal_centring_transpose"):
+        kernel = getattr(_compiled_centring, name)
+        monkeypatch.setattr(
+            _compiled_centring, name, lambda *x, k=kernel, n=name: calls.append(n) or k(*x)
+        )
+    v = torch.randn(6, 4, requires_grad=True)
+    centred_sum(torch.zeros(6, 4), v, causal=True).sum().backward()
+    assert calls == ["causal_centred_sum", "causal_centring_transpose"]
