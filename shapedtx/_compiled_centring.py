@@ -69,9 +69,14 @@ def _compiled_transpose() -> Callable[[np.ndarray, np.ndarray], None]:
     return compile_kernel(_centring_transpose)
 
 
-def applies(x: Tensor) -> bool:
-    """Whether the compiled kernels take x: a CPU tensor in float32 or float64, (..., m, d)."""
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() >= 2
+def applies(x: Tensor, *others: Tensor) -> bool:
+    """Whether the compiled kernels take x and the other operands: CPU tensors of x's dtype,
+    float32 or float64, (..., m, d)."""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and x.dim() >= 2
+        and all(t.device.type == "cpu" and t.dtype == x.dtype for t in (x, *others))
+    )
 
 
 def _rows(x: Tensor) -> np.ndarray:

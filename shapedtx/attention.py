@@ -253,7 +253,7 @@ class _CentredSum(torch.autograd.Function):
     def forward(ctx, attended: Tensor, v: Tensor, causal: bool) -> Tensor:
         ctx.causal = causal
         ctx.attended_shape = attended.shape
-        if causal and _compiled_centring.applies(v):
+        if causal and _compiled_centring.applies(v, attended):
             return _compiled_centring.causal_centred_sum(attended, v)
         out = _causal_centring(v, False, fresh=True) if causal else v - v.mean(dim=-2, keepdim=True)
         out.view(attended.shape).add_(attended)

@@ -122,7 +122,7 @@ def centring_form(request, monkeypatch):
     """Run a test with the compiled centring kernels (the CPU default) and with the torch
     forms used on other devices and in half precision."""
     if request.param == "torch":
-        monkeypatch.setattr(_compiled_centring, "applies", lambda x: False)
+        monkeypatch.setattr(_compiled_centring, "applies", lambda *tensors: False)
     return request.param
 
 
@@ -235,6 +235,9 @@ def test_compiled_kernels_take_cpu_float32_and_float64(monkeypatch):
     assert not _compiled_centring.applies(torch.zeros(5))
     assert not _compiled_centring.applies(torch.zeros(5, 3, dtype=torch.float16))
     assert not _compiled_centring.applies(torch.zeros(5, 3, device="meta"))
+    x = torch.zeros(5, 3)
+    assert _compiled_centring.applies(x, x) and not _compiled_centring.applies(x, x.double())
+    assert not _compiled_centring.applies(x, x.to("meta"))
     calls = []
     for name in ("causal_centred_sum", "causal_centring_transpose"):
         kernel = getattr(_compiled_centring, name)
@@ -244,3 +247,13 @@ def test_compiled_kernels_take_cpu_float32_and_float64(monkeypatch):
     v = torch.randn(6, 4, requires_grad=True)
     centred_sum(torch.zeros(6, 4), v, causal=True).sum().backward()
     assert calls == ["causal_centred_sum", "causal_centring_transpose"]
+
+
+def test_centring_of_mixed_precision_operands_takes_the_torch_form():
+    """Values in float32 and SDPA's output in bfloat16 (as under autocast): no compiled
+    kernel (it would need one dtype); the torch form adds them, in float32."""
+    gen = torch.Generator().manual_seed(5)
+    a, v = (torch.randn(2, 40, 6, generator=gen) for _ in range(2))
+    out = centred_sum(a.bfloat16(), v, causal=True)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, a.bfloat16().float() + causal_centring(v))
