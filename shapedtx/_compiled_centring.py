@@ -88,7 +88,7 @@ def _rows(x: Tensor) -> np.ndarray:
 def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     """``(I - C) v + attended`` as a fresh contiguous tensor; v: (..., m, d), attended: any
     shape with v's number of elements that reshapes to v's (e.g. (..., m, h, d / h))."""
-    out = torch.empty(v.shape, dtype=v.dtype)
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _compiled_sum()(_rows(v), _rows(attended.reshape(v.shape)), _rows(out))
     return out
 
@@ -96,6 +96,6 @@ def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
 @torch.compiler.disable  # numba: torch.compile calls it as it is
 def causal_centring_transpose(g: Tensor) -> Tensor:
     """``(I - C)^T g`` as a fresh contiguous tensor; g: (..., m, d)."""
-    out = torch.empty(g.shape, dtype=g.dtype)
+    out = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     _compiled_transpose()(_rows(g), _rows(out))
     return out
