@@ -13,6 +13,7 @@ precision, so float32 results are rounded once. The kernels run on the calling t
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -81,7 +82,7 @@ def applies(x: Tensor, *others: Tensor) -> bool:
 
 def _rows(x: Tensor) -> np.ndarray:
     """x: (..., m, d) as a C-contiguous (S, m, d) array sharing x's memory when it can."""
-    return x.detach().contiguous().reshape(-1, *x.shape[-2:]).numpy()
+    return x.detach().contiguous().reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).numpy()
 
 
 @torch.compiler.disable  # numba: torch.compile calls it as it is

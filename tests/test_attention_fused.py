@@ -226,6 +226,17 @@ def test_centring_in_half_precision_takes_the_torch_form():
     torch.testing.assert_close(out.double(), a + causal_centring(v), rtol=0, atol=0.05)
 
 
+@pytest.mark.parametrize("shape", [(2, 0, 3), (0, 4, 3), (2, 1, 3), (3, 0)])
+def test_centring_of_empty_and_single_token_inputs(shape, centring_form):
+    """No tokens, no samples, one token (``(I - C) v = 0``), no leading dimension."""
+    v = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(shape, dtype=torch.float64)
+    out = centred_sum(a, v, causal=True)
+    torch.testing.assert_close(out, a + causal_centring(v), rtol=0, atol=1e-12)
+    out.sum().backward()
+    torch.testing.assert_close(v.grad, causal_centring(torch.ones(shape).double(), transpose=True))
+
+
 def test_compiled_kernels_take_cpu_float32_and_float64(monkeypatch):
     """``applies``: CPU float32/64 tensors of two or more dimensions, not half precision or
     other devices; the fused centring then calls the kernels, forward and backward."""
