@@ -139,7 +139,7 @@ def shaped_attention(
     q, k: (..., m, n_k); v: (..., m, d) -> (..., m, d). Never forms the m x m matrix: the
     softmax term goes through ``scaled_dot_product_attention`` (flash/memory-efficient kernels
     where available) and the centring ``v - token_mean(v)`` plus the sum is one fused
-    operation (:func:`centred_sum`: three passes forward, a hand-written backward).
+    operation (:func:`centred_sum`, with a hand-written backward).
     """
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
     return centred_sum(attended, v, causal=causal)
@@ -164,7 +164,8 @@ def centred_sum(attended: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
     """``attended + v - token_mean(v)`` (= ``attended + (I - C) v``, C the uniform or causal
     uniform matrix) as one autograd operation; v: (..., m, d) -> (..., m, d); attended:
     (..., m, d), or (..., m, h, d / h) (h heads side by side, any strides, e.g. a transposed
-    view of SDPA's output: no merged copy is made)."""
+    view of SDPA's output). Causal on CPU in float32/64: one compiled pass forward and two
+    backward, running sums in float64; elsewhere torch operations."""
     return _CentredSum.apply(attended, v, causal)
 
 
