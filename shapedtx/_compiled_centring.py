@@ -59,15 +59,9 @@ def _centring_transpose(g: np.ndarray, out: np.ndarray) -> None:
 
 
 @functools.cache
-def _compiled_sum() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
-    """:func:`_centred_sum` compiled on first use (then cached on disk)."""
-    return compile_kernel(_centred_sum)
-
-
-@functools.cache
-def _compiled_transpose() -> Callable[[np.ndarray, np.ndarray], None]:
-    """:func:`_centring_transpose` compiled on first use (then cached on disk)."""
-    return compile_kernel(_centring_transpose)
+def _compiled(kernel: Callable[..., None]) -> Callable[..., None]:
+    """``kernel`` compiled on first use (then cached on disk)."""
+    return compile_kernel(kernel)
 
 
 def applies(x: Tensor, *others: Tensor) -> bool:
@@ -90,7 +84,7 @@ def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     """``(I - C) v + attended`` as a fresh contiguous tensor; v: (..., m, d), attended: any
     shape with v's number of elements that reshapes to v's (e.g. (..., m, h, d / h))."""
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    _compiled_sum()(_rows(v), _rows(attended.reshape(v.shape)), _rows(out))
+    _compiled(_centred_sum)(_rows(v), _rows(attended.reshape(v.shape)), _rows(out))
     return out
 
 
@@ -98,5 +92,5 @@ def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
 def causal_centring_transpose(g: Tensor) -> Tensor:
     """``(I - C)^T g`` as a fresh contiguous tensor; g: (..., m, d)."""
     out = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    _compiled_transpose()(_rows(g), _rows(out))
+    _compiled(_centring_transpose)(_rows(g), _rows(out))
     return out

@@ -265,12 +265,12 @@ class _CentredSum(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         grad_v = None
         if ctx.needs_input_grad[1]:
-            if ctx.causal and _compiled_centring.applies(g):
-                grad_v = _compiled_centring.causal_centring_transpose(g)
-            elif ctx.causal:
-                grad_v = _causal_centring(g, True, fresh=True)
-            else:
+            if not ctx.causal:
                 grad_v = g - g.mean(dim=-2, keepdim=True)
+            elif _compiled_centring.applies(g):
+                grad_v = _compiled_centring.causal_centring_transpose(g)
+            else:
+                grad_v = _causal_centring(g, True, fresh=True)
         grad_attended = g.reshape(ctx.attended_shape) if ctx.needs_input_grad[0] else None
         return grad_attended, grad_v, None
 
