@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .config import TrainConfig
 from .data import ByteCorpus, load_corpus
+from .horizons import horizon_configs, train_horizons
 from .log import final_val_loss, log_dataset
 from .model import LanguageModel
 from .trainer import ResumeMismatch, TrainingDiverged, TrainResult, configs_of, lr_factor, train
@@ -25,12 +26,14 @@ __all__ = [
     "TrainingDiverged",
     "configs_of",
     "final_val_loss",
+    "horizon_configs",
     "load_corpus",
     "log_dataset",
     "lr_factor",
     "plot_collapse",
     "plot_losses",
     "train",
+    "train_horizons",
 ]
 
 

@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from .._validation import check_int, check_number
+from .._validation import check_choice, check_int, check_number
 from ..config import _field_types, _fields_from_attrs
+
+Schedule = Literal["cosine", "wsd"]
+SCHEDULES: tuple[str, ...] = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Causal byte-level language-model training (AdamW, warm-up + cosine, clipping).
+    """Causal byte-level language-model training (AdamW, warm-up + decay, clipping).
 
     Attributes:
         steps: optimiser steps in total (the token budget is ``steps * batch_size * seq_len``).
         batch_size: sequences per step.
         seq_len: m, tokens (bytes) per sequence.
         lr: peak learning rate, reached after ``warmup_steps`` (linear warm-up from 0).
-        min_lr_ratio: the cosine decays the lr from ``lr`` to ``lr * min_lr_ratio`` at ``steps``.
+        min_lr_ratio: the decay ends at ``lr * min_lr_ratio`` at ``steps``.
         warmup_steps: linear warm-up length (``< steps``); default ``min(50, steps // 10)``.
+        schedule: ``"cosine"`` (warm-up, then cosine decay over the remaining steps) or
+            ``"wsd"`` (warmup-stable-decay: warm-up, constant ``lr`` until
+            :attr:`cooldown_start`, then a linear cooldown to ``lr * min_lr_ratio``; Hagele et
+            al. 2024). Two WSD runs that differ only in ``steps`` follow the same learning
+            rates up to the earlier cooldown start, so a shorter horizon branches from a
+            checkpoint of a longer run (``train(..., branch_from=...)``).
+        cooldown_fraction: WSD only: the cooldown's share of ``steps`` (rounded to a step).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices only (the
             linear maps and the token embedding; not biases, gains, position embeddings).
         beta1, beta2, eps: AdamW moments.
@@ -35,7 +45,8 @@ class TrainConfig:
         seed: seeds the initialisation and the data order.
 
     Defaults: ``steps=1000, batch_size=16, seq_len=64, lr=1e-3, min_lr_ratio=0.1,
-    warmup_steps=None, weight_decay=0.0, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip=1.0,
+    warmup_steps=None, schedule="cosine", cooldown_fraction=0.2, weight_decay=0.0, beta1=0.9,
+    beta2=0.99, eps=1e-8, grad_clip=1.0,
     log_interval=10, eval_interval=50, eval_batches=4, metrics_batch=4,
     checkpoint_interval=100, seed=0``.
 
@@ -50,6 +61,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     # None (the default) is replaced in __post_init__: the attribute is always an int.
     warmup_steps: int = None  # type: ignore[assignment]  # derived in __post_init__
+    schedule: Schedule = "cosine"
+    cooldown_fraction: float = 0.2
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
@@ -88,6 +101,7 @@ class TrainConfig:
             ("beta2", 0.0, 0.999999, False),
             ("eps", 0.0, 1.0, True),
             ("grad_clip", 0.0, 1e6, False),
+            ("cooldown_fraction", 0.0, 1.0, True),
         ):
             value = check_number(name, getattr(self, name), low, high, low_open=low_open)
             object.__setattr__(self, name, value)
@@ -96,12 +110,27 @@ class TrainConfig:
                 f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
                 f"steps={self.steps}"
             )
+        check_choice("schedule", self.schedule, SCHEDULES)
+        if self.schedule == "wsd" and self.cooldown_start < self.warmup_steps:
+            raise ValueError(
+                f"cooldown_fraction must leave the warm-up before the cooldown "
+                f"(cooldown starts at step {self.cooldown_start} = steps - "
+                f"round(cooldown_fraction * steps), warmup_steps={self.warmup_steps}), got "
+                f"cooldown_fraction={self.cooldown_fraction}"
+            )
         for name in ("eval_interval", "checkpoint_interval"):
             value = getattr(self, name)
             if value % self.log_interval:
                 raise ValueError(
                     f"{name} must be a multiple of log_interval={self.log_interval}, got {value}"
                 )
+
+    @property
+    def cooldown_start(self) -> int:
+        """WSD: the 0-based step at which the linear cooldown begins (``steps`` for cosine)."""
+        if self.schedule != "wsd":
+            return self.steps
+        return self.steps - max(1, round(self.cooldown_fraction * self.steps))
 
     @property
     def tokens_per_step(self) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,13 +72,19 @@ class TrainResult:
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
-    """Learning-rate multiplier of 0-based step ``step``: linear warm-up, then cosine decay
-    from 1 to ``min_lr_ratio`` (reached at ``step = steps``)."""
+    """Learning-rate multiplier of 0-based step ``step``: linear warm-up, then the decay of
+    ``config.schedule`` from 1 to ``min_lr_ratio`` (reached at ``step = steps``): a cosine over
+    the steps after the warm-up, or (``"wsd"``) 1 until ``config.cooldown_start`` and a linear
+    cooldown after it."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
-    progress = min((step - config.warmup_steps) / (config.steps - config.warmup_steps), 1.0)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+    start = config.warmup_steps if config.schedule == "cosine" else config.cooldown_start
+    progress = min(max(step - start, 0) / (config.steps - start), 1.0)
+    if config.schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        decay = 1.0 - progress
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * decay
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -178,6 +185,8 @@ def train(
     resume: bool = True,
     progress: bool = True,
     loss_hook: LossHook | None = None,
+    snapshots: Sequence[int] = (),
+    branch_from: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train ``LanguageModel(model_config)`` on ``data`` with the settings ``config``.
 
@@ -193,6 +202,15 @@ def train(
         progress: show a tqdm progress bar.
         loss_hook: ``hook(step, loss) -> loss`` applied before the backward pass (1-based step;
             for tests: inject a non-finite loss or simulate an interruption).
+        snapshots: steps (multiples of ``log_interval``, at most ``steps``) at which a copy of
+            the checkpoint is kept as ``out_dir/checkpoint-<step>.pt`` (needs ``out_dir``):
+            the branch points of shorter WSD horizons.
+        branch_from: a checkpoint (e.g. a snapshot of a longer run) to start from when
+            ``out_dir`` holds none: its run must have the same model, data and settings except
+            ``steps``, and both schedules must give the same learning rate at every step up to
+            the checkpoint's (true for two WSD runs when the checkpoint is at or before this
+            run's ``cooldown_start``), so the branch continues as if this run had been trained
+            from the start (bitwise on CPU).
 
     Raises:
         TrainingDiverged: the loss or gradient norm became NaN/inf (message gives the step and
@@ -210,6 +228,10 @@ def train(
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
+    snapshots = _check_snapshots(snapshots, config, out_dir)
+    branch = Path(branch_from) if branch_from is not None else None
+    if branch is not None and not branch.is_file():
+        raise ValueError(f"branch_from must be an existing checkpoint file, got {str(branch)!r}")
     _check_fits(model_config, config, dtype, device)
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
@@ -244,17 +266,27 @@ def train(
     rows: list[dict[str, Any]] = []
     step = 0
     saved_step: list[int | None] = [None]  # step of the last checkpoint written or loaded
-    if resume and ckpt_path is not None and ckpt_path.exists():
+    origin: dict[str, Any] = {}  # where a branched run came from (kept in its checkpoints)
+    resuming = resume and ckpt_path is not None and ckpt_path.exists()
+    if resuming or branch is not None:
+        source = ckpt_path if resuming else branch
+        assert source is not None
         # CPU first: the generator state must stay a CPU tensor; the model and optimizer
         # state are copied to the parameters' device by load_state_dict
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        _check_identity(state["identity"], identity, ckpt_path)
+        state = torch.load(source, map_location="cpu", weights_only=True)
+        if resuming:
+            _check_identity(state["identity"], identity, source)
+            origin = dict(state.get("origin", {}))
+        else:
+            _check_branch(state["identity"], identity, int(state["step"]), config, source)
+            origin = {"branched_from": str(source), "branch_step": int(state["step"])}
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         generator.set_state(state["generator"])
         rows, step = _rows_from_plain(state["rows"]), int(state["step"])
-        saved_step[0] = step
+        saved_step[0] = step if resuming else None
+    attrs.update(origin)
 
     def build_log(status: str, **extra: Any) -> xr.Dataset:
         return log_dataset(rows, model_config, config, {**attrs, "status": status, **extra})
@@ -270,9 +302,13 @@ def train(
             "generator": generator.get_state(),
             "rows": _rows_to_plain(rows),
             "step": step,
+            "origin": origin,
         }
         _atomic_save(state, ckpt_path)
         saved_step[0] = step
+        if step in snapshots:
+            with atomic_path(out / f"checkpoint-{step}.pt") as tmp:
+                shutil.copyfile(ckpt_path, tmp)
         save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
 
     def diverged(bad_step: int, what: str) -> TrainingDiverged:
@@ -356,7 +392,7 @@ def train(
             since_log = 0
             bar.set_postfix(loss=f"{rows[-1]['train_loss']:.3f}")
             due = config.checkpoint_interval and step % config.checkpoint_interval == 0
-            if due or step == config.steps:
+            if due or step == config.steps or step in snapshots:
                 checkpoint()
     return TrainResult(model, build_log("finished"), ckpt_path)
 
@@ -366,6 +402,56 @@ def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) 
     for key in [*current, *(k for k in saved if k not in current)]:
         if saved.get(key) != current.get(key):
             raise ResumeMismatch(key, saved.get(key), current.get(key), path)
+
+
+def _check_snapshots(
+    snapshots: Sequence[int], config: TrainConfig, out_dir: str | os.PathLike | None
+) -> frozenset[int]:
+    steps = frozenset(snapshots)
+    if steps and out_dir is None:
+        raise ValueError("snapshots need out_dir (they are files beside the checkpoint)")
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= config.steps:
+            raise ValueError(f"snapshots must be ints in [1, steps={config.steps}], got {s!r}")
+        if s % config.log_interval:
+            raise ValueError(
+                f"snapshots must be multiples of log_interval={config.log_interval} "
+                f"(checkpoints fall on log rows), got {s}"
+            )
+    return steps
+
+
+def _check_branch(
+    saved: dict[str, Any], current: dict[str, Any], step: int, config: TrainConfig, path: Path
+) -> None:
+    """ValueError unless a run of ``config`` can continue the checkpoint ``path`` (taken at
+    ``step``): everything but ``steps`` and ``checkpoint_interval`` (bookkeeping) equal, and
+    the same lr at every step up to and including ``step`` (the optimizer holds the lr of the
+    step after the checkpoint)."""
+    free = ("train.steps", "train.checkpoint_interval")
+    try:
+        _check_identity(
+            {k: v for k, v in saved.items() if k not in free},
+            {k: v for k, v in current.items() if k not in free},
+            path,
+        )
+    except ResumeMismatch as err:
+        raise ValueError(
+            f"branch_from: checkpoint {path} was written with {err.key}={err.saved!r}, "
+            f"now {err.current!r}; a branch may differ only in steps and checkpoint_interval"
+        ) from None
+    if step > config.steps:
+        raise ValueError(
+            f"branch_from: checkpoint {path} is at step {step}, beyond steps={config.steps}"
+        )
+    parent = TrainConfig.from_attrs(saved)
+    for k in range(step + 1):
+        if lr_factor(k, parent) != lr_factor(k, config):
+            raise ValueError(
+                f"branch_from: the checkpoint's schedule (steps={parent.steps}) and this one "
+                f"(steps={config.steps}) differ at step {k} < {step + 1}; branch a WSD run "
+                f"at or before cooldown_start={config.cooldown_start}"
+            )
 
 
 def _version() -> str:

@@ -1,0 +1,358 @@
+"""Training claims at long horizons: validation loss against training horizon, per model/depth.
+
+Causal byte-level LMs on the default corpus (Python standard library sources, no download):
+shaped Transformers (no LayerNorm) at the gamma that ``advise`` gives for the depth, at the
+short study's best gamma and at a larger one; the GPT-2 pre-LN block; the no-norm unit-residual
+block with GPT-2 init; and He & Hofmann's simplified blocks where the presets exist. Width 64,
+4 heads with W^O, MLP hidden 4n, context 64, batch 32.
+
+Every run uses the warmup-stable-decay schedule (``TrainConfig(schedule="wsd")``): one run per
+(model, depth, peak lr, seed) trains to the longest horizon and each shorter horizon is a
+cooldown branched from a snapshot of it (``shapedtx.training.train_horizons``), so every
+horizon's loss comes from a schedule that ends at that horizon. The check that this matches a
+full run: ``--check`` adds cosine runs of one model and horizon (3 seeds) to compare with the
+WSD branches of the same horizon.
+
+Runs are tasks of the project's Dask machinery (``simulations.run_trainings``: embedded local
+cluster, or ``--scheduler ADDRESS``); each writes ``runs/<model>/d<depth>/lr<lr>_s<seed>/
+result.json`` atomically when all its horizons have ended and resumes from its checkpoints if
+interrupted. The plan is rebuilt from the finished runs: the lr grid (3 values spaced by 3x,
+extended by one point per side while the best lr of any horizon is at an edge), then 3 seeds
+at the best lr of the longest horizon for the two best models per depth, then the check.
+``--report`` writes ``results.json``, ``results.md`` tables and figures from finished runs.
+
+Usage::
+
+    python examples/long_horizon/study.py --workers 1          # the CPU study (resumable)
+    python examples/long_horizon/study.py --max-runs 2         # stop after 2 new runs
+    python examples/long_horizon/study.py --quick --out /tmp/lh   # a few minutes
+    python examples/long_horizon/study.py --report             # only the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
+from shapedtx.files import write_json
+from simulations.training_runs import TrainingRun, run_trainings
+
+HERE = Path(__file__).parent
+
+MODELS: dict[str, dict[str, Any]] = {
+    "shaped advise": {"name": "shaped", "gamma": "advise"},
+    "pre-LN (GPT-2)": {"name": "pre_ln"},
+    "SAS-P": {"name": "sas_p"},
+    "shaped g=0.1": {"name": "shaped", "gamma": 0.1},
+    "no-norm gpt2": {"name": "no_norm", "init": "gpt2"},
+    "SAS-P no norm": {"name": "sas_p_no_norm"},
+    "shaped g=0.35": {"name": "shaped", "gamma": 2**-1.5},
+}
+"""Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
+for the depth), in the order their runs are planned."""
+
+LR_CENTRE: dict[str, float] = {"shaped": 1e-2, "pre_ln": 1e-2 / 3, "no_norm": 1e-2 / 3,
+                               "sas_p": 1e-2 / 3, "sas_p_no_norm": 1e-2 / 3}  # fmt: skip
+"""Centre of each preset's lr grid at depth 16 (the best lr at 300 steps of the short study
+and of an independent trainer); the grid is centre * 3^k, k = -1, 0, 1, one 3x lower at depth
+64 (the short study's best lr fell 3-9x from depth 16 to 64)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Sizes, horizons and grids of one study (the CPU default or ``--quick``)."""
+
+    width: int
+    depths: tuple[int, ...]
+    horizons: dict[int, tuple[int, ...]]  # depth -> horizons (steps)
+    batch_size: int
+    seq_len: int
+    warmup_steps: int
+    cooldown_fraction: float
+    log_interval: int
+    eval_interval: int
+    eval_batches: int
+    max_bytes: int
+    models: tuple[str, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    best_models: int = 2
+    max_extensions: int = 1
+    advise_tokens: int = 8
+    check_horizon: int = 1000
+
+
+DEFAULT = Setup(
+    width=64,
+    depths=(16, 64),
+    horizons={16: (250, 500, 1000, 2000, 5000), 64: (250, 500, 1000, 2000)},
+    batch_size=32,
+    seq_len=64,
+    warmup_steps=50,
+    cooldown_fraction=0.2,
+    log_interval=50,
+    eval_interval=250,
+    eval_batches=16,
+    max_bytes=8_000_000,
+    models=tuple(MODELS),
+)
+QUICK = Setup(
+    width=16,
+    depths=(2, 4),
+    horizons={2: (20, 40), 4: (20, 40)},
+    batch_size=4,
+    seq_len=16,
+    warmup_steps=4,
+    cooldown_fraction=0.25,
+    log_interval=5,
+    eval_interval=10,
+    eval_batches=2,
+    max_bytes=200_000,
+    models=("shaped advise", "pre-LN (GPT-2)"),
+    seeds=(0, 1),
+    best_models=1,
+    max_extensions=0,
+    check_horizon=20,
+)
+
+
+def available_models(setup: Setup) -> tuple[str, ...]:
+    """The study's models whose preset exists in this version of shapedtx."""
+    return tuple(m for m in setup.models if MODELS[m]["name"] in PRESETS)
+
+
+def advised(setup: Setup, depth: int, out: Path) -> dict[str, float]:
+    """gamma and tau0 of ``simulations.advise`` for the depth (causal, 4 heads), cached in
+    ``out/advice.json``."""
+    path = out / "advice.json"
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    key = f"w{setup.width}_d{depth}_m{setup.advise_tokens}"
+    if key not in cache:
+        from simulations import advise
+
+        a = advise(setup.width, depth, setup.advise_tokens, heads=4, causal=True)
+        if a.gamma is None:
+            raise RuntimeError(f"advise found no safe gamma at width {setup.width}, depth {depth}")
+        cache[key] = {"gamma": a.gamma, "tau0": a.tau0, "T": a.T, "tokens": setup.advise_tokens}
+        write_json(cache, path)
+    return cache[key]
+
+
+def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig:
+    fields = dict(MODELS[model])
+    name = fields.pop("name")
+    if fields.get("gamma") == "advise":
+        advice = advised(setup, depth, out)
+        fields.update(gamma=advice["gamma"], tau0=advice["tau0"])
+    sizes = {"width": setup.width, "depth": depth, "heads": 4, "mlp_ratio": 4, "causal": True}
+    return preset(name, **{**sizes, **fields})
+
+
+def train_config(setup: Setup, lr: float, seed: int, schedule: str = "wsd") -> TrainConfig:
+    return TrainConfig(
+        steps=max(max(h) for h in setup.horizons.values()),
+        batch_size=setup.batch_size,
+        seq_len=setup.seq_len,
+        lr=lr,
+        min_lr_ratio=0.0,
+        warmup_steps=setup.warmup_steps,
+        schedule=schedule,  # type: ignore[arg-type]
+        cooldown_fraction=setup.cooldown_fraction,
+        log_interval=setup.log_interval,
+        eval_interval=setup.eval_interval,
+        eval_batches=setup.eval_batches,
+        metrics_batch=8,
+        checkpoint_interval=setup.eval_interval,
+        seed=seed,
+    )
+
+
+def lr_grid(model: str, depth: int, setup: Setup, k: int) -> float:
+    centre = LR_CENTRE[MODELS[model]["name"]] / (3.0 if depth > 16 else 1.0)
+    return float(f"{centre * 3.0**k:.3g}")
+
+
+def slug(model: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in model).strip("_")
+
+
+def make_run(setup: Setup, out: Path, model: str, depth: int, k: int, seed: int,
+             schedule: str = "wsd", device: str = "cpu") -> TrainingRun:  # fmt: skip
+    lr = lr_grid(model, depth, setup, k)
+    horizons = setup.horizons[depth] if schedule == "wsd" else (setup.check_horizon,)
+    tag = "" if schedule == "wsd" else f"_{schedule}{setup.check_horizon}"
+    return TrainingRun(
+        model=model_config(setup, model, depth, out),
+        train=train_config(setup, lr, seed, schedule),
+        horizons=tuple(horizons),
+        folder=str(out / "runs" / slug(model) / f"d{depth}" / f"lr{lr:.3g}_s{seed}{tag}"),
+        max_bytes=setup.max_bytes,
+        device=device,
+        labels={
+            "model_name": model,
+            "depth": depth,
+            "lr": lr,
+            "k": k,
+            "seed": seed,
+            "schedule": schedule,
+        },
+    )
+
+
+def load_results(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/d*/*/result.json"))]
+
+
+def _loss(r: dict[str, Any], horizon: int) -> float:
+    h = r["horizons"].get(str(horizon))
+    return math.inf if h is None or h["diverged"] else h["val_loss"]
+
+
+def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
+    """The grid index of the lowest seed-0 validation loss at ``horizon`` (None: all diverged)."""
+    ok = [r for r in runs if r["seed"] == 0 and r["schedule"] == "wsd"
+          and math.isfinite(_loss(r, horizon))]  # fmt: skip
+    return min(ok, key=lambda r: _loss(r, horizon))["k"] if ok else None
+
+
+def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
+    """(model, depth, k, seed, schedule) still needed, in priority order: per depth (in
+    ``setup.depths`` order) the grid centres of every model, then the edges and extensions;
+    then seeds at the best lr of the longest horizon for the best models; then the check."""
+    done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
+    models = available_models(setup)
+    todo: list[tuple[str, int, int, int, str]] = []
+    complete_depths = []
+    for depth in setup.depths:
+        centres = [(m, depth, 0, 0, "wsd") for m in models]
+        todo += [j for j in centres if j not in done]
+        incomplete = False
+        for m in models:
+            runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
+            ks = sorted({-1, 0, 1} | {r["k"] for r in runs if r["seed"] == 0})
+            missing = [(m, depth, k, 0, "wsd") for k in ks if (m, depth, k, 0, "wsd") not in done]
+            if missing:
+                todo += [j for j in missing if j not in todo]
+                incomplete = True
+                continue
+            bests = {best_k(runs, h) for h in setup.horizons[depth]} - {None}
+            lo, hi = min(ks), max(ks)
+            if lo in bests and lo > -1 - setup.max_extensions:
+                todo.append((m, depth, lo - 1, 0, "wsd"))
+                incomplete = True
+            if hi in bests and hi < 1 + setup.max_extensions:
+                todo.append((m, depth, hi + 1, 0, "wsd"))
+                incomplete = True
+        if not incomplete:
+            complete_depths.append(depth)
+    for depth in complete_depths:
+        longest = max(setup.horizons[depth])
+        ranked = []
+        for m in models:
+            runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
+            k = best_k(runs, longest)
+            if k is not None:
+                loss = min(_loss(r, longest) for r in runs if r["k"] == k and r["seed"] == 0)
+                ranked.append((loss, m, k))
+        for _, m, k in sorted(ranked)[: setup.best_models]:
+            todo += [(m, depth, k, s, "wsd") for s in setup.seeds
+                     if (m, depth, k, s, "wsd") not in done]  # fmt: skip
+    first = setup.depths[0]
+    if first in complete_depths and models:
+        m = models[0]
+        runs = [r for r in results if (r["model_name"], r["depth"]) == (m, first)]
+        k = best_k(runs, setup.check_horizon)
+        if k is not None:
+            todo += [
+                (m, first, k, s, "wsd")
+                for s in setup.seeds
+                if (m, first, k, s, "wsd") not in done and (m, first, k, s, "wsd") not in todo
+            ]
+            todo += [(m, first, k, s, "cosine") for s in setup.seeds
+                     if (m, first, k, s, "cosine") not in done]  # fmt: skip
+    return todo
+
+
+def run_study(setup: Setup, out: Path, *, device: str, workers: int | None,
+              scheduler: str | None, max_runs: int | None) -> int:  # fmt: skip
+    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many."""
+    count = 0
+    while True:
+        results = load_results(out)
+        todo = plan(setup, results)
+        if max_runs is not None:
+            todo = todo[: max(0, max_runs - count)]
+        if not todo:
+            return count
+        runs = [make_run(setup, out, *job, device=device) for job in todo]
+        summary = run_trainings(
+            runs, client=scheduler, workers=None if scheduler else workers,
+            describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} "
+            f"s{r['seed']}",
+        )  # fmt: skip
+        count += len(summary.results)
+        for key, error in summary.failed.items():
+            print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+        if summary.failed:
+            return count
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
+    p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    p.add_argument("--depths", type=int, nargs="+", default=None)
+    p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
+    p.add_argument("--report", action="store_true", help="only rebuild the report")
+    p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
+    return p.parse_args(argv)
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
+    setup = QUICK if args.quick else DEFAULT
+    if args.depths:
+        longest = setup.horizons[max(setup.horizons)]
+        horizons = {d: setup.horizons.get(d, longest) for d in args.depths}
+        setup = replace(setup, depths=tuple(args.depths), horizons=horizons)
+    if args.models:
+        setup = replace(setup, models=tuple(args.models))
+    return setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    setup = setup_of(args)
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
+            return 2
+    if args.plan:
+        for job in plan(setup, load_results(args.out)):
+            print(*job)
+        return 0
+    try:
+        if not args.report:
+            run_study(setup, args.out, device=args.device, workers=args.workers,
+                      scheduler=args.scheduler, max_runs=args.max_runs)  # fmt: skip
+        from report import report  # type: ignore[import-not-found]  # beside this script
+
+        report(setup, args.out, load_results(args.out))
+    except KeyboardInterrupt:
+        sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

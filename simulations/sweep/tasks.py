@@ -1,0 +1,131 @@
+"""Independent resumable jobs as Dask tasks: the engine of the training studies.
+
+:func:`run_tasks` submits ``fn(item)`` for every item to a Dask cluster (the embedded
+``LocalCluster`` of :func:`simulations.sweep.sweep` by default, or any ``distributed.Client``
+or scheduler address) and collects the results as they finish. The contract on ``fn``: it is
+a module-level function (workers import it), it writes its own result atomically, and it
+returns that result at once when the result already exists. Then an interrupted study loses
+no finished job and a second call skips them; a worker killed in the middle of a job has the
+job run again by the scheduler on another (or the restarted) worker, which resumes from
+whatever the job saved (a training run from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from shapedtx._validation import check_int, check_progress
+
+from .run import _connect, _disable, _print_dashboard
+
+T = TypeVar("T")
+
+
+@dataclass
+class TaskSummary(Generic[T]):
+    """What a :func:`run_tasks` call did: ``results[key]`` for every job that returned,
+    ``failed[key]`` (the error, as text) for every job that raised."""
+
+    results: dict[str, T] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether no job failed."""
+        return not self.failed
+
+
+def _call(fn: Callable[[Any], T], item: Any, threads: int | None) -> T:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return fn(item)
+
+
+def run_tasks(
+    fn: Callable[[Any], T],
+    items: Sequence[Any],
+    keys: Sequence[str],
+    *,
+    client: Any = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    progress: bool | None = None,
+    desc: str = "tasks",
+    describe: Callable[[str, T], str] | None = None,
+) -> TaskSummary[T]:
+    """Run ``fn(item)`` for every item as a Dask task (see module doc); never raises for a
+    failing job (it is in ``failed``).
+
+    Args:
+        fn: a module-level function (see module doc).
+        items: the jobs' arguments (picklable); submitted in this order, which is also their
+            priority (the first item first).
+        keys: a unique name per item (the summary's key).
+        client: a ``distributed.Client`` or a scheduler address; default: an embedded
+            ``LocalCluster`` of ``workers`` processes (default ``min(2, cores, jobs)``).
+        workers: the embedded cluster's worker processes (not with ``client``).
+        threads_per_worker: threads per embedded worker; torch uses as many per job.
+        progress: tqdm bar over jobs (None: when interactive).
+        desc: the bar's label.
+        describe: ``describe(key, result) -> str`` shown beside the bar as jobs end.
+    """
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    if len(items) != len(keys):
+        raise ValueError(f"keys must have one entry per item, got {len(keys)} for {len(items)}")
+    if len(set(keys)) != len(keys):
+        raise ValueError("keys must be unique")
+    if client is not None and workers is not None:
+        raise ValueError("workers sets the embedded cluster; do not pass it with client")
+    cores = os.cpu_count() or 1
+    workers = min(2, cores) if workers is None else workers
+    check_int("workers", workers, 1, cores)
+    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    check_progress(progress)
+    summary: TaskSummary[T] = TaskSummary()
+    if not items:
+        return summary
+    run_id = uuid.uuid4().hex[:8]  # a given client may still hold keys of an earlier call
+    with (
+        _connect(client, min(workers, len(items)), threads_per_worker, True) as (dask, threads),
+        tqdm(total=len(items), desc=desc, unit="job", disable=_disable(progress)) as bar,
+    ):
+        if progress is not False:
+            _print_dashboard(dask)
+        futures = {
+            dask.submit(
+                _call,
+                fn,
+                item,
+                threads,
+                key=f"{desc}-{i}-{run_id}",
+                pure=False,
+                priority=len(items) - i,
+            ): key
+            for i, (item, key) in enumerate(zip(items, keys, strict=True))
+        }
+        with dask.as_current():
+            for future in as_completed(futures):
+                key = futures[future]
+                try:
+                    result = future.result()
+                except Exception as err:  # e.g. KilledWorker after repeated deaths
+                    summary.failed[key] = f"{type(err).__name__}: {err}"
+                    bar.set_postfix(failed=len(summary.failed))
+                else:
+                    summary.results[key] = result
+                    if describe is not None:
+                        bar.set_postfix_str(describe(key, result))
+                future.release()
+                bar.update()
+    return summary
+
+
+__all__ = ["TaskSummary", "run_tasks"]

@@ -1,0 +1,170 @@
+"""Training runs as resumable Dask tasks: the unit of every training study.
+
+A :class:`TrainingRun` is one model, one set of optimisation settings and one or more
+horizons (several with the WSD schedule, see :func:`shapedtx.training.train_horizons`).
+:func:`run_training` trains it in its folder and writes ``result.json`` atomically when every
+horizon has ended; :func:`run_trainings` runs many as tasks of the project's Dask machinery
+(:func:`simulations.sweep.run_tasks`): an interrupted study keeps every finished run, a
+second call skips them, and a run whose worker died resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shapedtx.config import ModelConfig
+from shapedtx.files import write_json
+from shapedtx.training import TrainConfig
+
+from .sweep.tasks import TaskSummary, run_tasks
+
+RESULT = "result.json"
+DTYPE_NAMES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One training job.
+
+    Attributes:
+        model: the architecture.
+        train: the optimisation settings (``steps`` is replaced by each horizon).
+        horizons: the horizons in steps (one for a cosine schedule).
+        folder: where the run writes ``h<H>/`` training folders and ``result.json``.
+        max_bytes: the default corpus's size (``shapedtx.load_corpus(max_bytes=...)``).
+        device, dtype: where and in which precision it trains.
+        labels: anything the study wants back in the result (model name, grid values).
+    """
+
+    model: ModelConfig
+    train: TrainConfig
+    horizons: tuple[int, ...]
+    folder: str
+    max_bytes: int = 8_000_000
+    device: str = "cpu"
+    dtype: str = "float32"
+    labels: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from shapedtx.training import horizon_configs
+
+        if not isinstance(self.model, ModelConfig):
+            raise ValueError(f"model must be a ModelConfig, got {type(self.model).__name__}")
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"train must be a TrainConfig, got {type(self.train).__name__}")
+        object.__setattr__(self, "horizons", tuple(horizon_configs(self.train, self.horizons)))
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.folder) / RESULT
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _floats(values: Any) -> list[float | None]:
+    return [_finite(float(v)) for v in np.asarray(values, dtype=float).ravel()]
+
+
+def summarise_log(log: Any, horizon: int) -> dict[str, Any]:
+    """The JSON summary of one horizon's training log (``shapedtx.training.log_dataset``):
+    status, final and initial validation loss, the validation and training curves, and the
+    per-layer covariance metrics at initialisation and at the last logged step."""
+    val = log["val_loss"].dropna("step")
+    status = str(log.attrs.get("status"))
+    finished = status == "finished"
+    final = float(val.values[-1]) if finished and val.size else math.nan
+    init = float(val.values[0]) if val.size else math.nan
+    out: dict[str, Any] = {
+        "horizon": horizon,
+        "status": status,
+        "diverged_step": int(log.attrs["diverged_step"]) if "diverged_step" in log.attrs else None,
+        "val_loss": _finite(final),
+        "init_val_loss": _finite(init),
+        "diverged": not finished or not math.isfinite(final) or final > init,
+        "val_curve": {"step": [int(s) for s in val.step.values], "loss": _floats(val.values)},
+        "train_curve": {
+            "step": [int(s) for s in log.step.values[1:]],
+            "loss": _floats(log["train_loss"].values[1:]),
+        },
+        "branch_step": int(log.attrs["branch_step"]) if "branch_step" in log.attrs else None,
+    }
+    for name in ("mean_rho", "centred_stable_rank", "stable_rank"):
+        out[name] = {
+            "init": _floats(log[name].isel(step=0).values),
+            "final": _floats(log[name].isel(step=-1).values),
+            "final_step": int(log.step.values[-1]),
+        }
+    return out
+
+
+def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
+    """Train ``run`` (resuming what its folder holds) and write ``result.json`` atomically;
+    return the result at once if it exists. The checkpoints are removed once every horizon
+    has ended (the logs ``h<H>/log.nc`` stay)."""
+    if run.result_path.exists():
+        return json.loads(run.result_path.read_text())
+    import torch
+
+    from shapedtx.training import LanguageModel, load_corpus, train_horizons
+
+    data = load_corpus(max_bytes=run.max_bytes)
+    logs = train_horizons(
+        run.model, data, run.train, run.horizons, run.folder, device=run.device,
+        dtype=getattr(torch, run.dtype), progress=progress,
+    )  # fmt: skip
+    params = sum(p.numel() for p in LanguageModel(run.model, run.train.seq_len).parameters())
+    result = {
+        **run.labels,
+        "params": params,
+        "train_bytes": int(data.train.numel()),
+        "epochs_at_longest": max(run.horizons) * run.train.tokens_per_step / data.train.numel(),
+        "model": run.model.to_attrs(),
+        "train": run.train.to_attrs(),
+        "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},
+    }
+    write_json(result, run.result_path, indent=1)
+    return result
+
+
+def run_trainings(
+    runs: Sequence[TrainingRun],
+    *,
+    client: Any = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    progress: bool | None = None,
+    describe: Callable[[str, dict[str, Any]], str] | None = None,
+) -> TaskSummary[dict[str, Any]]:
+    """Run every run as a Dask task (:func:`simulations.sweep.run_tasks`; the first run first)
+    and return their results by folder; finished runs are read, not trained again."""
+    keys = [os.path.abspath(r.folder) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("runs must have distinct folders")
+    todo = [r for r in runs if not r.result_path.exists()]
+    summary: TaskSummary[dict[str, Any]] = TaskSummary()
+    for r in runs:
+        if r.result_path.exists():
+            summary.results[r.folder] = json.loads(r.result_path.read_text())
+    done = run_tasks(
+        run_training, todo, [r.folder for r in todo], client=client, workers=workers,
+        threads_per_worker=threads_per_worker, progress=progress, desc="train",
+        describe=describe,
+    )  # fmt: skip
+    summary.results.update(done.results)
+    summary.failed.update(done.failed)
+    return summary
+
+
+__all__ = ["RESULT", "TrainingRun", "run_training", "run_trainings", "summarise_log"]
