@@ -62,7 +62,13 @@ _THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
 
 def _check_vanilla_fields(config: ModelConfig) -> None:
     """ValueError naming the first practitioner's field (unit residual, GELU, post-LN, GPT-2
-    init, wide MLP) that the derived SDEs do not cover."""
+    init, wide MLP, simplified blocks) that the derived SDEs do not cover."""
+    if config.attention == "simplified":
+        raise ValueError(
+            "attention='simplified' has no derived covariance SDE (He & Hofmann's attention: "
+            "trainable gains, no attention skip, docs/theory.md#simplified); use "
+            "attention='shaped'"
+        )
     if config.mlp == "gelu":
         raise ValueError(
             "mlp='gelu' has no derived covariance SDE (a GELU is not a shaped activation: it "

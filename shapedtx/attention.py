@@ -285,3 +285,60 @@ def softmax_attention(
     """
     scale = None if key_dim is None else 1.0 / math.sqrt(key_dim)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _per_head(gain: Tensor | float) -> Tensor | float:
+    """A per-head gain (h,) as (h, 1, 1), to scale (..., h, m, m) or (..., h, m, d); a number
+    or a 0-d tensor unchanged."""
+    if isinstance(gain, Tensor) and gain.dim() == 1:
+        return gain[:, None, None]
+    return gain
+
+
+def simplified_attention_matrix(
+    Y: Tensor,
+    key_dim: int,
+    alpha: Tensor | float,
+    beta: Tensor | float,
+    gamma: Tensor | float,
+    *,
+    causal: bool = False,
+) -> Tensor:
+    """He & Hofmann's shaped attention ``A = alpha I + beta Softmax(Y / sqrt(n_k)) - gamma C``
+    (docs/theory.md#simplified); Y: (..., h, m, m) -> (..., h, m, m).
+
+    C is the causal uniform matrix if ``causal`` (the softmax then masked), else
+    ``11^T / m``. alpha, beta, gamma: numbers or per-head tensors (h,) (trainable in the
+    ``nn`` modules; all 1 at initialisation).
+    """
+    m = Y.shape[-1]
+    soft = _masked_softmax(Y, 1.0 / math.sqrt(key_dim), causal)
+    eye = torch.eye(m, dtype=soft.dtype, device=soft.device)
+    if causal:
+        centre = causal_uniform(m, dtype=soft.dtype, device=soft.device)
+    else:
+        centre = torch.full((m, m), 1.0 / m, dtype=soft.dtype, device=soft.device)
+    return _per_head(alpha) * eye + _per_head(beta) * soft - _per_head(gamma) * centre
+
+
+def simplified_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: Tensor | float,
+    beta: Tensor | float,
+    gamma: Tensor | float,
+    *,
+    causal: bool = False,
+    key_dim: int | None = None,
+) -> Tensor:
+    """Fused ``A v`` of :func:`simplified_attention_matrix`: ``alpha v + beta SDPA(q, k, v) -
+    gamma token_mean(v)``, never forming the m x m matrix.
+
+    q, k: (..., h, m, n_k); v: (..., h, m, d) -> (..., h, m, d); ``n_k = key_dim`` (default:
+    q's last size); alpha, beta, gamma: numbers or per-head tensors (h,).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1] if key_dim is None else key_dim)
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    mean = token_mean(v, causal=causal)
+    return _per_head(alpha) * v + _per_head(beta) * attended - _per_head(gamma) * mean

@@ -10,7 +10,12 @@ LayerNorm is the identity at initialisation). So the simulated network *is* the 
 network at initialisation.
 
 Names used: ``"query"``, ``"key"``, ``"value"``, ``"out"`` (attention), ``"mlp_in"``,
-``"mlp_out"`` (MLP), and the norms ``"attn_norm"``, ``"mlp_norm"``.
+``"mlp_out"`` (MLP), and the norms ``"attn_norm"``, ``"mlp_norm"`` (``"input_norm"``: the first
+skipless block's LayerNorm without ``norm``).
+
+The simplified (He & Hofmann) blocks also have trainable scalar gains, read through
+``gain(name)`` (:data:`Gain`); ``gain=None`` is the network at initialisation, where their
+attention sub-layer is the identity map (docs/theory.md#simplified).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from .attention import (
     merge_heads,
     shaped_attention_heads,
     shaped_attention_matrix,
+    simplified_attention,
+    simplified_attention_matrix,
     softmax_attention,
     softmax_attention_matrix,
     split_heads,
 )
 from .config import ModelConfig, weight_std
-from .norm import layer_norm
+from .norm import layer_norm, rms_norm
 
 
 class Linear(Protocol):
@@ -46,10 +53,36 @@ Norm = Callable[[Tensor, str], Tensor]
 """``norm(x, name)``: a LayerNorm over the last dimension, x: (..., m, n) -> (..., m, n)."""
 
 
+Gain = Callable[[str], "Tensor | float"]
+"""``gain(name)``: a trainable gain of the simplified blocks (docs/theory.md#simplified): the
+per-head (h,) ``"attn_alpha"``, ``"attn_beta"``, ``"attn_gamma"`` of the attention matrix and
+the scalars ``"attn_gain"`` (g_A), ``"mlp_gain"`` (g_M), ``"mlp_skip"`` (s_M)."""
+
+
+def initial_gain(config: ModelConfig) -> Gain:
+    """The :data:`Gain` at initialisation: every gain 1, ``"mlp_gain"`` ``config.mlp_gain``."""
+
+    def gain(name: str) -> float:
+        return config.mlp_gain if name == "mlp_gain" else 1.0
+
+    return gain
+
+
 def weightless_norm(x: Tensor, name: str) -> Tensor:
     """The ``Norm`` of the simulators: :func:`shapedtx.layer_norm` (no affine parameters)."""
     del name
     return layer_norm(x)
+
+
+def weightless_rms_norm(x: Tensor, name: str) -> Tensor:
+    """The simulators' ``Norm`` of ``norm_kind="rms"``: :func:`shapedtx.norm.rms_norm`, except
+    the skipless first block's ``"input_norm"``, a LayerNorm (no affine parameters)."""
+    return layer_norm(x) if name == "input_norm" else rms_norm(x)
+
+
+def default_norm(config: ModelConfig) -> Norm:
+    """The weightless ``Norm`` of ``config.norm_kind`` (the affine norms at initialisation)."""
+    return weightless_rms_norm if config.norm_kind == "rms" else weightless_norm
 
 
 def attention_matrix(q: Tensor, k: Tensor, config: ModelConfig) -> Tensor:
@@ -67,17 +100,64 @@ def attention_from_logits(Y: Tensor, config: ModelConfig, *, overwrite: bool = F
         return softmax_attention_matrix(
             Y, config.key_dim, causal=config.causal, overwrite=overwrite
         )
-    raise ValueError(f"attention must be 'shaped' or 'softmax', got {config.attention!r}")
+    if config.attention == "simplified":  # the gains at initialisation
+        return simplified_attention_matrix(Y, config.key_dim, 1.0, 1.0, 1.0, causal=config.causal)
+    raise ValueError(
+        f"attention must be 'shaped', 'softmax' or 'simplified', got {config.attention!r}"
+    )
+
+
+def simplified_attention_branch(
+    X: Tensor,
+    config: ModelConfig,
+    linear: Linear,
+    gain: Gain | None = None,
+    *,
+    fused: bool = True,
+    first: bool = False,
+) -> Tensor:
+    """He & Hofmann's attention branch ``A X`` (identity value and output maps; in the
+    ``first`` block ``A X W^V`` with a trainable W^V, the identity at initialisation),
+    ``A = alpha I + beta Softmax(q k^T / sqrt(n_k)) - gamma C`` per head
+    (docs/theory.md#simplified); X: (..., m, n) -> (..., m, n).
+
+    ``gain=None``: at initialisation. There W^Q = 0, so the softmax is the uniform (causal)
+    average C, cancelled by ``gamma C`` with beta = gamma = 1, and alpha = 1: A = I and the
+    branch is X itself (``linear`` is not called). ``fused`` as in :func:`attention_branch`.
+    """
+    if gain is None:
+        return X
+    h, n_k = config.heads, config.key_dim
+    q = split_heads(linear(X, h * n_k, "query"), h)
+    k = split_heads(linear(X, h * n_k, "key"), h)
+    v = split_heads(linear(X, config.width, "value") if first else X, h)
+    alpha, beta, gamma = gain("attn_alpha"), gain("attn_beta"), gain("attn_gamma")
+    if fused:
+        out = simplified_attention(q, k, v, alpha, beta, gamma, causal=config.causal, key_dim=n_k)
+    else:
+        Y = small_matmul(q, k.transpose(-1, -2))
+        A = simplified_attention_matrix(Y, n_k, alpha, beta, gamma, causal=config.causal)
+        out = small_matmul(A, v)
+    return merge_heads(out)
 
 
 def attention_branch(
-    X: Tensor, config: ModelConfig, linear: Linear, *, fused: bool = True
+    X: Tensor,
+    config: ModelConfig,
+    linear: Linear,
+    *,
+    fused: bool = True,
+    gain: Gain | None = None,
+    first: bool = False,
 ) -> Tensor:
     """Attention branch ``A X W^V / sqrt(n)`` (then ``W^O / sqrt(n_h d_p)`` if ``out_proj``).
 
     X: (..., m, n) -> (..., m, n). ``fused`` uses SDPA and a token mean instead of the explicit
-    m x m matrix; both are the same function (tested).
+    m x m matrix; both are the same function (tested). ``attention="simplified"``:
+    :func:`simplified_attention_branch` with ``gain`` and ``first``.
     """
+    if config.attention == "simplified":
+        return simplified_attention_branch(X, config, linear, gain, fused=fused, first=first)
     h, n_k = config.heads, config.key_dim
     q = split_heads(linear(X, h * n_k, "query"), h)
     k = split_heads(linear(X, h * n_k, "key"), h)
@@ -130,22 +210,70 @@ def sub_block(
     return norm(out, name) if config.norm == "post" else out
 
 
+def skipless_block(
+    X: Tensor,
+    config: ModelConfig,
+    linear: Linear,
+    norm: Norm,
+    gain: Gain | None = None,
+    *,
+    fused: bool = True,
+    first: bool = False,
+) -> Tensor:
+    """He & Hofmann's block without attention skip (``residual="skipless"``,
+    docs/theory.md#simplified); X: (..., m, n) -> (..., m, n).
+
+    Sequential: ``H = g_A A(N X)``, then ``s_M H + g_M MLP(N H)``; parallel: ``g_A A(N X) +
+    g_M MLP(N X)`` (one norm, ``"attn_norm"``), N the configured pre-norm or the identity.
+    With ``norm="none"`` the ``first`` block reads ``LN(X)`` (``"input_norm"``). ``gain``:
+    :data:`Gain` (None: :func:`initial_gain`, the attention branch at initialisation).
+    """
+    g = initial_gain(config) if gain is None else gain
+    if first and config.norm == "none":
+        X = norm(X, "input_norm")
+
+    def pre(x: Tensor, name: str) -> Tensor:
+        return norm(x, name) if config.norm == "pre" else x
+
+    x = pre(X, "attn_norm")
+    attended = attention_branch(x, config, linear, fused=fused, gain=gain, first=first)
+    if config.layout == "parallel":
+        out = g("attn_gain") * attended
+        if config.mlp == "none":
+            return out
+        return out + g("mlp_gain") * mlp_branch(x, config, linear)
+    H = g("attn_gain") * attended
+    if config.mlp == "none":
+        return H
+    return g("mlp_skip") * H + g("mlp_gain") * mlp_branch(pre(H, "mlp_norm"), config, linear)
+
+
 def block(
     X: Tensor,
     config: ModelConfig,
     linear: Linear,
     *,
     fused: bool = True,
-    norm: Norm = weightless_norm,
+    norm: Norm | None = None,
+    gain: Gain | None = None,
+    first: bool = False,
 ) -> Tensor:
     """One residual block: attention sub-block then MLP sub-block (either may be ``"none"``).
 
-    X: (..., m, n) -> (..., m, n); see :func:`sub_block` for the normalisation.
+    X: (..., m, n) -> (..., m, n); see :func:`sub_block` for the normalisation (``norm=None``:
+    the weightless norm of ``config.norm_kind``, :func:`default_norm`) and
+    :func:`skipless_block` for ``residual="skipless"``. ``gain`` and ``first`` (the first
+    block of a network) matter only for ``attention="simplified"``.
     """
+    norm = default_norm(config) if norm is None else norm
+    if config.residual == "skipless":
+        return skipless_block(X, config, linear, norm, gain, fused=fused, first=first)
     if config.attention != "none":
-        X = sub_block(
-            X, lambda x: attention_branch(x, config, linear, fused=fused), config, norm, "attn_norm"
-        )
+
+        def attend(x: Tensor) -> Tensor:
+            return attention_branch(x, config, linear, fused=fused, gain=gain, first=first)
+
+        X = sub_block(X, attend, config, norm, "attn_norm")
     if config.mlp != "none":
         X = sub_block(X, lambda x: mlp_branch(x, config, linear), config, norm, "mlp_norm")
     return X

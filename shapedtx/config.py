@@ -12,26 +12,34 @@ from typing import Any, Literal
 
 from ._validation import check_bool, check_choice, check_int, check_number
 
-Attention = Literal["shaped", "softmax", "none"]
+Attention = Literal["shaped", "softmax", "simplified", "none"]
 MLPKind = Literal["shaped_relu", "relu", "gelu", "none"]
 Norm = Literal["none", "pre", "post"]
-Residual = Literal["scaled", "unit"]
+NormKind = Literal["layer", "rms"]
+Residual = Literal["scaled", "unit", "skipless"]
+Layout = Literal["sequential", "parallel"]
 Init = Literal["fan_in", "gpt2"]
 
-ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "none")
+ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "simplified", "none")
 MLPS: tuple[str, ...] = ("shaped_relu", "relu", "gelu", "none")
 NORMS: tuple[str, ...] = ("none", "pre", "post")
-RESIDUALS: tuple[str, ...] = ("scaled", "unit")
+NORM_KINDS: tuple[str, ...] = ("layer", "rms")
+RESIDUALS: tuple[str, ...] = ("scaled", "unit", "skipless")
+LAYOUTS: tuple[str, ...] = ("sequential", "parallel")
 INITS: tuple[str, ...] = ("fan_in", "gpt2")
 TAU0_RANGE = (1e-6, 1e6)
 """Accepted ``tau0``: far beyond any useful temperature, and finite SDE coefficients."""
 C_RANGE = (-1e6, 1e6)
 """Accepted shaped-ReLU constants ``c_plus``, ``c_minus``."""
+MLP_GAIN_RANGE = (0.0, 1e6)
+"""Accepted initial MLP branch gain ``mlp_gain`` (of ``residual="skipless"``), 0 excluded."""
 CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ATTENTIONS,
     "mlp": MLPS,
     "norm": NORMS,
+    "norm_kind": NORM_KINDS,
     "residual": RESIDUALS,
+    "layout": LAYOUTS,
     "init": INITS,
 }
 """The accepted values of every string field."""
@@ -47,19 +55,37 @@ class ModelConfig:
     Attributes:
         width: n, the residual-stream width.
         depth: d, the number of residual blocks (attention + MLP count as one block).
-        attention: ``"shaped"`` (I + softmax(Y/tau) - 11^T/m), ``"softmax"`` (standard) or
-            ``"none"``.
+        attention: ``"shaped"`` (I + softmax(Y/tau) - 11^T/m), ``"softmax"`` (standard),
+            ``"simplified"`` (He & Hofmann's shaped attention ``alpha I + beta Softmax(Y /
+            sqrt(n_k)) - gamma C`` with trainable per-head alpha, beta, gamma initialised to
+            1, W^Q zero at initialisation (so A = I there) and identity value and output
+            maps: no W^V except a trainable identity-initialised one in the first block,
+            no W^O, so ``out_proj`` must be False; docs/theory.md#simplified) or ``"none"``.
         mlp: ``"shaped_relu"``, ``"relu"``, ``"gelu"`` (exact erf GELU) or ``"none"``.
         mlp_ratio: MLP hidden width = ``mlp_ratio * width`` (1 in the theory models, 4 in
             GPT-2).
         norm: ``"none"``, ``"pre"`` (each branch sees LayerNorm(X): ``X + f(LN X)``) or
             ``"post"`` (LayerNorm after the residual sum: ``LN(X + f(X))``, the original
             Transformer).
+        norm_kind: the normalisation of ``norm``: ``"layer"`` (LayerNorm) or ``"rms"``
+            (RMSNorm: divide each token by its root mean square, no centring).
         residual: ``"scaled"`` (``lambda X + gamma f(X)``, the shaped models) or ``"unit"``
-            (``X + f(X)``, as practitioners build them; ``gamma`` is then unused).
+            (``X + f(X)``, as practitioners build them; ``gamma`` is then unused) or
+            ``"skipless"`` (He & Hofmann's blocks, requires ``attention="simplified"`` and
+            ``norm`` "none" or "pre": no attention skip, trainable scalar gains; sequential
+            ``H = g_A A(N X)``, ``X' = s_M H + g_M MLP(N H)``; parallel ``X' = g_A A(N X) +
+            g_M MLP(N X)``; g_A = s_M = 1 and g_M = ``mlp_gain`` at initialisation; with
+            ``norm="none"`` the first block normalises its input by a LayerNorm;
+            docs/theory.md#simplified).
+        layout: ``"sequential"`` (attention sub-block, then MLP sub-block) or ``"parallel"``
+            (both branches read the same input and are summed, GPT-J style; requires
+            ``residual="skipless"``).
+        mlp_gain: initial MLP branch gain g_M of ``residual="skipless"`` (0.1 in He &
+            Hofmann's code, where it is meant to scale as O(1/sqrt(depth))); in (0, 1e6].
         init: ``"fan_in"`` (every weight N(0, 1/fan_in), the theory's) or ``"gpt2"``
             (weights and embeddings N(0, 0.02^2), the residual output projections W^O and
-            W_2 scaled by ``1/sqrt(2 depth)``; see :func:`weight_std`).
+            W_2 scaled by ``1/sqrt(2 depth)``, except under ``residual="skipless"``, whose
+            trainable gains take that role; see :func:`weight_std`).
         bias: the ``nn`` modules carry (zero-initialised) biases; at initialisation they do
             not change the law of the network, so the simulators ignore them.
         final_norm: the language model applies LayerNorm before the unembedding.
@@ -81,7 +107,10 @@ class ModelConfig:
     mlp: MLPKind = "none"
     mlp_ratio: int = 1
     norm: Norm = "none"
+    norm_kind: NormKind = "layer"
     residual: Residual = "scaled"
+    layout: Layout = "sequential"
+    mlp_gain: float = 0.1
     init: Init = "fan_in"
     bias: bool = False
     final_norm: bool = False
@@ -119,6 +148,7 @@ class ModelConfig:
         check_int("key_dim", self.key_dim, 1)
         for name in ("out_proj", "causal", "bias", "final_norm"):
             check_bool(name, getattr(self, name))
+        self._check_simplified()
         if (
             self.attention != "none"
             and not self.out_proj
@@ -145,6 +175,32 @@ class ModelConfig:
                         f"{name} must be >= -sqrt(width) = {-math.sqrt(self.width):.4g} "
                         f"(the slope 1 + {name}/sqrt(width) must be non-negative)"
                     )
+
+    def _check_simplified(self) -> None:
+        """The rules of the simplified (He & Hofmann) attention, residual and layout."""
+        if self.attention == "simplified" and self.out_proj:
+            raise ValueError(
+                "out_proj must be False for attention='simplified' (its value and output "
+                "maps are the identity, docs/theory.md#simplified)"
+            )
+        if self.residual == "skipless":
+            if self.attention != "simplified":
+                raise ValueError(
+                    f"residual='skipless' requires attention='simplified' (without an "
+                    f"attention skip the identity in A carries the signal), got "
+                    f"attention={self.attention!r}"
+                )
+            if self.norm == "post":
+                raise ValueError("residual='skipless' requires norm 'none' or 'pre', got 'post'")
+        if self.layout == "parallel" and self.residual != "skipless":
+            raise ValueError(
+                f"layout='parallel' requires residual='skipless', got residual={self.residual!r}"
+            )
+        object.__setattr__(
+            self,
+            "mlp_gain",
+            check_number("mlp_gain", self.mlp_gain, *MLP_GAIN_RANGE, low_open=True),
+        )
 
     # Derived quantities -----------------------------------------------------------------
     @property
@@ -191,8 +247,10 @@ class ModelConfig:
         if self.attention == "none":
             for name in ("heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"):
                 unused[name] = "attention='none' (no attention)"
-        elif self.attention == "softmax":
-            unused["tau0"] = "attention='softmax' (tau0 is the shaped-attention temperature)"
+        elif self.attention in ("softmax", "simplified"):
+            unused["tau0"] = (
+                f"attention={self.attention!r} (tau0 is the shaped-attention temperature)"
+            )
         if self.mlp == "none":
             unused["mlp_ratio"] = "mlp='none' (no MLP)"
         if self.mlp != "shaped_relu":
@@ -200,6 +258,12 @@ class ModelConfig:
                 unused[name] = f"mlp={self.mlp!r} (c_+ and c_- shape the shaped-ReLU MLP)"
         if self.residual == "unit":
             unused["gamma"] = "residual='unit' (X + f(X) has no branch weight)"
+        if self.residual == "skipless":
+            unused["gamma"] = "residual='skipless' (its branch gains are trainable parameters)"
+        if self.residual != "skipless" or self.mlp == "none":
+            unused["mlp_gain"] = "mlp_gain is the MLP branch gain of residual='skipless'"
+        if self.norm == "none":
+            unused["norm_kind"] = "norm='none' (no normalisation in the blocks)"
         return unused
 
     # Serialisation (netCDF-safe flat attributes) ------------------------------------------
@@ -230,11 +294,12 @@ def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
 
     ``init="fan_in"``: ``1/sqrt(fan_in)``. ``init="gpt2"``: 0.02, and ``0.02 / sqrt(2 depth)``
     for the residual output projections ``"out"`` (W^O) and ``"mlp_out"`` (W_2), as GPT-2
-    and nanoGPT do.
+    and nanoGPT do; not under ``residual="skipless"`` (He & Hofmann's blocks draw every
+    weight N(0, 0.02^2) and scale the MLP branch by the gain ``mlp_gain`` instead).
     """
     if config.init == "fan_in":
         return 1.0 / math.sqrt(fan_in)
-    if name in ("out", "mlp_out"):
+    if name in ("out", "mlp_out") and config.residual != "skipless":
         return GPT2_STD / math.sqrt(2 * config.depth)
     return GPT2_STD
 

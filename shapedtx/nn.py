@@ -3,8 +3,9 @@
 Inputs are batch-first ``(B, m, n)``. Weights are initialised N(0, s^2) with
 ``s = weight_std(config, name, fan_in)`` (N(0, 1/fan_in) for the theory's ``init="fan_in"``)
 and used as ``x W^T`` by ``nn.Linear``, which equals the ``x W / sqrt(fan_in)`` of
-docs/theory.md#notation in law. LayerNorms are ``nn.LayerNorm`` (affine, identity at
-initialisation).
+docs/theory.md#notation in law. LayerNorms are ``nn.LayerNorm`` and RMSNorms ``nn.RMSNorm``
+(affine, identity at initialisation). The simplified (He & Hofmann) blocks keep their
+trainable gains as ``nn.Parameter``s in ``gains`` (docs/theory.md#simplified).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 
 from ._validation import check_bool
 from .activation import relu_slopes, shaped_relu
+from .attention import simplified_attention_matrix
 from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
 from .config import ModelConfig, check_config, weight_std
 from .metrics import covariance
@@ -52,37 +54,69 @@ class Attention(_Projected):
 
     Supports a causal mask, ``out_proj`` and a fixed head size (``head_dim`` independent of
     ``heads``). ``fused=True`` never forms the m x m attention matrix.
+
+    ``attention="simplified"``: W^Q zero-initialised, no W^V (identity) except in the
+    ``first`` block, where it is trainable and identity-initialised, no W^O, and the
+    per-head gains ``gains["attn_alpha"]``, ``["attn_beta"]``, ``["attn_gamma"]`` (h,),
+    initialised to 1 (docs/theory.md#simplified).
     """
 
     def __init__(
-        self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
+        self,
+        config: ModelConfig,
+        *,
+        bias: bool | None = None,
+        fused: bool = True,
+        first: bool = False,
     ) -> None:
         super().__init__()
         if config.attention == "none":
-            raise ValueError("attention must be 'shaped' or 'softmax' for an Attention module")
-        self.config, self.fused = config, fused
+            raise ValueError(
+                "attention must be 'shaped', 'softmax' or 'simplified' for an Attention module"
+            )
+        check_bool("first", first)
+        self.config, self.fused, self.first = config, fused, first
         bias = config.bias if bias is None else bias
         n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
-        self.layers = nn.ModuleDict(
-            {
-                "query": _linear(config, "query", n, keys, bias),
-                "key": _linear(config, "key", n, keys, bias),
-                "value": _linear(config, "value", n, values, bias),
-            }
-        )
+        query = _linear(config, "query", n, keys, bias)
+        self.layers = nn.ModuleDict({"query": query, "key": _linear(config, "key", n, keys, bias)})
+        self.gains = nn.ParameterDict()
+        if config.attention == "simplified":
+            nn.init.zeros_(query.weight)
+            if first:
+                value = self.layers["value"] = nn.Linear(n, n, bias=False)
+                with torch.no_grad():
+                    value.weight.copy_(torch.eye(n))
+            for name in ("attn_alpha", "attn_beta", "attn_gamma"):
+                self.gains[name] = nn.Parameter(torch.ones(config.heads))
+            return
+        self.layers["value"] = _linear(config, "value", n, values, bias)
         if config.out_proj:
             self.layers["out"] = _linear(config, "out", values, n, bias)
 
+    def gain(self, name: str) -> Tensor:
+        """The trainable gain ``name`` (``shapedtx.blocks.Gain``)."""
+        return self.gains[name]
+
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
-        return attention_branch(X, self.config, self.linear, fused=self.fused)
+        return attention_branch(
+            X, self.config, self.linear, fused=self.fused, gain=self.gain, first=self.first
+        )
 
     def attention_matrix(self, X: Tensor) -> Tensor:
         """Explicit attention matrices of every head: X: (B, m, n) -> (B, h, m, m)."""
-        h = self.config.heads
+        cfg, h = self.config, self.config.heads
         q = split_heads(self.layers["query"](X), h)
         k = split_heads(self.layers["key"](X), h)
-        return attention_matrix(q, k, self.config)
+        if cfg.attention == "simplified":
+            g = self.gains
+            Y = q @ k.transpose(-1, -2)
+            alpha, beta, gamma = g["attn_alpha"], g["attn_beta"], g["attn_gamma"]
+            return simplified_attention_matrix(
+                Y, cfg.key_dim, alpha, beta, gamma, causal=cfg.causal
+            )
+        return attention_matrix(q, k, cfg)
 
 
 class ShapedAttention(Attention):
@@ -147,25 +181,57 @@ def layer_norm_module(width: int) -> nn.LayerNorm:
     return nn.LayerNorm(width, eps=LN_EPS)
 
 
+def norm_module(config: ModelConfig) -> nn.Module:
+    """The affine norm of ``config.norm_kind``: :func:`layer_norm_module` or ``nn.RMSNorm``
+    (equals :func:`shapedtx.norm.rms_norm` at initialisation)."""
+    if config.norm_kind == "rms":
+        return nn.RMSNorm(config.width, eps=LN_EPS)
+    return layer_norm_module(config.width)
+
+
 class Block(nn.Module):
     """Residual block: attention sub-block then MLP sub-block, each with the configured
-    residual (scaled or unit) and normalisation (none, pre- or post-LN)."""
+    residual (scaled, unit or skipless) and normalisation (none, pre- or post-norm).
+
+    ``first``: the first block of a network (the simplified blocks' trainable W^V and, with
+    ``residual="skipless"`` and ``norm="none"``, input LayerNorm ``norms["input_norm"]``).
+    ``residual="skipless"`` keeps its trainable gains g_A, g_M (and s_M when sequential)
+    in ``gains`` (docs/theory.md#simplified).
+    """
 
     def __init__(
-        self, config: ModelConfig, *, bias: bool | None = None, fused: bool = True
+        self,
+        config: ModelConfig,
+        *,
+        bias: bool | None = None,
+        fused: bool = True,
+        first: bool = False,
     ) -> None:
         super().__init__()
-        self.config, self.fused = config, fused
+        check_bool("first", first)
+        self.config, self.fused, self.first = config, fused, first
         self.attention = (
-            Attention(config, bias=bias, fused=fused) if config.attention != "none" else None
+            Attention(config, bias=bias, fused=fused, first=first)
+            if config.attention != "none"
+            else None
         )
         self.mlp = MLP(config, bias=bias) if config.mlp != "none" else None
         self.norms = nn.ModuleDict()
+        parallel = config.layout == "parallel"
         if config.norm != "none":
             if self.attention is not None:
-                self.norms["attn_norm"] = layer_norm_module(config.width)
+                self.norms["attn_norm"] = norm_module(config)
+            if self.mlp is not None and not parallel:
+                self.norms["mlp_norm"] = norm_module(config)
+        self.gains = nn.ParameterDict()
+        if config.residual == "skipless":
+            if first and config.norm == "none":
+                self.norms["input_norm"] = layer_norm_module(config.width)
+            self.gains["attn_gain"] = nn.Parameter(torch.ones(()))
             if self.mlp is not None:
-                self.norms["mlp_norm"] = layer_norm_module(config.width)
+                self.gains["mlp_gain"] = nn.Parameter(torch.full((), config.mlp_gain))
+                if not parallel:
+                    self.gains["mlp_skip"] = nn.Parameter(torch.ones(()))
         self._layers: dict[str, nn.Module] = {}
         for part in (self.attention, self.mlp):
             if part is not None:
@@ -177,9 +243,23 @@ class Block(nn.Module):
     def _norm(self, x: Tensor, name: str) -> Tensor:
         return self.norms[name](x)
 
+    def _gain(self, name: str) -> Tensor:
+        if name in self.gains:
+            return self.gains[name]
+        assert self.attention is not None  # only attention gains are held elsewhere
+        return self.attention.gains[name]
+
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
-        return block(X, self.config, self._linear, fused=self.fused, norm=self._norm)
+        return block(
+            X,
+            self.config,
+            self._linear,
+            fused=self.fused,
+            norm=self._norm,
+            gain=self._gain,
+            first=self.first,
+        )
 
 
 class Transformer(nn.Module):
@@ -194,7 +274,7 @@ class Transformer(nn.Module):
             check_bool("bias", bias)
         check_bool("fused", fused)
         self.blocks = nn.ModuleList(
-            [Block(config, bias=bias, fused=fused) for _ in range(config.depth)]
+            [Block(config, bias=bias, fused=fused, first=i == 0) for i in range(config.depth)]
         )
 
     def forward(

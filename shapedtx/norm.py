@@ -1,4 +1,5 @@
-"""Per-token LayerNorm without affine parameters (docs/theory.md#layers, pre-LN baseline)."""
+"""Per-token LayerNorm and RMSNorm without affine parameters (docs/theory.md#layers, pre-LN
+baseline)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,10 @@ def layer_norm(X: Tensor, eps: float = LN_EPS) -> Tensor:
     """
     centred = X - X.mean(dim=-1, keepdim=True)
     return centred / (centred.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()
+
+
+def rms_norm(X: Tensor, eps: float = LN_EPS) -> Tensor:
+    """RMSNorm: divide each token by its root mean square over features (no centring);
+    X: (..., m, n) -> (..., m, n), every output token with squared norm / n = 1 (up to
+    ``eps``). The ``norm_kind="rms"`` normalisation (docs/theory.md#simplified)."""
+    return X * (X.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()

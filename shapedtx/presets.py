@@ -9,9 +9,16 @@ field overridden (width, depth, ...). On the command line: ``--model NAME``.
 | pre_ln    | softmax   | GELU 4n      | pre  | X + f            | gpt2   | yes  | yes      |
 | post_ln   | softmax   | GELU 4n      | post | X + f            | fan_in | yes  | no       |
 | no_norm   | softmax   | GELU 4n      | none | X + f            | fan_in | yes  | no       |
+| sas       | simplified | ReLU 4n     | pre RMS | skipless, sequential | gpt2 | no | yes      |
+| sas_p     | simplified | ReLU 4n     | pre RMS | skipless, parallel | gpt2 | no  | yes      |
+| sas_p_no_norm | simplified | ReLU 4n | none | skipless, parallel | gpt2   | no   | yes      |
 
-All four have 4 heads with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block, ``post_ln`` the
-original Transformer's.
+All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block,
+``post_ln`` the original Transformer's. ``sas`` and ``sas_p`` are He & Hofmann's simplified
+blocks ("Simplifying Transformer Blocks", ICLR 2024; their code's ``skipless`` and
+``skipless-parallel`` configs, with ``norm_type=none`` for ``sas_p_no_norm``): shaped attention
+with trainable gains and identity value/output maps, no attention skip, trainable branch
+gains (MLP 0.1), every weight N(0, 0.02^2) (docs/theory.md#simplified).
 """
 
 from __future__ import annotations
@@ -30,6 +37,19 @@ _VANILLA: dict[str, Any] = {
     "bias": True,
 }
 
+_SIMPLIFIED: dict[str, Any] = {
+    "attention": "simplified",
+    "mlp": "relu",
+    "mlp_ratio": 4,
+    "residual": "skipless",
+    "mlp_gain": 0.1,
+    "init": "gpt2",
+    "heads": 4,
+    "out_proj": False,
+    "bias": False,
+    "final_norm": True,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "shaped": {
         "attention": "shaped",
@@ -43,6 +63,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "pre_ln": {**_VANILLA, "norm": "pre", "init": "gpt2", "final_norm": True},
     "post_ln": {**_VANILLA, "norm": "post", "init": "fan_in"},
     "no_norm": {**_VANILLA, "norm": "none", "init": "fan_in"},
+    "sas": {**_SIMPLIFIED, "layout": "sequential", "norm": "pre", "norm_kind": "rms"},
+    "sas_p": {**_SIMPLIFIED, "layout": "parallel", "norm": "pre", "norm_kind": "rms"},
+    "sas_p_no_norm": {**_SIMPLIFIED, "layout": "parallel", "norm": "none"},
 }
 """Preset name -> the ModelConfig fields it sets (everything else keeps its default)."""
 
@@ -51,6 +74,11 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "pre_ln": "GPT-2 / nanoGPT block: pre-LN, unit residual, GELU 4n, GPT-2 init, final LN",
     "post_ln": "original Transformer block: post-LN, unit residual, GELU 4n, fan_in init",
     "no_norm": "unit residual without LayerNorm, GELU 4n, fan_in init",
+    "sas": "He & Hofmann's SAS block: simplified attention, no attention skip, pre-RMSNorm, "
+    "ReLU 4n, trainable gains",
+    "sas_p": "He & Hofmann's parallel SAS-P block: simplified attention and ReLU 4n MLP in "
+    "parallel, no skips, pre-RMSNorm, trainable gains",
+    "sas_p_no_norm": "SAS-P without normalisation (a LayerNorm on the first block's input only)",
 }
 
 

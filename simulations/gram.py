@@ -298,6 +298,8 @@ class GramSampler(Sampler):
     @classmethod
     def check(cls, config: ModelConfig) -> None:
         problems = []
+        if config.attention == "simplified":
+            problems.append("attention='simplified' (He & Hofmann's blocks)")
         if config.norm != "none":
             problems.append(f"norm={config.norm!r} (LayerNorm is not a function of X X^T)")
         if config.init != "fan_in":

@@ -95,19 +95,25 @@ class Sampler(ABC):
 class TokenSampler(Sampler):
     """State ``X: (samples, m, n)``; a block is :func:`shapedtx.block` with :meth:`linear`."""
 
+    _layer: int = 0
+    """Blocks begun so far (the first block of a simplified network differs: ``first``)."""
+
     def init(self, V0: Tensor, samples: int) -> Tensor:
         """X_0 with ``X_0 X_0^T / n = V0`` exactly (:func:`shapedtx.initial_tokens`), each
         group's frame from its own fast stream (:meth:`GroupedNormal.fill_normal`)."""
         n, m = self.config.width, V0.shape[-1]
+        self._layer = 0
         G = V0.new_empty((samples, n, m))
         return initial_tokens(V0, n, samples, normals=self.rng.fill_normal(G))
 
     def step(self, X: Tensor) -> Tensor:
+        self._layer += 1
         return self.block(X)
 
     def block(self, X: Tensor) -> Tensor:
-        """One block of the library (:func:`shapedtx.block`) with this sampler's linear maps."""
-        return block(X, self.config, self.linear, fused=True)
+        """One block of the library (:func:`shapedtx.block`) with this sampler's linear maps
+        (the simplified attention at initialisation: the identity, no draws)."""
+        return block(X, self.config, self.linear, fused=True, first=self._layer == 1)
 
     def covariance(self, X: Tensor) -> Tensor:
         return covariance(X)
@@ -197,7 +203,7 @@ class ExactSampler(TokenSampler):
         n = cfg.width
         k = min(n, m)
         parts: dict[str, tuple[int, int]] = {}
-        if cfg.attention != "none":
+        if cfg.attention not in ("none", "simplified"):  # simplified: A = I, no weights
             kk = min(cfg.key_dim, k)
             parts.update(query=(k, cfg.heads * kk), key=(k, cfg.heads * kk))
             parts["value"] = (k, cfg.value_dim)
@@ -276,12 +282,15 @@ class ExactSampler(TokenSampler):
             cfg = cfg.replace(attention="none")
         # explicit attention matrix for few tokens: A v is one small matmul instead of the
         # fused path's SDPA, token mean and additions over (m, n) tensors (the same function)
-        return block(X, cfg, self.linear, fused=fused)
+        return block(X, cfg, self.linear, fused=fused, first=self._layer == 1)
 
     def _fast_attention_applies(self) -> bool:
         cfg = self.config
         return (
-            cfg.attention != "none" and cfg.norm == "none" and cfg.heads == 1 and not cfg.out_proj
+            cfg.attention in ("shaped", "softmax")
+            and cfg.norm == "none"
+            and cfg.heads == 1
+            and not cfg.out_proj
         )
 
     def _attention_sub_block(self, X: Tensor) -> Tensor:

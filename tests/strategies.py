@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from shapedtx import ModelConfig
-from shapedtx.config import ATTENTIONS, INITS, MLPS, NORMS, RESIDUALS
+from shapedtx.config import ATTENTIONS, INITS, LAYOUTS, MLPS, NORM_KINDS, NORMS, RESIDUALS
 
 
 @st.composite
@@ -21,19 +21,27 @@ def model_configs(
     mlp = draw(st.sampled_from(("shaped_relu", "none") if sde else MLPS))
     if attention == "none" and mlp == "none":
         mlp = "shaped_relu"
-    fixed_head = draw(st.booleans())
+    simplified = attention == "simplified"  # identity W^V, W^O: heads split the width
+    fixed_head = not simplified and draw(st.booleans())
     divisors = [h for h in range(1, width + 1) if width % h == 0]
     heads = draw(st.integers(1, 4) if fixed_head else st.sampled_from(divisors))
     head_dim = draw(st.integers(1, 2 * width)) if fixed_head else None
     key_dim = draw(st.none() | st.integers(1, 2 * width))
-    out_proj = True if fixed_head else draw(st.booleans())
+    out_proj = True if fixed_head else (not simplified and draw(st.booleans()))
+    residuals = RESIDUALS if simplified else tuple(r for r in RESIDUALS if r != "skipless")
+    residual = "scaled" if sde else draw(st.sampled_from(residuals))
+    skipless = residual == "skipless"
+    norms = tuple(n for n in NORMS if n != "post") if skipless else NORMS
     bound = -math.sqrt(width)
     return ModelConfig(
         width=width,
         depth=draw(st.integers(1, max_depth)),
         attention=attention,
         mlp=mlp,
-        norm="none" if sde else draw(st.sampled_from(NORMS)),
+        norm="none" if sde else draw(st.sampled_from(norms)),
+        norm_kind=draw(st.sampled_from(NORM_KINDS)),
+        layout=draw(st.sampled_from(LAYOUTS)) if skipless else "sequential",
+        mlp_gain=draw(st.floats(0.01, 2.0)),
         heads=heads,
         key_dim=key_dim,
         head_dim=head_dim,
@@ -43,7 +51,7 @@ def model_configs(
         c_plus=draw(st.floats(bound, 3.0)),
         c_minus=draw(st.floats(bound, 3.0)),
         causal=draw(st.booleans()),
-        residual="scaled" if sde else draw(st.sampled_from(RESIDUALS)),
+        residual=residual,
         init="fan_in" if sde else draw(st.sampled_from(INITS)),
         mlp_ratio=1 if sde else draw(st.integers(1, 4)),
         bias=draw(st.booleans()),

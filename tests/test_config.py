@@ -1,5 +1,6 @@
 import dataclasses
 import math
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -75,13 +76,21 @@ def test_tau0_and_relu_constants_accept_their_whole_range():
 
 
 def test_unused_fields_are_exactly_the_ones_without_effect():
-    assert ModelConfig(mlp="shaped_relu").unused_fields() == {}
+    unused_by_default = {"mlp_gain", "norm_kind"}  # of the skipless residual, of a norm
+    assert set(ModelConfig(mlp="shaped_relu").unused_fields()) == unused_by_default
+    assert ModelConfig(mlp="shaped_relu", norm="pre").unused_fields() == {"mlp_gain": ANY}
     unused = ModelConfig(attention="softmax", mlp="relu", residual="unit").unused_fields()
-    assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"}
+    assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"} | unused_by_default
     assert "softmax" in unused["tau0"] and "'relu'" in unused["c_plus"]
     no_attention = ModelConfig(attention="none", mlp="shaped_relu").unused_fields()
-    assert set(no_attention) == {"heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"}
-    assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"}
+    assert set(no_attention) == {
+        "heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"
+    } | unused_by_default  # fmt: skip
+    assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"} | {
+        "mlp_gain", "norm_kind"
+    }  # fmt: skip
+    sas = ModelConfig(attention="simplified", residual="skipless", mlp="relu", norm="pre")
+    assert set(sas.unused_fields()) == {"tau0", "gamma", "c_plus", "c_minus"}
 
 
 def test_empty_block_rejected():
