@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ._validation import check_device, check_dtype, check_int, check_number, check_positive
+from .metrics import _as_dataarray
 
 
 def equicorrelated(
@@ -48,8 +50,11 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
     sequence), m >= 2, finite, symmetric, positive definite.
 
     Returns V0 symmetrised exactly (float32 and float64 tensors keep their dtype, other real
-    ones become float64); raises ValueError naming ``name`` otherwise.
+    ones become float64); raises ValueError naming ``name`` otherwise. An ``xarray.DataArray``
+    counts as its values.
     """
+    if (labelled := _as_dataarray(V0)) is not None and not _is_dataset_like(V0):
+        V0 = labelled.values
     if not isinstance(V0, Tensor):
         try:
             V0 = torch.as_tensor(V0)
@@ -86,7 +91,10 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
 def check_covariance_batch(V: Any, name: str = "V0") -> Tensor:
     """Validate a batch of covariances ``V: (B, m, m)``, B >= 1, m >= 2, float32 or float64,
     finite; returns V. ValueError naming ``name`` otherwise. (Positive definiteness is left
-    to the solvers, which flag a path that leaves the PSD cone.)"""
+    to the solvers, which flag a path that leaves the PSD cone.) An ``xarray.DataArray`` of V,
+    or a Dataset's ``V`` at one time (``ds["V"].isel(t=-1)``), counts as its values."""
+    if (labelled := _as_dataarray(V)) is not None and not _is_dataset_like(V):
+        V = torch.from_numpy(np.ascontiguousarray(labelled.values))
     if not isinstance(V, Tensor) or V.dtype not in (torch.float32, torch.float64):
         what = f"dtype {V.dtype}" if isinstance(V, Tensor) else type(V).__name__
         raise ValueError(f"{name} must be a float32 or float64 tensor, got {what}")
@@ -95,6 +103,11 @@ def check_covariance_batch(V: Any, name: str = "V0") -> Tensor:
     if not bool(torch.isfinite(V).all()):
         raise ValueError(f"{name} must be finite")
     return V
+
+
+def _is_dataset_like(value: Any) -> bool:
+    """A whole Dataset (time included) is not one initial covariance: left to the checks."""
+    return hasattr(value, "data_vars")
 
 
 def initial_tokens(

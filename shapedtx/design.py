@@ -36,6 +36,11 @@ class DepthWidthFit:
 #: BigScience restatement of the [LW] fit (docs/theory.md#depth-width): ln d*(L) = 5.039 + 0.0555 L.
 LW_FIT = DepthWidthFit(a=5.039, b=0.0555)
 
+DEFAULT_MULTIPLE = 128
+"""Default width multiple of the rounded shape (:func:`optimal_shape`, :func:`design_row`,
+:func:`gpt3_table`, ``shapedtx design --multiple``): widths of multiples of 128 suit head sizes
+of 64 or 128 and GPU tiles. One default for Python and the CLI, so both give one answer."""
+
 # GPT-3 family: Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165),
 # Table 2.1 (n_layers, d_model, n_heads, d_head; context 2048 tokens for every size).
 # The 13B row prints d_model = 5140 although 40 heads x 128 = 5120; kept as printed.
@@ -99,11 +104,15 @@ class Shape:
         return 12 * self.depth_rounded * self.width_rounded**2
 
 
-def optimal_shape(params: float, *, multiple: int = 1, fit: DepthWidthFit = LW_FIT) -> Shape:
+def optimal_shape(
+    params: float, *, multiple: int = DEFAULT_MULTIPLE, fit: DepthWidthFit = LW_FIT
+) -> Shape:
     """Optimal depth and width for a budget ``N = 12 L d^2`` (docs/theory.md#depth-width).
 
     Inverts ``N = 12 L exp(2a + 2bL)``: ``L* = W0(N b / (6 e^{2a})) / (2b)`` (Lambert W,
-    principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``).
+    principal branch) and ``d* = sqrt(N / (12 L*))`` (= ``optimal_width(L*)``). The
+    rounded shape has a width multiple of ``multiple`` (default :data:`DEFAULT_MULTIPLE`,
+    128, as ``shapedtx design``: 175e9 parameters give 81 x 13440 either way).
     """
     params = check_positive("params", params)
     multiple = check_int("multiple", multiple, 1)
@@ -318,7 +327,7 @@ def design_row(
     head_dim: int,
     seq_len: int,
     *,
-    multiple: int = 1,
+    multiple: int = DEFAULT_MULTIPLE,
     fit: DepthWidthFit = LW_FIT,
 ) -> DesignRow:
     """Depth threshold, regime, allocation verdict and recommended shape of one model."""
@@ -341,7 +350,7 @@ def design_row(
     )
 
 
-def gpt3_table(*, multiple: int = 1, fit: DepthWidthFit = LW_FIT) -> list[DesignRow]:
+def gpt3_table(*, multiple: int = DEFAULT_MULTIPLE, fit: DepthWidthFit = LW_FIT) -> list[DesignRow]:
     """The eight GPT-3 sizes (``GPT3_MODELS``) with the fitted recommendation for each."""
     return [
         design_row(name, L, d, h, dp, GPT3_CONTEXT, multiple=multiple, fit=fit)

@@ -12,6 +12,7 @@ from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
 from .experiment import (
     Comparison,
     Experiment,
+    format_collapse,
     format_summary,
     run_collapse,
     run_comparison,
@@ -74,6 +75,7 @@ __all__ = [
     "compare",
     "convergence",
     "equicorrelated",
+    "format_collapse",
     "format_summary",
     "group_seed",
     "measure",

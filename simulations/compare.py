@@ -375,7 +375,8 @@ def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -
     ``fraction_collapsed`` (mean off-diagonal rho above ``threshold`` at some recorded time,
     non-finite V counting as collapsed), ``median_collapse_layer`` and ``median_collapse_t``
     (median over *all* samples of the first collapse time, never-collapsed samples counting
-    as +inf: so it is inf when fewer than half collapse), ``final_mean_rho`` (mean over
+    as later than any: so it is ``shapedtx.metrics.NEVER`` (-1), the library's one marker of
+    "never collapsed", when fewer than half collapse), ``final_mean_rho`` (mean over
     samples at the last time, finite samples only) and ``samples``. Layers come from the
     ``layer`` coordinate, else ``t * width``.
     """
@@ -408,12 +409,17 @@ def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -
         l_first = np.where(hit, layer[np.maximum(first, 0)], np.inf)
         finite = np.isfinite(final)
         rows["fraction_collapsed"].append(float(hit.mean()))
-        rows["median_collapse_t"].append(_median_inf(t_first))
-        rows["median_collapse_layer"].append(_median_inf(l_first))
+        rows["median_collapse_t"].append(_never_if_inf(_median_inf(t_first)))
+        rows["median_collapse_layer"].append(_never_if_inf(_median_inf(l_first)))
         rows["final_mean_rho"].append(float(final[finite].mean()) if finite.any() else np.nan)
         rows["samples"].append(float(first.size))
     data = {k: (("model",), np.asarray(v)) for k, v in rows.items()}
     return xr.Dataset(data, coords={"model": list(models)}, attrs={"threshold": threshold})
+
+
+def _never_if_inf(x: float) -> float:
+    """+inf (no collapse) as the marker ``NEVER`` (-1)."""
+    return float(metrics.NEVER) if x == np.inf else x
 
 
 def _median_inf(x: np.ndarray) -> float:

@@ -41,6 +41,7 @@ from shapedtx._validation import (
 from shapedtx.config import check_config
 from shapedtx.covariance import check_correlation
 from shapedtx.files import write_json
+from shapedtx.metrics import NEVER
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
 
@@ -55,7 +56,8 @@ class Experiment:
     """One network-vs-SDE comparison (validated on construction; ValueError names the field).
 
     Attributes:
-        config: the shaped model; it must have a covariance SDE (``sde.sde_constants``).
+        config: the model; it must have a covariance SDE (``sde.sde_constants``) unless
+            ``sde`` is False.
         tokens, rho0: the input covariance ``equicorrelated(tokens, rho0)``.
         samples: finite networks and SDE paths.
         baseline_samples: networks per standard baseline of the collapse report.
@@ -68,6 +70,10 @@ class Experiment:
         seed: base seed (network ``seed``, SDE ``seed + 1``, baseline k ``seed + 2 + k``).
         device, dtype: where and in which precision (``"float64"`` or ``"float32"``).
         name, description: labels of the run (the ``compare`` preset).
+        sde: False for a collapse-only experiment (:func:`run_collapse`): any model, vanilla
+            ones included, since the collapse report needs no SDE limit; the SDE, its
+            solver and the convergence widths are then not checked, and
+            :func:`run_comparison` refuses it.
     """
 
     config: ModelConfig
@@ -85,6 +91,7 @@ class Experiment:
     dtype: str = "float64"
     name: str = "custom"
     description: str = ""
+    sde: bool = True
 
     def __post_init__(self) -> None:
         check_config(self.config)
@@ -107,6 +114,9 @@ class Experiment:
         check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
         check_int("seed", self.seed, 0)
         check_choice("dtype", self.dtype, tuple(DTYPES))
+        check_bool("sde", self.sde)
+        if not self.sde:  # collapse only: no SDE limit needed
+            return
         from sde import sde_constants
 
         sde_constants(self.config, self.tokens)  # the model needs an SDE limit
@@ -139,6 +149,8 @@ class Experiment:
         for f in fields(self):
             if f.name != "config":
                 value = getattr(self, f.name)
+                if isinstance(value, bool):  # netCDF has no booleans
+                    value = int(value)
                 out[f"experiment.{f.name}"] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -185,24 +197,103 @@ class _Timer:
 
 
 def run_collapse(
-    experiment: Experiment, network: xr.Dataset | None = None, progress: bool | None = False
+    experiment: Experiment,
+    network: xr.Dataset | None = None,
+    progress: bool | None = False,
+    *,
+    out: str | os.PathLike | None = None,
+    figures: bool = True,
 ) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     """The rank-collapse report of the model and its standard baselines
-    (:func:`simulations.baselines`) at the same width and depth."""
+    (:func:`simulations.baselines`) at the same width and depth.
+
+    Works for any model, vanilla ones included, with ``Experiment(config, sde=False)``
+    (what ``shapedtx compare --no-sde`` runs); :func:`format_collapse` prints the report.
+
+    Args:
+        experiment: the model, input, samples, threshold and seed.
+        network: the model's covariance Dataset if already simulated.
+        progress: tqdm bars of the simulations (None: when stderr is a terminal).
+        out: if given, a folder for ``collapse.nc``, ``network.nc`` and (``figures``)
+            ``figures/mean_correlation`` and ``figures/collapse_metrics`` (PNG and PDF).
+
+    Returns:
+        ``(report, models)``: :func:`simulations.collapse_report` of the model and its
+        baselines (median collapse layer :data:`shapedtx.metrics.NEVER` where fewer than
+        half collapse) and the label -> covariance Dataset of each.
+    """
     from .driver import simulate
 
+    check_bool("figures", figures)
     e = experiment
     common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
     if network is None:
         network = simulate(
             e.config, e.V0(), e.samples, method=e.sampler(e.config), seed=e.seed, **common
         )
-    models = {f"shaped ({model_label(e.config)})": network}
+    models = {f"{'shaped' if e.sde else 'model'} ({model_label(e.config)})": network}
     for k, (label, cfg) in enumerate(baselines(e.config).items()):
         models[f"{label} ({model_label(cfg)})"] = simulate(
             cfg, e.V0(), e.baseline_samples, method=e.sampler(cfg), seed=e.seed + 2 + k, **common
         )
-    return collapse_report(models, e.threshold), models
+    report = collapse_report(models, e.threshold)
+    report.attrs.update(e.to_attrs())
+    if out is not None:
+        out = Path(out)
+        save_dataset(report, out / "collapse.nc")
+        save_dataset(network, out / "network.nc")
+        if figures:
+            from . import plots
+
+            for name, plot in (("mean_correlation", plots.plot_mean_correlation),
+                               ("collapse_metrics", plots.plot_collapse_metrics)):  # fmt: skip
+                plot(models, threshold=e.threshold, path=out / "figures" / name)
+    return report, models
+
+
+def format_collapse(report: xr.Dataset) -> str:
+    """The rank-collapse table of a :func:`simulations.collapse_report` (as ``shapedtx
+    compare`` prints it): per model the fraction collapsed, the median collapse layer
+    (:data:`shapedtx.metrics.NEVER`, -1, where fewer than half collapse) and the final mean
+    correlation."""
+    return "\n".join(_collapse_lines(_collapse_summary(report)))
+
+
+def _collapse_summary(collapse: xr.Dataset) -> dict[str, Any]:
+    """The ``collapse`` entry of ``summary.json``."""
+    return {
+        "threshold": float(collapse.attrs["threshold"]),
+        "models": {
+            str(m): {
+                "fraction_collapsed": _num(collapse["fraction_collapsed"].sel(model=m)),
+                "median_collapse_layer": _num(collapse["median_collapse_layer"].sel(model=m)),
+                "final_mean_rho": _num(collapse["final_mean_rho"].sel(model=m)),
+                "samples": int(collapse["samples"].sel(model=m)),
+            }
+            for m in collapse["model"].values
+        },
+    }
+
+
+def _collapse_lines(c: dict[str, Any]) -> list[str]:
+    """The printed table of a ``collapse`` summary entry."""
+
+    def fmt(x: float | None) -> str:
+        return "   nan" if x is None else f"{x:6.3f}"
+
+    lines = [
+        f"rank collapse (mean rho > {c['threshold']:g}; median layer {NEVER}: never, fewer "
+        "than half collapse):"
+    ]
+    width = max(len(m) for m in c["models"])
+    lines.append(f"  {'model':{width}s}  collapsed  median layer  final mean rho")
+    for m, r in c["models"].items():
+        layer = "nan" if r["median_collapse_layer"] is None else f"{r['median_collapse_layer']:g}"
+        lines.append(
+            f"  {m:{width}s}  {r['fraction_collapsed']:9.0%}  {layer:>12s}  "
+            f"{fmt(r['final_mean_rho'])}"
+        )
+    return lines
 
 
 def run_convergence(
@@ -247,6 +338,11 @@ def run_comparison(
 
     check_bool("figures", figures)
     e = experiment
+    if not e.sde:
+        raise ValueError(
+            "experiment.sde is False (collapse only): run_comparison needs the SDE limit; "
+            "use run_collapse(experiment) for the collapse report"
+        )
     cfg = e.config
     writes = out is not None
     timer = _Timer(stages, 4 + bool(e.widths) + writes + (writes and figures))
@@ -374,19 +470,7 @@ def summarise(result: Comparison, times: dict[str, float] | None = None) -> dict
         "excluded": int(comparison.attrs["n_excluded_limit"]),
     }
     summary["network_excluded"] = int(comparison.attrs["n_excluded_network"])
-    collapse = result.collapse
-    summary["collapse"] = {
-        "threshold": e.threshold,
-        "models": {
-            str(m): {
-                "fraction_collapsed": _num(collapse["fraction_collapsed"].sel(model=m)),
-                "median_collapse_layer": _num(collapse["median_collapse_layer"].sel(model=m)),
-                "final_mean_rho": _num(collapse["final_mean_rho"].sel(model=m)),
-                "samples": int(collapse["samples"].sel(model=m)),
-            }
-            for m in collapse["model"].values
-        },
-    }
+    summary["collapse"] = _collapse_summary(result.collapse)
     conv = result.convergence
     summary["convergence"] = None
     if conv is not None:
@@ -454,15 +538,7 @@ def format_summary(s: dict[str, Any]) -> str:
                                    strict=True)
         ]  # fmt: skip
         lines.append("causal: mean rho at T by token pair, network/SDE: " + ", ".join(cells))
-    lines.append(f"rank collapse (mean rho > {s['collapse']['threshold']:g}):")
-    width = max(len(m) for m in s["collapse"]["models"])
-    lines.append(f"  {'model':{width}s}  collapsed  median layer  final mean rho")
-    for m, r in s["collapse"]["models"].items():
-        layer = "never" if r["median_collapse_layer"] is None else f"{r['median_collapse_layer']:g}"
-        lines.append(
-            f"  {m:{width}s}  {r['fraction_collapsed']:9.0%}  {layer:>12s}  "
-            f"{fmt(r['final_mean_rho'])}"
-        )
+    lines += _collapse_lines(s["collapse"])
     cv = s["convergence"]
     if cv is not None:
         pts = ", ".join(

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from shapedtx import ModelConfig, covariance_dataset
+from shapedtx.metrics import NEVER
 from simulations.compare import (
     align_times,
     collapse_report,
@@ -193,7 +194,8 @@ def test_collapse_report_known_layers():
     assert rep["median_collapse_layer"].sel(model="model") == 5
     assert rep["median_collapse_t"].sel(model="model") == pytest.approx(5 / CONFIG.width)
     assert rep["fraction_collapsed"].sel(model="stable") == 0
-    assert np.isinf(rep["median_collapse_layer"].sel(model="stable"))
+    assert rep["median_collapse_layer"].sel(model="stable") == NEVER == -1
+    assert rep["median_collapse_t"].sel(model="stable") == NEVER
     assert rep["final_mean_rho"].sel(model="stable") == pytest.approx(0.2)
 
 
@@ -256,10 +258,11 @@ def test_collapse_report_final_mean_rho_is_at_the_last_time_over_finite_samples(
     assert rep["fraction_collapsed"].item() == pytest.approx(expected_hits / N)
 
 
-@pytest.mark.parametrize(("collapsing", "median"), [(5, 5.0), (4, np.inf), (1, np.inf)])
+@pytest.mark.parametrize(("collapsing", "median"), [(5, 5.0), (4, NEVER), (1, NEVER)])
 def test_collapse_report_median_counts_never_collapsed_as_infinite(collapsing, median):
-    """Lower median over all 10 samples, never-collapsed ones = +inf: finite iff at least
-    half collapse (sample s collapses at layer s + 1)."""
+    """Lower median over all 10 samples, never-collapsed ones counting as later than any: a
+    layer iff at least half collapse, else the marker NEVER (sample s collapses at layer
+    s + 1)."""
     N, nt = 10, 8
     r = np.full((N, nt), 0.2)
     for s in range(collapsing):

@@ -80,6 +80,36 @@ def test_compare_rejects_bad_options(tmp_path, capsys, extra, message):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_compare_no_sde_reports_a_vanilla_models_collapse(tmp_path, capsys):
+    """Issue 39: --model post_ln has no SDE, yet its collapse report needs none."""
+    out = tmp_path / "run"
+    argv = ["compare", "--quick", "--model", "post_ln", "--width", "16", "--depth", "12"]
+    argv += ["--samples", "16", "--baseline-samples", "8", "--no-progress", "--out", str(out)]
+    assert main([*argv, "--no-sde"]) == 0
+    printed = capsys.readouterr().out
+    assert "rank collapse" in printed and "model (softmax attn + gelu MLP x4, post-LN" in printed
+    assert {p.name for p in out.iterdir()} == {"collapse.nc", "network.nc", "figures"}
+    report = load_dataset(out / "collapse.nc")
+    assert report.sizes["model"] == 6 and report.attrs["config.norm"] == "post"
+    assert (out / "figures" / "collapse_metrics.png").is_file()
+    assert main(["compare", "--quick", "--model", "post_ln", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "5 fields have no derived covariance SDE" in err and "--no-sde" in err
+
+
+def test_run_collapse_needs_no_sde_and_run_comparison_refuses_it():
+    from shapedtx import preset
+    from simulations import Experiment, run_collapse, run_comparison
+
+    e = Experiment(preset("no_norm", width=8, depth=4), samples=4, baseline_samples=2, sde=False)
+    report, models = run_collapse(e)
+    assert len(models) == 6 and report.attrs["experiment.sde"] == 0
+    with pytest.raises(ValueError, match="sde is False"):
+        run_comparison(e)
+    with pytest.raises(ValueError, match="sde must be"):
+        Experiment(preset("no_norm", width=8, depth=4), sde="no")
+
+
 def test_presets_and_baselines():
     assert set(PRESETS) == {"block", "attention", "mlp"}
     block = PRESETS["block"]

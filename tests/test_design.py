@@ -300,15 +300,18 @@ def test_gpt3_models_are_table_2_1_of_brown_et_al():
                                                                 for m in GPT3_MODELS]  # fmt: skip
 
 
-def test_default_multiple_is_one():
-    from shapedtx.design import Shape
+def test_default_multiple_is_the_clis():
+    """One default width multiple, DEFAULT_MULTIPLE (128), for Python and `shapedtx design`;
+    multiple=1 rounds to the nearest integer width."""
+    from shapedtx.design import DEFAULT_MULTIPLE, Shape
 
     assert Shape(1.0, 1.0, 1.0, 1, 1).multiple == 1
     N = 12 * 2.6 * math.exp(2 * (1 + 0.5 * 2.6))
-    shape = optimal_shape(N, fit=FIT)
+    shape = optimal_shape(N, multiple=1, fit=FIT)
     assert shape.multiple == 1 and shape.width_rounded == round(math.sqrt(N / 36))
-    assert design_row("x", 3, 10, 1, 10, 8).recommended.multiple == 1
-    assert all(r.recommended.multiple == 1 for r in gpt3_table())
+    assert optimal_shape(N, fit=FIT).multiple == DEFAULT_MULTIPLE
+    assert design_row("x", 3, 10, 1, 10, 8).recommended.multiple == DEFAULT_MULTIPLE
+    assert all(r.recommended.multiple == DEFAULT_MULTIPLE for r in gpt3_table())
 
 
 def test_threshold_domain_includes_width_one_and_results_are_immutable():
@@ -321,3 +324,16 @@ def test_threshold_domain_includes_width_one_and_results_are_immutable():
         field = dataclasses.fields(value)[0].name
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, 0)
+
+
+def test_python_and_cli_recommend_one_width(capsys):
+    """Issue 39: 175e9 parameters gave 13418 in Python and 13440 on the CLI."""
+    from shapedtx.design import DEFAULT_MULTIPLE
+    from simulations.cli import main
+
+    shape = optimal_shape(175e9)
+    assert shape.multiple == DEFAULT_MULTIPLE == 128
+    assert (shape.depth_rounded, shape.width_rounded) == (81, 13440)
+    assert main(["design", "--params", "175e9"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "rounded (" in line)
+    assert row.split()[-3:-1] == [str(shape.depth_rounded), str(shape.width_rounded)]

@@ -170,3 +170,59 @@ def test_residual_of_nearly_collapsed_tokens():
     assert 1e-4 < r < 1e-2
     assert covariance_residual(covariance(X)).item() == pytest.approx(r, rel=1e-6)
     assert covariance_residual(torch.ones(3, 3)).item() == 0.0
+
+
+def _covariance_dataset():
+    """A tiny covariance Dataset as the library writes it (``simulations.simulate``)."""
+    from shapedtx import ModelConfig
+    from shapedtx import equicorrelated as equi
+    from simulations import simulate
+
+    return simulate(ModelConfig(width=8, depth=3), equi(3, 0.2), 4, progress=False)
+
+
+def test_metrics_take_the_librarys_datasets_and_dataarrays():
+    """Issue 39: a covariance Dataset (its V) or a DataArray of V, keeping the named dims."""
+    import xarray as xr
+
+    ds = _covariance_dataset()
+    V = torch.from_numpy(ds["V"].values)
+    for source in (ds, ds["V"]):
+        rho = mean_correlation(source)
+        assert isinstance(rho, xr.DataArray) and rho.dims == ("sample", "t")
+        assert "layer" in rho.coords
+        torch.testing.assert_close(torch.from_numpy(rho.values), mean_correlation(V))
+        assert stable_rank(source).dims == ("sample", "t")
+        assert correlation(source).dims == ds["V"].dims
+    assert eigenvalue_ratio(ds["V"].isel(t=-1)).dims == ("sample",)
+    torch.testing.assert_close(covariance_residual(ds["V"].values), covariance_residual(V))
+    with pytest.raises(ValueError, match="'V'"):
+        mean_correlation(ds.rename({"V": "W"}))
+
+
+def test_detect_collapse_takes_a_dataset_and_keeps_the_sample_dimension():
+    ds = _covariance_dataset()
+    expected = detect_collapse(torch.from_numpy(ds["V"].values), threshold=0.3)
+    for source in (ds, ds["V"]):
+        result = detect_collapse(source, threshold=0.3)
+        assert result.first_index.dims == result.collapsed.dims == ("sample",)
+        assert result.first_index.values.tolist() == expected.first_index.tolist()
+    from shapedtx import check_covariance, check_covariance_batch
+
+    assert check_covariance(ds["V"].isel(sample=0, t=0)).shape == (3, 3)
+    assert check_covariance_batch(ds["V"].isel(t=-1)).shape == (4, 3, 3)
+
+
+def test_never_collapsed_is_one_marker():
+    """-1 (NEVER) in detect_collapse, collapse_report and the printed table alike."""
+    from shapedtx.metrics import NEVER
+    from simulations import collapse_report, format_collapse
+
+    assert NEVER == -1
+    ds = _covariance_dataset()
+    assert (detect_collapse(ds).first_index == NEVER).all()
+    report = collapse_report({"model": ds})
+    assert report["median_collapse_layer"].item() == report["median_collapse_t"].item() == NEVER
+    table = format_collapse(report)
+    assert "median layer -1: never" in table
+    assert table.splitlines()[-1].split()[2] == "-1"

@@ -31,3 +31,11 @@ def test_readme_snippet_runs(index, tmp_path):
     elapsed = time.perf_counter() - start
     assert done.returncode == 0, f"snippet {index} failed:\n{code}\n{done.stderr[-2000:]}"
     assert elapsed < 2 * LIMIT_S, f"snippet {index} took {elapsed:.0f} s"
+
+
+def test_readme_states_the_default_weight_decay():
+    """Issue 39: the README said "AdamW with weight decay" while the default decay is 0."""
+    from shapedtx.training import TrainConfig
+
+    text = " ".join(README.read_text().split())
+    assert f"weight decay {TrainConfig().weight_decay:g} by default" in text

@@ -120,6 +120,22 @@ def test_degenerate_configs_refused(changes, match):
         sde.solve(cfg, V, 4)
 
 
+def test_every_unsupported_field_is_named_at_once():
+    """Issue 39: the post_ln preset needed a rerun per field; the refusal names all five."""
+    from shapedtx import preset
+
+    with pytest.raises(ValueError) as info:
+        sde.sde_constants(preset("post_ln", width=16, depth=2))
+    message = str(info.value)
+    assert message.startswith("5 fields have no derived covariance SDE")
+    for field in ("attention='softmax'", "mlp='gelu'", "norm='post'", "residual='unit'",
+                  "mlp_ratio=4"):  # fmt: skip
+        assert field in message
+    for fix in ("use attention='shaped'", "use mlp='shaped_relu'", "use norm='none'",
+                "use residual='scaled'"):  # fmt: skip
+        assert fix in message
+
+
 def test_bad_shapes_refused():
     with pytest.raises(ValueError, match="V must have shape"):
         sde.drift(ATT, torch.ones(3, 2, dtype=torch.float64))

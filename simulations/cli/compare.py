@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fill their random numbers on them; 1.35x faster than 1 thread when idle, as fast "
         "with one core busy)",
     )
+    g.add_argument(
+        "--no-sde",
+        action="store_true",
+        help="the rank-collapse report only (simulations.run_collapse): any model, vanilla ones "
+        "included (e.g. --model post_ln), since it needs no SDE limit; writes collapse.nc, "
+        "network.nc and figures/ (mean_correlation, collapse_metrics)",
+    )
     g.add_argument("--no-figures", action="store_true", help="skip the figures")
     g.add_argument(
         "--overwrite",
@@ -134,10 +141,13 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             seed=args.seed,
             device=str(device),
             dtype=args.dtype,
+            sde=not args.no_sde,
         )
     except ValueError as err:
         flags = ("convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
                  "threshold", "seed", "sde_method", "method")  # fmt: skip
+        if "covariance SDE" in str(err):  # a vanilla model: its collapse report needs none
+            err = ValueError(f"{err}; or pass --no-sde for the rank-collapse report alone")
         raise option_error(err, flags) from None
 
 
@@ -162,6 +172,23 @@ def _run(args: argparse.Namespace) -> int:
         if not quiet:
             print(f"[{k}/{total}] {text} ...", file=sys.stderr, flush=True)
 
+    if args.no_sde:
+        from simulations import format_collapse, run_collapse
+
+        stages(1, 2, f"collapse report: the model and its baselines, {experiment.samples} and "
+               f"{experiment.baseline_samples} samples")  # fmt: skip
+        with staged_folder(out) as staging:
+            report, _ = run_collapse(
+                experiment,
+                progress=False if quiet else None,
+                out=staging,
+                figures=not args.no_figures,
+            )
+            stages(2, 2, f"writing to {out}")
+            files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+        print(format_collapse(report))
+        print(f"wrote {out}/: {', '.join(files)}")
+        return 0
     with staged_folder(out) as staging:
         result = run_comparison(
             experiment,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from shapedtx._validation import check_int, check_positive
 from shapedtx.config import ModelConfig
 from shapedtx.design import (
+    DEFAULT_MULTIPLE,
     GPT3_CONTEXT,
     LW_FIT,
     depth_threshold,
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--multiple",
         type=int,
-        default=128,
+        default=DEFAULT_MULTIPLE,  # the library's, so that Python and the CLI agree
         help="round the recommended width to a multiple of this (default %(default)s)",
     )
     parser.set_defaults(func=run)
