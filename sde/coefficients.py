@@ -60,56 +60,74 @@ class SDEConstants:
 _THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
 
 
-def _check_vanilla_fields(config: ModelConfig) -> None:
-    """ValueError naming the first practitioner's field (unit residual, GELU, post-LN, GPT-2
-    init, wide MLP, simplified blocks) that the derived SDEs do not cover."""
+def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
+    """``(field=value, why)`` for every field of ``config`` that the derived covariance SDEs
+    do not cover (docs/theory.md#sde), in the order of the fields; empty if it has one."""
+    problems: list[tuple[str, str]] = []
     if config.attention == "simplified":
-        raise ValueError(
+        problems.append((
+            "attention='simplified'",
             "attention='simplified' has no derived covariance SDE (He & Hofmann's attention: "
             "trainable gains, no attention skip, docs/theory.md#simplified); use "
-            "attention='shaped'"
-        )
+            "attention='shaped'",
+        ))  # fmt: skip
+    if config.attention == "softmax":
+        problems.append((
+            "attention='softmax'",
+            "attention='softmax' has no covariance SDE limit: standard attention has O(1) "
+            "logits, so A is not a perturbation of the identity and tokens collapse in O(1) "
+            "layers (docs/theory.md#rank-collapse); use attention='shaped'",
+        ))  # fmt: skip
     if config.mlp == "gelu":
-        raise ValueError(
+        problems.append((
+            "mlp='gelu'",
             "mlp='gelu' has no derived covariance SDE (a GELU is not a shaped activation: it "
-            "changes the correlation by O(1) per block); use mlp='shaped_relu'"
-        )
+            "changes the correlation by O(1) per block); use mlp='shaped_relu'",
+        ))  # fmt: skip
+    if config.mlp == "relu":
+        problems.append((
+            "mlp='relu'",
+            "mlp='relu' has no covariance SDE limit: a standard ReLU changes the correlation by "
+            "O(1) per block, so the covariance does not move on the time scale t = layer / "
+            "width and collapses (docs/theory.md#layers and #sde); use mlp='shaped_relu'",
+        ))  # fmt: skip
+    if config.norm != "none":
+        problems.append((
+            f"norm={config.norm!r}",
+            f"norm={config.norm!r} has no derived covariance SDE: docs/theory.md#sde covers "
+            "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
+            "use norm='none'",
+        ))  # fmt: skip
     for name, value in _THEORY_FIELDS.items():
         if name == "mlp_ratio" and config.mlp == "none":
             continue
         if getattr(config, name) != value:
-            raise ValueError(
+            problems.append((
+                f"{name}={getattr(config, name)!r}",
                 f"{name}={getattr(config, name)!r} has no derived covariance SDE "
-                f"(docs/theory.md#sde covers {name}={value!r} only); use {name}={value!r}"
-            )
+                f"(docs/theory.md#sde covers {name}={value!r} only); use {name}={value!r}",
+            ))  # fmt: skip
+    return problems
 
 
 def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
     """The :class:`SDEConstants` of ``config`` for ``m`` tokens (``k_att`` needs m).
 
-    Raises ValueError for configurations without a (non-degenerate) covariance SDE limit.
+    Raises ValueError for configurations without a (non-degenerate) covariance SDE limit,
+    naming every unsupported field at once (e.g. the ``post_ln`` preset's attention, MLP,
+    norm and residual), each with its reason and the value the SDE covers.
     """
     check_config(config)
     if m is not None:
         check_int("m (number of tokens)", m, 2)
-    _check_vanilla_fields(config)
-    if config.attention == "softmax":
+    problems = _unsupported(config)
+    if len(problems) == 1:
+        raise ValueError(problems[0][1])
+    if problems:
+        fields = ", ".join(field for field, _ in problems)
         raise ValueError(
-            "attention='softmax' has no covariance SDE limit: standard attention has O(1) "
-            "logits, so A is not a perturbation of the identity and tokens collapse in O(1) "
-            "layers (docs/theory.md#rank-collapse); use attention='shaped'"
-        )
-    if config.mlp == "relu":
-        raise ValueError(
-            "mlp='relu' has no covariance SDE limit: a standard ReLU changes the correlation by "
-            "O(1) per block, so the covariance does not move on the time scale t = layer / "
-            "width and collapses (docs/theory.md#layers and #sde); use mlp='shaped_relu'"
-        )
-    if config.norm != "none":
-        raise ValueError(
-            f"norm={config.norm!r} has no derived covariance SDE: docs/theory.md#sde covers "
-            "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
-            "use norm='none'"
+            f"{len(problems)} fields have no derived covariance SDE ({fields}): "
+            + "; ".join(f"({k}) {why}" for k, (_, why) in enumerate(problems, 1))
         )
     g2 = config.gamma**2
     lam2 = 1.0 - g2
