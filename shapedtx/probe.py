@@ -15,7 +15,9 @@ a fixed batch, and returns the trainer's log format (``mean_rho(step, layer)``,
 
 The blocks are found by themselves (:data:`BLOCK_PATHS`) for the library's ``Transformer`` and
 ``LanguageModel``, ``transformers`` GPT-2 style models and nanoGPT (``transformer.h``), timm
-ViTs (``blocks``) and Llama-style models (``model.layers``); otherwise pass ``blocks=``.
+ViTs (``blocks``), Llama-style models (``model.layers``) and models built on PyTorch's
+``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` (wherever it sits); otherwise pass
+``blocks=``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ BLOCK_PATHS: tuple[str, ...] = (
 """Where :func:`find_blocks` looks for the residual blocks (a non-empty ``nn.ModuleList`` or
 ``nn.Sequential``), in this order: the library's ``Transformer`` and timm ViTs (``blocks``),
 its ``LanguageModel`` (``body.blocks``), GPT-2 ``LMHeadModel``s and nanoGPT
-(``transformer.h``), ``GPT2Model`` (``h``), Llama-style models (``model.layers``, ``layers``)."""
+(``transformer.h``), ``GPT2Model`` (``h``), Llama-style models (``model.layers``, ``layers``).
+Failing those, the ``layers`` of the one ``torch.nn.TransformerEncoder`` (or
+``TransformerDecoder``) anywhere in the model."""
 
 Blocks = str | nn.Module | Sequence[str | nn.Module] | None
 
@@ -75,6 +79,19 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.M
             found = _attribute(model, path)
             if isinstance(found, (nn.ModuleList, nn.Sequential)) and len(found) > 0:
                 return [(names[b], b) for b in found]
+        stacks = [
+            (name, m)
+            for name, m in model.named_modules()
+            if isinstance(m, (nn.TransformerEncoder, nn.TransformerDecoder)) and len(m.layers)
+        ]
+        if len(stacks) == 1:  # torch's own stack, wherever it sits in the model
+            return [(names[b], b) for b in stacks[0][1].layers]
+        if stacks:
+            raise ValueError(
+                f"{type(model).__name__} holds several torch Transformer stacks ("
+                f"{', '.join(name or '(the model)' for name, _ in stacks)}); pass blocks= one "
+                f"stack's layers, e.g. blocks={(stacks[0][0] + '.layers').lstrip('.')!r}"
+            )
         raise ValueError(
             f"no residual blocks found in {type(model).__name__} (looked for "
             f"{', '.join(BLOCK_PATHS)}); pass blocks=[...]: the block modules, or their "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,6 +137,33 @@ def test_bad_inputs_give_value_error_naming_the_problem(make, inputs, blocks, ne
     assert _no_hooks(model)
 
 
+class _EncoderModel(nn.Module):
+    """A user's model around PyTorch's own encoder (issue 39)."""
+
+    def __init__(self, width: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        layer = nn.TransformerEncoderLayer(width, 2, 4 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(self.embed(x))
+
+
+def test_blocks_of_a_torch_transformer_encoder_are_found_by_themselves():
+    torch.manual_seed(0)
+    model = _EncoderModel()
+    names = [name for name, _ in find_blocks(model)]
+    assert names == ["encoder.layers.0", "encoder.layers.1", "encoder.layers.2"]
+    ds = probe(model, torch.randn(5, 4, 16))
+    assert ds["V"].shape == (5, 4, 4, 4)  # input + 3 blocks
+    wrapped = nn.Sequential(model)
+    assert len(find_blocks(wrapped)) == 3
+    both = nn.Transformer(16, 2, 1, 1, 32, batch_first=True)
+    with pytest.raises(ValueError, match=r"several torch Transformer stacks.*encoder\.layers"):
+        find_blocks(both)
+
+
 def test_language_model_blocks_found_and_match_the_trainer_metrics():
     config = shapedtx.preset("pre_ln", width=16, depth=2, causal=True)
     torch.manual_seed(0)
@@ -194,11 +223,35 @@ def test_cli_probe_of_a_train_checkpoint(tmp_path, capsys):
     for argv, needle in (
         (["probe", str(tmp_path / "none")], "not found"),
         (["probe", str(run), "--out", "x.txt"], "--out"),
-        (["probe", str(run), "--data", str(other)], "differs"),
+        (["probe", str(run), "--data", str(other)], "differs from the run's in --data"),
+        (["probe", str(run), "--max-bytes", "500"], "in --max-bytes (or --suffix): 500 bytes"),
+        (["probe", str(run), "--val-fraction", "0.5"], "in --val-fraction"),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err, err
+
+
+def test_cli_probe_reuses_the_runs_data_settings(tmp_path, capsys, monkeypatch):
+    """Issue 39: `train --max-bytes N` then `probe RUN` failed with "the data (X) differs from
+    the run's (X)"; the probe now reads RUN/data.json (or, for older runs, the log's size)."""
+    text = tmp_path / "text.txt"
+    text.write_text("hello shaped world, hello collapse. " * 60)
+    run = tmp_path / "run"
+    train = [
+        "train", "--width", "16", "--depth", "2", "--heads", "2", "--steps", "1",
+        "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "0", "--log-interval", "1",
+        "--eval-interval", "1", "--eval-batches", "1", "--metrics-batch", "2", "--no-progress",
+        "--threads", "1", "--data", str(text), "--out", str(run), "--max-bytes", "1500",
+        "--val-fraction", "0.3",
+    ]  # fmt: skip
+    assert main(train) == 0
+    assert json.loads((run / "data.json").read_text())["max_bytes"] == 1500
+    monkeypatch.chdir(tmp_path.parent)  # the recorded path is absolute
+    capsys.readouterr()
+    assert main(["probe", str(run)]) == 0, capsys.readouterr().err
+    (run / "data.json").unlink()  # a run from before data.json: the log's size is used
+    assert main(["probe", str(run), "--val-fraction", "0.3"]) == 0, capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ._common import UsageError, check_output_file, parse_device, set_threads
 
@@ -25,11 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--windows", type=int, default=None, help="validation windows (default: metrics_batch)"
     )
     parser.add_argument("--threshold", type=float, default=0.99, help="collapse threshold")
-    g = parser.add_argument_group("data (default: the run's corpus with train's defaults)")
+    g = parser.add_argument_group(
+        "data (default: the run's, from RUN/data.json; for runs without it the run's corpus "
+        "and size with train's defaults)"
+    )
     g.add_argument("--data", default=None, help="text file or folder")
     g.add_argument("--suffix", default=None)
-    g.add_argument("--max-bytes", type=int, default=8_000_000, help="(default %(default)s)")
-    g.add_argument("--val-fraction", type=float, default=0.1, help="(default %(default)s)")
+    g.add_argument("--max-bytes", type=int, default=None)
+    g.add_argument("--val-fraction", type=float, default=None)
     parser.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(func=run)
@@ -66,18 +70,19 @@ def run(args: argparse.Namespace) -> int:
     windows = train_config.metrics_batch if args.windows is None else args.windows
     if windows < 1:
         raise UsageError(f"--windows must be >= 1, got {windows}")
-    corpus = str(log.attrs.get("corpus", ""))
-    path = args.data
-    if path is None and not corpus.startswith("python-stdlib:"):
-        path = corpus
-    data = load_corpus(
-        path, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
-    )
-    if data.fingerprint() != log.attrs.get("corpus_fingerprint", data.fingerprint()):
-        raise UsageError(
-            f"the data ({data.source}) differs from the run's ({corpus}); pass --data, "
-            f"--suffix, --max-bytes and --val-fraction as given to `shapedtx train`"
-        )
+    settings = _run_data_settings(folder, log)
+    given = {"path": args.data, "suffix": args.suffix, "max_bytes": args.max_bytes,
+             "val_fraction": args.val_fraction}  # fmt: skip
+    settings.update({k: v for k, v in given.items() if v is not None})
+    data = load_corpus(**settings)
+    sizes = (int(data.train.numel()), int(data.val.numel()))
+    keys = ("train_bytes", "val_bytes")
+    run_sizes = tuple(int(log.attrs.get(k, n)) for k, n in zip(keys, sizes, strict=True))
+    # the fingerprint hashes the bytes, not where the split falls: the sizes tell that
+    if data.fingerprint() != log.attrs.get("corpus_fingerprint", data.fingerprint()) or (
+        sizes != run_sizes
+    ):
+        raise UsageError(_data_difference(data, log))
     try:
         state = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
         model = LanguageModel(model_config, train_config.seq_len)
@@ -103,3 +108,52 @@ def run(args: argparse.Namespace) -> int:
         save_dataset(ds, args.out)
         print(f"wrote {args.out}")
     return 0
+
+
+def _run_data_settings(folder: Path, log: Any) -> dict[str, Any]:
+    """The ``load_corpus`` arguments of the run: RUN/data.json (written by ``shapedtx
+    train``), else the log's corpus with train's defaults and the run's size as ``max_bytes``
+    (the bytes read are ``min(max_bytes, corpus)``, so this reads the same bytes)."""
+    import json
+
+    from .train import DATA_SETTINGS
+
+    try:
+        saved = json.loads((folder / DATA_SETTINGS).read_text())
+        if isinstance(saved, dict):
+            return {k: saved.get(k) for k in ("path", "suffix", "max_bytes", "val_fraction")}
+    except (OSError, ValueError):
+        pass
+    corpus = str(log.attrs.get("corpus", ""))
+    size = int(log.attrs.get("train_bytes", 0)) + int(log.attrs.get("val_bytes", 0))
+    return {
+        "path": None if corpus.startswith("python-stdlib:") else corpus,
+        "suffix": None,
+        "max_bytes": size if size >= 16 else 8_000_000,
+        "val_fraction": 0.1,
+    }
+
+
+def _data_difference(data: Any, log: Any) -> str:
+    """A one-line message naming the data option that differs from the run's."""
+    corpus = str(log.attrs.get("corpus", ""))
+    train, val = int(data.train.numel()), int(data.val.numel())
+    run_train, run_val = (int(log.attrs.get(k, -1)) for k in ("train_bytes", "val_bytes"))
+    if data.source != corpus:
+        what = f"--data: the source {data.source} is not the run's ({corpus})"
+    elif train + val != run_train + run_val:
+        what = (
+            f"--max-bytes (or --suffix): {train + val} bytes read, the run read "
+            f"{run_train + run_val} from {corpus}"
+        )
+    elif train != run_train:
+        what = f"--val-fraction: {val} validation bytes of {train + val}, the run had {run_val}"
+    else:
+        what = (
+            f"--suffix, or the files changed since training: the same source ({corpus}) and "
+            f"sizes ({run_train} + {run_val} bytes) but other contents"
+        )
+    return (
+        f"the data differs from the run's in {what}; pass the data options as given to "
+        "`shapedtx train`"
+    )

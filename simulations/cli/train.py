@@ -6,10 +6,12 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from shapedtx.config import ModelConfig
+from shapedtx.files import write_json
 from shapedtx.options import DTYPES as SIM_DTYPES
 
 from ._common import (
@@ -34,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a causal byte-level language model",
         description="Train Transformer(config) as a causal byte-level LM (AdamW, warm-up + "
-        "cosine, clipping); writes checkpoint.pt, log.nc, loss.png and collapse.png to --out "
+        "cosine, clipping); writes checkpoint.pt, log.nc, data.json (the data options, which "
+        "`shapedtx probe` reuses), loss.png and collapse.png to --out "
         "and resumes from --out/checkpoint.pt if present.",
     )
     add_config_arguments(parser, MODEL_DEFAULTS, exclude=("causal",))  # an LM is causal
@@ -65,6 +68,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+DATA_SETTINGS = "data.json"
+"""The run folder's record of the data options (``load_corpus`` arguments), which
+``shapedtx probe RUN`` reuses."""
+
+
+def data_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``load_corpus`` arguments of the data options (``path`` absolute, so that a probe
+    from another folder reads the same files)."""
+    path = None if args.data is None else str(Path(args.data).absolute())
+    return {
+        "path": path,
+        "suffix": args.suffix,
+        "max_bytes": args.max_bytes,
+        "val_fraction": args.val_fraction,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from shapedtx.training import (
         ResumeMismatch,
@@ -93,9 +113,10 @@ def run(args: argparse.Namespace) -> int:
     )
     device = parse_device(args.device)
     set_threads(args.threads)
-    data = load_corpus(
-        args.data, val_fraction=args.val_fraction, max_bytes=args.max_bytes, suffix=args.suffix
-    )
+    settings = data_settings(args)
+    data = load_corpus(**settings)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(settings, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
     try:
         result = train_model(
             model_config,
@@ -128,5 +149,5 @@ def run(args: argparse.Namespace) -> int:
     plot_collapse(result.log).savefig(out / "collapse.png", dpi=120)
     val = result.log["val_loss"].dropna("step")
     print(f"final validation loss {float(val[-1]):.4f} nats/byte at step {int(val.step[-1])}")
-    print(f"wrote {out / 'log.nc'}, {out / 'checkpoint.pt'}, loss.png, collapse.png")
+    print(f"wrote {out / 'log.nc'}, {out / 'checkpoint.pt'}, data.json, loss.png, collapse.png")
     return 0
