@@ -147,6 +147,20 @@ def plot_collapse_metrics(
     return _finish(fig, path)
 
 
+def bounded_kde(
+    x: np.ndarray, grid: np.ndarray, low: float = -1.0, high: float = 1.0
+) -> np.ndarray:
+    """Gaussian kernel density of samples ``x`` in ``[low, high]`` at ``grid``, by reflection
+    at both bounds: ``f(g) + f(2 low - g) + f(2 high - g)`` with ``f`` scipy's Gaussian KDE
+    of ``x`` (Scott's bandwidth). Unlike ``f`` alone it does not drop to half the density at
+    a bound (correlations pile up at rho = 1 as tokens collapse) and integrates to about 1
+    over ``[low, high]``; 0 outside it."""
+    kde = stats.gaussian_kde(x)
+    grid = np.asarray(grid, dtype=np.float64)
+    density = kde(grid) + kde(2 * low - grid) + kde(2 * high - grid)
+    return np.where((grid >= low) & (grid <= high), density, 0.0)
+
+
 def plot_rho_density(
     network: xr.Dataset,
     limit: xr.Dataset,
@@ -157,8 +171,10 @@ def plot_rho_density(
     path: str | os.PathLike | None = None,
 ) -> Figure:
     """Density of the off-diagonal correlations at time ``t`` (default: the last common
-    time), network vs SDE: normalised histogram plus Gaussian KDE. Excluded samples
-    (non-finite or exploded) are left out, as in :func:`simulations.compare`."""
+    time), network vs SDE: normalised histogram plus a Gaussian KDE reflected at rho = -1 and
+    +1 (:func:`bounded_kde`: rho lives in [-1, 1], and a plain KDE would halve the density at
+    a bound where collapse piles samples up). Excluded samples (non-finite or exploded) are
+    left out, as in :func:`simulations.compare`."""
     fig, ax = _axes(ax)
     ia, ib = align_times(network["t"].values, limit["t"].values)
     k = len(ia) - 1
@@ -176,7 +192,7 @@ def plot_rho_density(
         style = {"alpha": 0.35} if src == "network" else {"histtype": "step", "lw": 1.2}
         ax.hist(x, bins=edges.tolist(), density=True, color=COLORS[src], **style)
         grid = np.linspace(edges[0], edges[-1], 400)
-        ax.plot(grid, stats.gaussian_kde(x)(grid), color=COLORS[src], lw=2,
+        ax.plot(grid, bounded_kde(x, grid), color=COLORS[src], lw=2,
                 label=f"{LABELS[src]} ({one.sizes['sample']} samples)")  # fmt: skip
     ax.set_xlabel(rf"token correlation $\rho$ at $t = {float(network['t'].values[ia[k]]):.3g}$")
     ax.set_ylabel("density")

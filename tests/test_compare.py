@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import stats
+from scipy import integrate, stats
 
 from shapedtx import ModelConfig, covariance_dataset
 from shapedtx.metrics import NEVER
@@ -241,6 +241,29 @@ def test_plot_functions_write_png_and_pdf(tmp_path):
         assert (tmp_path / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     with pytest.raises(ValueError, match="quantiles"):
         plots.plot_quantile_bands(compare(net, lim, quantiles=(0.5,)))
+
+
+def test_rho_density_is_reflected_at_the_bounds():
+    """Issue 39: the KDE dropped at rho = +-1 where the histogram spikes; the reflected one
+    keeps a uniform density flat up to the bounds and integrates to 1 over [-1, 1]."""
+    from simulations.plots import bounded_kde
+
+    x = np.random.default_rng(0).uniform(-1, 1, 20_000)
+    grid = np.linspace(-1, 1, 2001)
+    density = bounded_kde(x, grid)
+    assert density[0] == pytest.approx(0.5, rel=0.1) and density[-1] == pytest.approx(0.5, rel=0.1)
+    assert stats.gaussian_kde(x)(grid[-1:])[0] < 0.3  # the plain KDE halves it
+    assert integrate.trapezoid(density, grid) == pytest.approx(1.0, abs=0.01)
+    assert bounded_kde(x, np.array([1.5]))[0] == 0.0
+    # the figure draws it: a collapse spike at rho = 1 keeps its height at the bound
+    r = np.clip(1 - np.abs(np.random.default_rng(1).normal(0, 0.02, (200, 2))), -1, 1)
+    net = _dataset(_two_token(r))
+    from simulations import plots
+
+    line = plots.plot_rho_density(net, net).axes[0].lines[0]
+    xs, ys = line.get_xdata(), line.get_ydata()
+    np.testing.assert_allclose(ys, bounded_kde(r[:, -1], xs))
+    assert ys[-1] >= 0.9 * ys.max()
 
 
 def test_collapse_report_final_mean_rho_is_at_the_last_time_over_finite_samples():
