@@ -129,3 +129,40 @@ def test_failed_scheduler_connection_leaves_no_default_client(tmp_path, capsys):
     code = main(["sweep", path, "--store", str(tmp_path / "s.zarr"), "--scheduler", "nosuch://x:1"])
     assert code == 2 and "unknown address scheme" in capsys.readouterr().err
     assert _get_global_client() is None
+
+
+def test_shutdown_comm_closed_errors_are_silenced_and_others_kept(capsys):
+    """Issue 39: a `CommClosedError` traceback at shutdown (results complete, exit 0) is not
+    printed; any other error of distributed still is."""
+    import logging
+    import sys
+
+    from distributed.comm.core import CommClosedError
+
+    from simulations.cli.sweep import quiet_shutdown
+
+    handler = logging.StreamHandler(sys.stderr)
+    logger = logging.getLogger("distributed.client")
+    logging.getLogger("distributed").addHandler(handler)
+    try:
+        with quiet_shutdown():
+            try:
+                raise CommClosedError("in <TCP (closed)>: Stream is closed")
+            except CommClosedError:
+                logger.exception("Failed to reconnect to scheduler")
+            try:
+                try:
+                    raise CommClosedError("closed")
+                except CommClosedError as err:
+                    raise OSError("wrapped") from err
+            except OSError:
+                logging.getLogger("tornado.application").exception("Exception in callback")
+            logger.error("a real problem")
+        err = capsys.readouterr().err
+        assert "CommClosedError" not in err and "Failed to reconnect" not in err
+        assert "Exception in callback" not in err
+        assert "a real problem" in err
+        logger.exception("after the block")  # removed again
+        assert "after the block" in capsys.readouterr().err
+    finally:
+        logging.getLogger("distributed").removeHandler(handler)

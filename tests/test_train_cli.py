@@ -105,3 +105,19 @@ def test_resume_mismatch_names_the_cli_flags(tmp_path, capsys):
     assert main(probe) == 2
     assert "exists; pass --overwrite" in capsys.readouterr().err
     assert main([*probe, "--overwrite"]) == 0
+
+
+def test_the_compilation_warm_up_is_announced_before_training(tmp_path, text, capsys):
+    """Issue 39: the first shaped steps compile numba kernels (seconds each) and the bar looked
+    hung; a line says so first. Not for softmax attention, nor without the bar."""
+    from simulations.cli.train import WARM_UP_NOTE
+
+    argv = [a for a in TINY if a != "--no-progress"] + ["--steps", "2", "--warmup-steps", "0"]
+    assert main([*argv, "--data", str(text), "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"shapedtx train: {WARM_UP_NOTE}\n")  # before the bar
+    assert main([*argv, "--data", str(text), "--out", str(tmp_path / "b"),
+                 "--attention", "softmax", "--mlp", "relu"]) == 0  # fmt: skip
+    assert "compile" not in capsys.readouterr().err
+    assert main([*TINY, "--data", str(text), "--out", str(tmp_path / "c")]) == 0
+    assert "compile" not in capsys.readouterr().err

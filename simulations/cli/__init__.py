@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -56,6 +57,23 @@ def _one_line_warnings(command: str) -> Callable[..., None]:
     return show
 
 
+BROKEN_PIPE = 128 + 13
+"""Exit status when stdout's reader has gone (``shapedtx ... | head``): 128 + SIGPIPE, what a
+shell reports for a Unix tool that a broken pipe stopped (not 1, which ``advise`` uses)."""
+
+
+def _broken_pipe() -> int:
+    """Point stdout at /dev/null, so that the interpreter's final flush cannot fail again
+    (Python's documented recipe), and return :data:`BROKEN_PIPE`; nothing is printed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (e.g. captured)
+        pass
+    return BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():  # restores the printer afterwards
             warnings.showwarning = _one_line_warnings(args.command)
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `shapedtx ... | head`: the reader has gone; stop quietly
+        return _broken_pipe()
     except (ValueError, UsageError) as err:
         if not isinstance(err, UsageError):  # a library message: name the option, not the field
             err = option_error(err, _option_dests(parser, args.command))

@@ -8,7 +8,10 @@ Exit code 0 when every point is done, 1 when some failed (listed), 2 for bad inp
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +81,79 @@ def _read_grid(path: str) -> tuple[dict[str, Any], str | None]:
     return grid, kind
 
 
+_SHUTDOWN_ERRORS = ("CommClosedError", "StreamClosedError")
+
+
+class _ShutdownNoise(logging.Filter):
+    """Drops the log records of a connection closed under Dask at shutdown (``CommClosedError``,
+    ``StreamClosedError``: the scheduler went away before a client or worker callback ran; the
+    results are complete and already stored). Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        chain: list[str] = []
+        while exc is not None and len(chain) < 10:
+            chain.append(type(exc).__name__)
+            exc = exc.__cause__ or exc.__context__
+        text = record.getMessage()
+        return not any(name in chain or name in text for name in _SHUTDOWN_ERRORS)
+
+
+def _install_quiet_shutdown() -> Callable[[], None]:
+    """Install :class:`_ShutdownNoise` in this process and return the function that removes
+    it: on the handlers of the ``distributed`` and root loggers, on the loggers that report
+    callback and task errors (``tornado.application``, ``asyncio``) and on logging's
+    last-resort handler; an unraisable ``CommClosedError`` at garbage collection is dropped
+    too."""
+    noise = _ShutdownNoise()
+    targets: list[logging.Filterer] = [
+        logging.getLogger(name) for name in ("distributed", "tornado.application", "asyncio")
+    ]
+    for name in ("distributed", ""):
+        targets += logging.getLogger(name).handlers
+    if logging.lastResort is not None:
+        targets.append(logging.lastResort)
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:
+        if type(info.exc_value).__name__ not in _SHUTDOWN_ERRORS:
+            previous_hook(info)
+
+    for target in targets:
+        target.addFilter(noise)
+    sys.unraisablehook = unraisable
+
+    def remove() -> None:
+        for target in targets:
+            target.removeFilter(noise)
+        sys.unraisablehook = previous_hook
+
+    return remove
+
+
+@contextmanager
+def quiet_shutdown() -> Iterator[None]:
+    """Silence distributed's shutdown noise (:class:`_ShutdownNoise`) within the block."""
+    remove = _install_quiet_shutdown()
+    try:
+        yield
+    finally:
+        remove()
+
+
+_QUIET: list[bool] = []  # installed for this process by `shapedtx sweep`
+
+
 def run(args: argparse.Namespace) -> int:
+    import distributed  # noqa: F401  # its logging handlers exist before the filter
+
+    if not _QUIET:  # for the rest of the process: Dask's shutdown runs on after the command
+        _install_quiet_shutdown()  # (atexit), where the CommClosedError traceback came from
+        _QUIET.append(True)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from simulations import sweep
 
     grid, file_kind = _read_grid(args.grid)

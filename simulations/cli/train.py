@@ -85,6 +85,22 @@ def data_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+WARM_UP_NOTE = (
+    "the first steps compile the causal shaped-attention kernels (numba) and take a few "
+    "seconds each; the bar speeds up after them (compiled code is cached for later runs)"
+)
+
+
+def _compiles(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether training runs the numba-compiled causal centring (shaped attention on CPU in
+    float32/float64: ``shapedtx._compiled_centring.applies``), whose first calls compile."""
+    return (
+        config.attention == "shaped"
+        and device.type == "cpu"
+        and dtype in (torch.float32, torch.float64)
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from shapedtx.training import (
         ResumeMismatch,
@@ -117,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     data = load_corpus(**settings)
     out.mkdir(parents=True, exist_ok=True)
     write_json(settings, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
+    if args.progress and _compiles(model_config, device, DTYPES[args.dtype]):
+        sys.stderr.write(f"shapedtx train: {WARM_UP_NOTE}\n")
     try:
         result = train_model(
             model_config,
