@@ -68,6 +68,7 @@ _LAZY: dict[str, str] = {
         "results",
     ),
     **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
+    **dict.fromkeys(("plot_collapse", "plot_losses", "plot_runs"), "training.plots"),
 }
 
 
@@ -130,6 +131,9 @@ __all__ = [
     "optimal_shape",
     "optimal_width",
     "param_count",
+    "plot_collapse",
+    "plot_losses",
+    "plot_runs",
     "preset",
     "probe",
     "realise_attention",

@@ -6,7 +6,9 @@ state; ``fig.savefig`` renders with Agg).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
@@ -29,6 +31,48 @@ def plot_losses(logs: Mapping[str, xr.Dataset]) -> Figure:
     ax.set_title("training (thin) and validation (markers) loss")
     ax.legend(fontsize="small")
     return fig
+
+
+def plot_runs(
+    runs: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
+) -> Figure:
+    """Loss curves of several training runs in one figure (:func:`plot_losses` of their logs).
+
+    Args:
+        runs: run folders of ``shapedtx train`` / ``train(out_dir=...)`` (their ``log.nc``)
+            or ``log.nc`` files; a mapping gives the labels, else each run is labelled by its
+            folder name (its path where names repeat).
+
+    Raises:
+        ValueError: no runs, or a run without a readable ``log.nc``.
+    """
+    from shapedtx.results import load_dataset
+
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    items = list(runs.items()) if isinstance(runs, Mapping) else [(None, r) for r in runs]
+    if not items:
+        raise ValueError("runs must name at least one run folder or log.nc file")
+    paths = []
+    for i, (_, run) in enumerate(items):
+        path = Path(run)
+        log = path / "log.nc" if path.is_dir() else path
+        if not log.is_file():
+            raise ValueError(f"runs[{i}]: {log} not found (give a training run folder or log.nc)")
+        paths.append(log)
+    names = [p.parent.name or str(p.parent) for p in paths]
+    if len(set(names)) < len(names):
+        names = [str(p.parent) for p in paths]
+    logs: dict[str, xr.Dataset] = {}
+    for (label, _), name, log in zip(items, names, paths, strict=True):
+        try:
+            ds = load_dataset(log)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"runs: {log} is not a training log ({err})") from None
+        if "train_loss" not in ds or "val_loss" not in ds:
+            raise ValueError(f"runs: {log} is not a training log (no train_loss / val_loss)")
+        logs[str(label) if label is not None else name] = ds
+    return plot_losses(logs)
 
 
 def plot_collapse(ds: xr.Dataset, metric: str = "mean_rho") -> Figure:

@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "simulate",
     "sde",
     "train",
+    "plot",
     "probe",
     "design",
     "advise",
