@@ -245,9 +245,13 @@ def _assert_psd(V: np.ndarray, rel: float = 1e-9) -> None:
 def test_every_simulated_covariance_is_psd(config, V0, method, seed):
     """V_l = X_l X_l^T / n is PSD at every layer, for every architecture and sampler."""
     if method == "gram":  # its supported family: no LayerNorm, ReLU-type MLP of width n
+        simplified = config.attention == "simplified"  # not in it: shaped attention instead
         config = config.replace(heads=1, head_dim=None, key_dim=config.key_dim, out_proj=False,
                                 norm="none", init="fan_in", mlp_ratio=1,
-                                mlp="relu" if config.mlp == "gelu" else config.mlp)  # fmt: skip
+                                mlp="relu" if config.mlp == "gelu" else config.mlp,
+                                attention="shaped" if simplified else config.attention,
+                                residual="scaled" if simplified else config.residual,
+                                layout="sequential")  # fmt: skip
     ds = simulate(config, V0, 2, method=method, seed=seed, progress=False)
     V = ds["V"].values
     assert np.isfinite(V).all()
