@@ -4,45 +4,98 @@ Public API of the layer library; the covariance SDE lives in ``sde`` and the fin
 simulator in ``simulations``.
 """
 
+import sys
+import types
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import metrics
-from .activation import relu_slopes, shaped_relu
-from .attention import (
-    causal_centring,
-    causal_uniform,
-    shaped_attention,
-    shaped_attention_heads,
-    shaped_attention_matrix,
-    softmax_attention,
-    softmax_attention_matrix,
-    token_cumsum,
-    token_mean,
-)
-from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
-from .config import ModelConfig, check_config
-from .covariance import check_covariance, check_covariance_batch, equicorrelated, initial_tokens
-from .metrics import detect_collapse
-from .nn import (
-    MLP,
-    Attention,
-    Block,
-    ShapedAttention,
-    ShapedReLU,
-    SoftmaxAttention,
-    Transformer,
-)
-from .norm import layer_norm
-from .presets import PRESETS, preset
-from .probe import CovarianceProbe, find_blocks, probe
+if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
+    from . import bottleneck, design, metrics
+    from .activation import relu_slopes, shaped_relu
+    from .attention import (
+        causal_centring,
+        causal_uniform,
+        shaped_attention,
+        shaped_attention_heads,
+        shaped_attention_matrix,
+        softmax_attention,
+        softmax_attention_matrix,
+        token_cumsum,
+        token_mean,
+    )
+    from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
+    from .bottleneck import fit_attention, realise_attention
+    from .config import ModelConfig, check_config
+    from .covariance import (
+        check_covariance,
+        check_covariance_batch,
+        equicorrelated,
+        initial_tokens,
+    )
+    from .design import (
+        depth_threshold,
+        extrapolation_warning,
+        gpt3_table,
+        head_size_report,
+        optimal_shape,
+        optimal_width,
+        param_count,
+        regime,
+    )
+    from .metrics import detect_collapse
+    from .nn import (
+        MLP,
+        Attention,
+        Block,
+        ShapedAttention,
+        ShapedReLU,
+        SoftmaxAttention,
+        Transformer,
+    )
+    from .norm import layer_norm
+    from .presets import PRESETS, preset
+    from .probe import CovarianceProbe, find_blocks, probe
+    from .results import (
+        config_of,
+        covariance_dataset,
+        load_dataset,
+        save_dataset,
+        with_metrics,
+        with_rho,
+    )
+    from .training import TrainConfig, TrainingDiverged, load_corpus, train
+    from .training.plots import plot_collapse, plot_losses, plot_runs
 
-# Loaded on first use, so that ``import shapedtx`` stays light (layers, config and metrics:
-# no xarray, scipy, matplotlib or trainer): public name -> module that defines it.
+# Every public name is loaded on first use, so that ``import shapedtx`` costs nothing (the
+# command line's --help and argument errors stay fast; torch loads with the first layer,
+# metric or model): public name -> module that defines it ("" for a submodule).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("bottleneck", "design", "results", "training"), ""),
+    **dict.fromkeys(("bottleneck", "design", "metrics", "results", "training"), ""),
+    **dict.fromkeys(("relu_slopes", "shaped_relu"), "activation"),
+    **dict.fromkeys(
+        (
+            "causal_centring",
+            "causal_uniform",
+            "shaped_attention",
+            "shaped_attention_heads",
+            "shaped_attention_matrix",
+            "softmax_attention",
+            "softmax_attention_matrix",
+            "token_cumsum",
+            "token_mean",
+        ),
+        "attention",
+    ),
+    **dict.fromkeys(
+        ("attention_branch", "block", "gaussian_linear", "mlp_branch", "residual"), "blocks"
+    ),
     **dict.fromkeys(("fit_attention", "realise_attention"), "bottleneck"),
+    **dict.fromkeys(("ModelConfig", "check_config"), "config"),
+    **dict.fromkeys(
+        ("check_covariance", "check_covariance_batch", "equicorrelated", "initial_tokens"),
+        "covariance",
+    ),
     **dict.fromkeys(
         (
             "depth_threshold",
@@ -56,6 +109,22 @@ _LAZY: dict[str, str] = {
         ),
         "design",
     ),
+    "detect_collapse": "metrics",
+    **dict.fromkeys(
+        (
+            "MLP",
+            "Attention",
+            "Block",
+            "ShapedAttention",
+            "ShapedReLU",
+            "SoftmaxAttention",
+            "Transformer",
+        ),
+        "nn",
+    ),
+    "layer_norm": "norm",
+    **dict.fromkeys(("PRESETS", "preset"), "presets"),
+    **dict.fromkeys(("CovarianceProbe", "find_blocks", "probe"), "probe"),
     **dict.fromkeys(
         (
             "config_of",
@@ -81,6 +150,20 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """``shapedtx`` itself: importing the submodule ``shapedtx.probe`` must not replace the
+    public function ``shapedtx.probe`` (Python sets a package's attribute to each submodule it
+    loads; the eager imports used to rebind the function afterwards)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name, "") != "":
+            return  # a public name of another object, loaded by __getattr__
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 try:

@@ -1,47 +1,142 @@
 """Finite-network covariance simulation and comparison with the SDE (docs/theory.md#rank-collapse,
-#samplers and #checks)."""
+#samplers and #checks).
 
-from shapedtx.covariance import equicorrelated
-from shapedtx.results import with_metrics, with_rho
+Every public name is loaded on first use (``import simulations`` and the command line's
+``--help`` cost nothing; torch, xarray and Dask load with the first simulation)."""
 
-from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
-from .baselines import baselines
-from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
-from .convergence import at_width, convergence
-from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
-from .experiment import (
-    Comparison,
-    Experiment,
-    format_collapse,
-    format_summary,
-    run_collapse,
-    run_comparison,
-    run_convergence,
-    summarise,
-)
-from .gram import GramSampler
-from .options import Auto, Exact, Gram, RunOptions, Weights
-from .plots import (
-    plot_collapse_metrics,
-    plot_convergence,
-    plot_mean_correlation,
-    plot_quantile_bands,
-    plot_rho_density,
-    plot_token_pairs,
-    save_figure,
-)
-from .presets import PRESETS
-from .rng import GroupedNormal, group_seed
-from .samplers import (
-    SAMPLERS,
-    ExactSampler,
-    Sampler,
-    TokenSampler,
-    WeightsSampler,
-    method_names,
-)
-from .sweep import SweepSummary, open_point, open_sweep, sweep
-from .wishart import wishart, wishart_factor
+import sys
+import types
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shapedtx.covariance import equicorrelated
+    from shapedtx.results import with_metrics, with_rho
+
+    from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
+    from .baselines import baselines
+    from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
+    from .convergence import at_width, convergence
+    from .driver import DEFAULT_MEMORY_BUDGET, resolve_method, simulate
+    from .experiment import (
+        Comparison,
+        Experiment,
+        format_collapse,
+        format_summary,
+        run_collapse,
+        run_comparison,
+        run_convergence,
+        summarise,
+    )
+    from .gram import GramSampler
+    from .options import Auto, Exact, Gram, RunOptions, Weights
+    from .plots import (
+        plot_collapse_metrics,
+        plot_convergence,
+        plot_mean_correlation,
+        plot_quantile_bands,
+        plot_rho_density,
+        plot_token_pairs,
+        save_figure,
+    )
+    from .presets import PRESETS
+    from .rng import GroupedNormal, group_seed
+    from .samplers import (
+        SAMPLERS,
+        ExactSampler,
+        Sampler,
+        TokenSampler,
+        WeightsSampler,
+        method_names,
+    )
+    from .sweep import SweepSummary, open_point, open_sweep, sweep
+    from .wishart import wishart, wishart_factor
+
+_LAZY: dict[str, str] = {
+    "equicorrelated": "shapedtx.covariance",
+    "with_metrics": "shapedtx.results",
+    "with_rho": "shapedtx.results",
+    "Advice": ".advise",
+    "Candidate": ".advise",
+    "Criteria": ".advise",
+    "Measurement": ".advise",
+    "advise": ".advise",
+    "measure": ".advise",
+    "measure_dataset": ".advise",
+    "baselines": ".baselines",
+    "QUANTILES": ".compare",
+    "align_times": ".compare",
+    "causal_pairs": ".compare",
+    "collapse_report": ".compare",
+    "compare": ".compare",
+    "token_pairs": ".compare",
+    "at_width": ".convergence",
+    "convergence": ".convergence",
+    "DEFAULT_MEMORY_BUDGET": ".driver",
+    "resolve_method": ".driver",
+    "simulate": ".driver",
+    "Comparison": ".experiment",
+    "Experiment": ".experiment",
+    "format_collapse": ".experiment",
+    "format_summary": ".experiment",
+    "run_collapse": ".experiment",
+    "run_comparison": ".experiment",
+    "run_convergence": ".experiment",
+    "summarise": ".experiment",
+    "GramSampler": ".gram",
+    "Auto": ".options",
+    "Exact": ".options",
+    "Gram": ".options",
+    "RunOptions": ".options",
+    "Weights": ".options",
+    "plot_collapse_metrics": ".plots",
+    "plot_convergence": ".plots",
+    "plot_mean_correlation": ".plots",
+    "plot_quantile_bands": ".plots",
+    "plot_rho_density": ".plots",
+    "plot_token_pairs": ".plots",
+    "save_figure": ".plots",
+    "PRESETS": ".presets",
+    "GroupedNormal": ".rng",
+    "group_seed": ".rng",
+    "SAMPLERS": ".samplers",
+    "ExactSampler": ".samplers",
+    "Sampler": ".samplers",
+    "TokenSampler": ".samplers",
+    "WeightsSampler": ".samplers",
+    "method_names": ".samplers",
+    "SweepSummary": ".sweep",
+    "open_point": ".sweep",
+    "open_sweep": ".sweep",
+    "sweep": ".sweep",
+    "wishart": ".wishart",
+    "wishart_factor": ".wishart",
+}
+"""Public name -> the module that defines it (relative to this package, or absolute)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """``simulations`` itself: loading a submodule named like a public function
+    (``compare``, ``sweep``, ``advise``, ...) must not replace the function (Python sets a
+    package's attribute to each submodule it loads; the eager imports used to rebind the
+    function afterwards)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _LAZY:
+            return  # a public name of another object, loaded by __getattr__
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",

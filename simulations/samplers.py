@@ -355,3 +355,9 @@ def method_names() -> tuple[str, ...]:
     """The ``method`` names :func:`simulations.simulate` accepts: ``"auto"`` and those of
     :data:`SAMPLERS` (read when called: a sampler module registers itself on import)."""
     return ("auto", *SAMPLERS)
+
+
+# The built-in sampler modules register themselves on import: load them with this module, so
+# that "gram" is a method wherever SAMPLERS is read (the package no longer imports every
+# module eagerly).
+from . import gram as _gram  # noqa: E402, F401  # registers SAMPLERS["gram"]

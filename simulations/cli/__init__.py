@@ -14,29 +14,46 @@ from shapedtx import __version__
 
 from ._common import ArgumentParser, UsageError, option_error
 
-# Subcommand modules of this package, in --help order.
-SUBCOMMANDS: tuple[str, ...] = (
-    "simulate",
-    "sde",
-    "train",
-    "plot",
-    "probe",
-    "design",
-    "advise",
-    "sweep",
-    "compare",
-)
+# Subcommand modules of this package, in --help order, with their one-line help (the one
+# source: each module's register() uses it). Only the module of the command being run is
+# imported, so that `shapedtx --help` and usage errors stay fast (no torch).
+SUBCOMMANDS: dict[str, str] = {
+    "simulate": "simulate the token covariance of random networks at initialisation",
+    "sde": "solve the neural covariance SDE (the infinite-width, depth/width = T limit)",
+    "train": "train a causal byte-level language model",
+    "plot": "loss curves of several training runs in one figure",
+    "probe": "token covariance of a trained checkpoint",
+    "design": "recommended depth/width for a parameter budget; GPT-3 table",
+    "advise": "choose gamma and tau0 for a width, depth and sequence length from the SDE",
+    "sweep": "run a parameter grid (simulate and/or SDE) on Dask into a zarr store",
+    "compare": "finite network vs SDE limit, convergence in width, rank-collapse report",
+}
 
 
-def build_parser() -> ArgumentParser:
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first argument that is not an option)."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in SUBCOMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None) -> ArgumentParser:
+    """The ``shapedtx`` parser: every subcommand with its help line, and the full options of
+    ``command`` (all of them when None: their modules are imported)."""
     parser = ArgumentParser(
         prog="shapedtx",
         description="Shaped Transformers: simulate, solve the SDE, compare, train, design, advise.",
     )
     parser.add_argument("--version", action="version", version=f"shapedtx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+    for name, summary in SUBCOMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"{__name__}.{name}").register(sub)
+        else:  # named in --help; its options are built when it is the command run
+            sub.add_parser(name, help=summary)
     return parser
 
 
@@ -76,7 +93,8 @@ def _broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv) or "")
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()

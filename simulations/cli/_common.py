@@ -10,14 +10,15 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import torch
-
-from shapedtx._validation import check_device
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
-from shapedtx.options import DTYPES, RunOptions
 from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
+
+if TYPE_CHECKING:  # torch loads with the command that runs, not for --help or a usage error
+    import torch
+
+    from shapedtx.options import RunOptions
 
 
 class UsageError(Exception):
@@ -147,6 +148,8 @@ def add_run_arguments(group: argparse._ArgumentGroup) -> None:
     """``--seed --device --dtype --threads --out --no-progress``."""
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--device", default=None, help="torch device (default cpu)")
+    from shapedtx.options import DTYPES
+
     group.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
     group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     group.add_argument("--out", default=None, help="write the Dataset to this .nc file")
@@ -157,6 +160,8 @@ def add_run_arguments(group: argparse._ArgumentGroup) -> None:
 def parse_device(text: str | None) -> torch.device:
     """``--device`` as a torch.device (default cpu); UsageError if unknown or unavailable
     (the library's check, :func:`shapedtx._validation.check_device`)."""
+    from shapedtx._validation import check_device
+
     try:
         return check_device(text)
     except ValueError as err:
@@ -170,6 +175,8 @@ def set_threads(threads: int | None, option: str = "--threads") -> None:
     cores = os.cpu_count() or 1
     if not 1 <= threads <= cores:
         raise UsageError(f"{option} must be in [1, {cores}] (the cores), got {threads}")
+    import torch
+
     torch.set_num_threads(threads)
 
 
@@ -178,6 +185,7 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
     ``--threads``."""
     from shapedtx.covariance import check_correlation, equicorrelated
+    from shapedtx.options import DTYPES, RunOptions
 
     config = config_from_args(args)
     if args.out is not None:

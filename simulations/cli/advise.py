@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 
+from . import SUBCOMMANDS
 from ._common import option_error
 from .design import _table
 
@@ -60,7 +61,7 @@ def _floats(text: str) -> list[float]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "advise",
-        help="choose gamma and tau0 for a width, depth and sequence length from the SDE",
+        help=SUBCOMMANDS["advise"],
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

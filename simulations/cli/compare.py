@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import SUBCOMMANDS
 from ._common import (
     UsageError,
     add_config_arguments,
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "compare",
-        help="finite network vs SDE limit, convergence in width, rank-collapse report",
+        help=SUBCOMMANDS["compare"],
         description="Simulate a shaped model as a finite network and as its covariance SDE, "
         "compare the distributions of token correlations and norms over depth, measure the "
         "convergence in the width at fixed T = depth/width, and contrast with standard "

@@ -22,6 +22,8 @@ from shapedtx.design import (
     regime,
 )
 
+from . import SUBCOMMANDS
+
 FIT_NOTE = (
     f"fit: ln d*(L) = {LW_FIT.a} + {LW_FIT.b} L, size N = 12 L d^2 (BigScience restatement of "
     "Levine et al. 2020; docs/theory.md#depth-width)"
@@ -31,7 +33,7 @@ FIT_NOTE = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "design",
-        help="recommended depth/width for a parameter budget; GPT-3 table",
+        help=SUBCOMMANDS["design"],
         description="Depth-to-width rule of Levine et al. (2020) and head-size check of "
         "Bhojanapalli et al. (2020). Examples: 'shapedtx design --params 175e9 --seq-len 2048', "
         "'shapedtx design --table gpt3'.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import SUBCOMMANDS
 from ._common import UsageError, check_output_file
 
 FORMATS = (".png", ".pdf", ".svg")
@@ -13,7 +14,7 @@ FORMATS = (".png", ".pdf", ".svg")
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plot",
-        help="loss curves of several training runs in one figure",
+        help=SUBCOMMANDS["plot"],
         description="Train (thin) and validation (markers) loss of every RUN against step in "
         "one figure (shapedtx.plot_runs), one colour per run, labelled by its folder name. "
         "Example: shapedtx plot runs/shaped runs/preln --out losses.png",

@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from . import SUBCOMMANDS
 from ._common import UsageError, check_output_file, parse_device, set_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "probe",
-        help="token covariance of a trained checkpoint",
+        help=SUBCOMMANDS["probe"],
         description="Rebuild the language model of a `shapedtx train` run from RUN/log.nc and "
         "RUN/checkpoint.pt, run it on fixed validation windows (the trainer's metrics batch) "
         "and record the token covariance after every block (shapedtx.probe): the covariance "

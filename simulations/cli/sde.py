@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from . import SUBCOMMANDS
 from ._common import add_config_arguments, add_input_arguments, add_run_arguments, run_setup
 
 
@@ -13,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "sde",
-        help="solve the neural covariance SDE (the infinite-width, depth/width = T limit)",
+        help=SUBCOMMANDS["sde"],
         description="Solve dV = b(V) dt + Sigma(V)^{1/2} dB (docs/theory.md#sde) for many paths "
         "from an equicorrelated V0 up to T (default depth / width); prints the mean "
         "correlation and the fraction of exploded paths, optionally writes the Dataset.",

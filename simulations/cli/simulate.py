@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import SUBCOMMANDS
 from ._common import (
     add_config_arguments,
     add_input_arguments,
@@ -16,7 +17,7 @@ from ._common import (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
-        help="simulate the token covariance of random networks at initialisation",
+        help=SUBCOMMANDS["simulate"],
         description="Draw random networks at initialisation (equicorrelated input covariance) "
         "and record V_l = X_l X_l^T / n after every block; prints the mean correlation at a "
         "few layers and optionally writes the covariance Dataset to a netCDF file.",

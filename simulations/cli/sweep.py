@@ -15,7 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._common import DTYPES, UsageError, check_output_folder, parse_device
+from shapedtx.options import DTYPES
+
+from . import SUBCOMMANDS
+from ._common import UsageError, check_output_folder, parse_device
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +33,7 @@ _MAX_LISTED = 20
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sweep",
-        help="run a parameter grid (simulate and/or SDE) on Dask into a zarr store",
+        help=SUBCOMMANDS["sweep"],
         description="Run every point of the grid in GRID.toml as a Dask task (embedded local "
         "cluster, or any cluster via --scheduler) into one resumable zarr store: run the "
         "same command again to finish an interrupted sweep. Read the results with "

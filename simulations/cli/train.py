@@ -14,6 +14,7 @@ from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.options import DTYPES as SIM_DTYPES
 
+from . import SUBCOMMANDS
 from ._common import (
     UsageError,
     add_config_arguments,
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "train",
-        help="train a causal byte-level language model",
+        help=SUBCOMMANDS["train"],
         description="Train Transformer(config) as a causal byte-level LM (AdamW, warm-up + "
         "cosine, clipping); writes checkpoint.pt, log.nc, data.json (the data options, which "
         "`shapedtx probe` reuses), loss.png and collapse.png to --out "
