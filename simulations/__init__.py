@@ -49,7 +49,8 @@ if TYPE_CHECKING:
         WeightsSampler,
         method_names,
     )
-    from .sweep import SweepSummary, open_point, open_sweep, sweep
+    from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
+    from .training_runs import TrainingRun, run_training, run_trainings
     from .wishart import wishart, wishart_factor
 
 _LAZY: dict[str, str] = {
@@ -109,6 +110,11 @@ _LAZY: dict[str, str] = {
     "open_point": ".sweep",
     "open_sweep": ".sweep",
     "sweep": ".sweep",
+    "TaskSummary": ".sweep",
+    "run_tasks": ".sweep",
+    "TrainingRun": ".training_runs",
+    "run_training": ".training_runs",
+    "run_trainings": ".training_runs",
     "wishart": ".wishart",
     "wishart_factor": ".wishart",
 }
@@ -158,7 +164,9 @@ __all__ = [
     "RunOptions",
     "Sampler",
     "SweepSummary",
+    "TaskSummary",
     "TokenSampler",
+    "TrainingRun",
     "Weights",
     "WeightsSampler",
     "advise",
@@ -188,6 +196,9 @@ __all__ = [
     "run_collapse",
     "run_comparison",
     "run_convergence",
+    "run_tasks",
+    "run_training",
+    "run_trainings",
     "save_figure",
     "simulate",
     "summarise",

@@ -121,17 +121,23 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
 
     data = load_corpus(max_bytes=run.max_bytes)
     logs = train_horizons(
-        run.model, data, run.train, run.horizons, run.folder, device=run.device,
-        dtype=getattr(torch, run.dtype), progress=progress,
-    )  # fmt: skip
+        run.model,
+        data,
+        run.train,
+        run.horizons,
+        run.folder,
+        device=run.device,
+        dtype=getattr(torch, run.dtype),
+        progress=progress,
+    )
     params = sum(p.numel() for p in LanguageModel(run.model, run.train.seq_len).parameters())
     result = {
         **run.labels,
         "params": params,
         "train_bytes": int(data.train.numel()),
         "epochs_at_longest": max(run.horizons) * run.train.tokens_per_step / data.train.numel(),
-        "model": run.model.to_attrs(),
-        "train": run.train.to_attrs(),
+        "model_config": run.model.to_attrs(),
+        "train_config": run.train.to_attrs(),
         "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},
     }
     write_json(result, run.result_path, indent=1)
@@ -158,10 +164,16 @@ def run_trainings(
         if r.result_path.exists():
             summary.results[r.folder] = json.loads(r.result_path.read_text())
     done = run_tasks(
-        run_training, todo, [r.folder for r in todo], client=client, workers=workers,
-        threads_per_worker=threads_per_worker, progress=progress, desc="train",
+        run_training,
+        todo,
+        [r.folder for r in todo],
+        client=client,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
+        progress=progress,
+        desc="train",
         describe=describe,
-    )  # fmt: skip
+    )
     summary.results.update(done.results)
     summary.failed.update(done.failed)
     return summary

@@ -39,8 +39,9 @@ def corpus(tmp_path_factory):
 
 def test_wsd_learning_rate_at_every_step():
     """Warm-up (step + 1) / w, 1 until steps - round(f steps), then linear to min_lr_ratio."""
-    config = TrainConfig(steps=100, warmup_steps=10, schedule="wsd", cooldown_fraction=0.2,
-                         min_lr_ratio=0.1)  # fmt: skip
+    config = TrainConfig(
+        steps=100, warmup_steps=10, schedule="wsd", cooldown_fraction=0.2, min_lr_ratio=0.1
+    )
     assert config.cooldown_start == 80
     f = [lr_factor(s, config) for s in range(101)]
     expected = [(s + 1) / 10 for s in range(10)] + [1.0] * 71
@@ -85,8 +86,12 @@ def test_schedule_round_trips_through_attrs():
 
 
 def test_trained_lr_follows_the_wsd_schedule(corpus):
-    log = train(MODEL, corpus, WSD.replace(log_interval=1, eval_interval=4, checkpoint_interval=0),
-                progress=False).log  # fmt: skip
+    log = train(
+        MODEL,
+        corpus,
+        WSD.replace(log_interval=1, eval_interval=4, checkpoint_interval=0),
+        progress=False,
+    ).log
     lrs = log["lr"].values[1:]
     np.testing.assert_allclose(lrs, [WSD.lr * lr_factor(s, WSD) for s in range(WSD.steps)])
 
@@ -96,17 +101,25 @@ def test_branched_cooldown_equals_the_full_run_bitwise(corpus, tmp_path):
     is the horizon-8 run trained from the start: same log, same weights (CPU, bitwise)."""
     short = WSD.replace(steps=8)
     assert short.cooldown_start == 6
-    main = train(MODEL, corpus, WSD.replace(checkpoint_interval=4, log_interval=2),
-                 out_dir=tmp_path / "main", snapshots=[6], progress=False)  # fmt: skip
+    main = train(
+        MODEL,
+        corpus,
+        WSD.replace(checkpoint_interval=4, log_interval=2),
+        out_dir=tmp_path / "main",
+        snapshots=[6],
+        progress=False,
+    )
     snapshot = tmp_path / "main" / "checkpoint-6.pt"
     assert snapshot.is_file() and main.log.attrs["status"] == "finished"
-    branched = train(MODEL, corpus, short, out_dir=tmp_path / "branch", branch_from=snapshot,
-                     progress=False)  # fmt: skip
+    branched = train(
+        MODEL, corpus, short, out_dir=tmp_path / "branch", branch_from=snapshot, progress=False
+    )
     direct = train(MODEL, corpus, short, progress=False)
     for name in ("train_loss", "val_loss", "lr", "grad_norm", "mean_rho"):
         np.testing.assert_array_equal(branched.log[name].values, direct.log[name].values)
-    for (key, a), b in zip(branched.model.state_dict().items(), direct.model.state_dict().values(),
-                           strict=True):  # fmt: skip
+    for (key, a), b in zip(
+        branched.model.state_dict().items(), direct.model.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), key
     assert branched.log.attrs["branch_step"] == 6
     assert branched.log.attrs["branched_from"] == str(snapshot)
@@ -126,10 +139,18 @@ def test_branch_resumes_from_its_own_checkpoint(corpus, tmp_path):
         return loss
 
     with pytest.raises(KeyboardInterrupt):
-        train(MODEL, corpus, short, out_dir=tmp_path / "b", branch_from=snapshot,
-              loss_hook=stop, progress=False)  # fmt: skip
-    resumed = train(MODEL, corpus, short, out_dir=tmp_path / "b", branch_from=snapshot,
-                    progress=False)  # fmt: skip
+        train(
+            MODEL,
+            corpus,
+            short,
+            out_dir=tmp_path / "b",
+            branch_from=snapshot,
+            loss_hook=stop,
+            progress=False,
+        )
+    resumed = train(
+        MODEL, corpus, short, out_dir=tmp_path / "b", branch_from=snapshot, progress=False
+    )
     direct = train(MODEL, corpus, short, progress=False)
     np.testing.assert_array_equal(resumed.log["train_loss"].values, direct.log["train_loss"].values)
     assert resumed.log.attrs["branch_step"] == 6
@@ -138,8 +159,13 @@ def test_branch_resumes_from_its_own_checkpoint(corpus, tmp_path):
 def test_branch_refuses_a_checkpoint_past_its_cooldown_start(corpus, tmp_path):
     train(MODEL, corpus, WSD, out_dir=tmp_path / "main", snapshots=[8], progress=False)
     with pytest.raises(ValueError, match="differ at step 7"):
-        train(MODEL, corpus, WSD.replace(steps=8), branch_from=tmp_path / "main" /
-              "checkpoint-8.pt", progress=False)  # fmt: skip
+        train(
+            MODEL,
+            corpus,
+            WSD.replace(steps=8),
+            branch_from=tmp_path / "main" / "checkpoint-8.pt",
+            progress=False,
+        )
 
 
 def test_branch_refuses_other_settings(corpus, tmp_path):
@@ -159,3 +185,42 @@ def test_snapshots_are_validated(corpus, tmp_path, snapshots, message):
         train(MODEL, corpus, WSD, out_dir=tmp_path, snapshots=snapshots, progress=False)
     with pytest.raises(ValueError, match="out_dir"):
         train(MODEL, corpus, WSD, snapshots=[4], progress=False)
+
+
+def test_resume_from_the_initial_checkpoint_logs_step_0_once(corpus, tmp_path):
+    """Interrupted before the first step completes (only the step-0 checkpoint exists): the
+    resumed run is the uninterrupted one, with one row for step 0."""
+
+    def stop(step, loss):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, corpus, WSD, out_dir=tmp_path, loss_hook=stop, progress=False)
+    resumed = train(MODEL, corpus, WSD, out_dir=tmp_path, progress=False).log
+    direct = train(MODEL, corpus, WSD, progress=False).log
+    assert list(resumed.step.values) == list(direct.step.values)
+    np.testing.assert_array_equal(resumed["val_loss"].values, direct["val_loss"].values)
+
+
+def test_a_checkpoint_older_than_a_config_field_resumes_at_its_default(corpus, tmp_path):
+    """A checkpoint written before a field existed (here: without schedule and
+    cooldown_fraction) resumes when the field has its default, and not otherwise."""
+    config = WSD.replace(schedule="cosine", cooldown_fraction=0.2, steps=8)
+
+    def stop(step, loss):
+        if step == 5:
+            raise KeyboardInterrupt
+        return loss
+
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, corpus, config, out_dir=tmp_path, loss_hook=stop, progress=False)
+    path = tmp_path / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    for key in ("train.schedule", "train.cooldown_fraction"):
+        del state["identity"][key]
+    torch.save(state, path)
+    with pytest.raises(ValueError, match="schedule"):
+        train(MODEL, corpus, config.replace(schedule="wsd"), out_dir=tmp_path, progress=False)
+    resumed = train(MODEL, corpus, config, out_dir=tmp_path, progress=False).log
+    direct = train(MODEL, corpus, config, progress=False).log
+    np.testing.assert_array_equal(resumed["train_loss"].values, direct["train_loss"].values)

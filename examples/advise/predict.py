@@ -11,7 +11,9 @@ and checks the advice: does the advised configuration (its lr tuned) train to wi
 the best configuration of the same depth, and does the rejected one train worse?
 
 Resumable: every SDE score and every training run writes its own JSON file atomically when it
-finishes (training itself checkpoints), so a second invocation skips finished work;
+finishes (training itself checkpoints; the runs are tasks of the project's Dask machinery,
+``simulations.run_trainings``: an embedded local cluster of ``--workers`` processes, or
+``--scheduler ADDRESS``), so a second invocation skips finished work;
 ``--report`` rebuilds ``results.json`` and ``score_vs_loss.png`` from the finished runs only.
 
 Usage::
@@ -27,18 +29,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from scipy.stats import spearmanr
 
-from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, train
+from shapedtx import ModelConfig, TrainConfig
 from shapedtx.covariance import equicorrelated
 from shapedtx.files import write_json
 from simulations.advise import Criteria, advise, measure, solve_batch
+from simulations.training_runs import TrainingRun, run_trainings
 
 HERE = Path(__file__).parent
 SCORES = ("rho_spread", "collapse", "exploded", "norm", "gamma2T")
@@ -157,13 +160,9 @@ def sde_scores(s: Setup, out: Path, depth: int, gamma: float, tau0: float) -> di
     return result
 
 
-def run_one(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr: float, device):
-    """Train one configuration at one lr; writes ``runs/<name>/lr<lr>/result.json``."""
-    folder = out / "runs" / _name(depth, gamma, tau0) / f"lr{lr:g}"
-    if (folder / "result.json").exists():
-        return json.loads((folder / "result.json").read_text())
-    torch.set_num_threads(1)
-    data = load_corpus(max_bytes=s.max_bytes)
+def training_run(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr: float,
+                 device: str) -> TrainingRun:  # fmt: skip
+    """One configuration at one lr; its result is ``runs/<name>/lr<lr>/result.json``."""
     log_every = max(1, s.steps // 20)
     eval_every = log_every * 5 if s.steps >= 100 else log_every
     tc = TrainConfig(
@@ -177,19 +176,24 @@ def run_one(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr: floa
         checkpoint_interval=eval_every,  # an interrupted run resumes from here
         seed=s.seed,
     )
-    result: dict[str, Any] = {"depth": depth, "gamma": gamma, "tau0": tau0, "lr": lr}
-    try:
-        log = train(
-            model_config(s, depth, gamma, tau0), data, tc, out_dir=folder, device=device,
-            progress=False,
-        ).log  # fmt: skip
-        val = log["val_loss"].dropna("step")
-        result.update(status="finished", val_loss=_finite(float(val.values[-1])))
-    except TrainingDiverged as err:
-        result.update(status=f"non-finite at step {err.step}", val_loss=None)
-    (folder / "checkpoint.pt").unlink(missing_ok=True)
-    _write_json(result, folder / "result.json")
-    return result
+    return TrainingRun(
+        model=model_config(s, depth, gamma, tau0),
+        train=tc,
+        horizons=(s.steps,),
+        folder=str(out / "runs" / _name(depth, gamma, tau0) / f"lr{lr:g}"),
+        max_bytes=s.max_bytes,
+        device=device,
+        labels={"depth": depth, "gamma": gamma, "tau0": tau0, "lr": lr},
+    )
+
+
+def val_loss(result: dict[str, Any]) -> float | None:
+    """A run's final validation loss (None if it diverged), from either result form (the
+    Dask runs' per-horizon form, or the flat form of the runs made before it)."""
+    if "horizons" not in result:
+        return result["val_loss"]
+    (h,) = result["horizons"].values()
+    return None if h["diverged"] else h["val_loss"]
 
 
 def _bootstrap_spearman(x, y, n_boot: int = 2000, seed: int = 0) -> tuple[float, list[float]]:
@@ -215,7 +219,7 @@ def report(s: Setup, out: Path, rows) -> dict[str, Any]:
         runs = [json.loads(p.read_text()) for p in paths if p.exists()]
         if not score_path.exists() or len(runs) < len(s.lrs):
             continue  # unfinished
-        losses = [r["val_loss"] if r["val_loss"] is not None else math.inf for r in runs]
+        losses = [v if (v := val_loss(r)) is not None else math.inf for r in runs]
         best = int(np.argmin(losses))
         table.append(
             {
@@ -223,7 +227,7 @@ def report(s: Setup, out: Path, rows) -> dict[str, Any]:
                 "role": role,
                 "loss": _finite(losses[best]),
                 "best_lr": runs[best]["lr"] if math.isfinite(losses[best]) else None,
-                "losses": {f"{r['lr']:g}": r["val_loss"] for r in runs},
+                "losses": {f"{r['lr']:g}": val_loss(r) for r in runs},
             }
         )
     result: dict[str, Any] = {"setup": s.__dict__, "configs": table}
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", action="store_true", help="rebuild results only")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workers", type=int, default=2, help="embedded Dask workers")
+    parser.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
     parser.add_argument("--width", type=int)
     parser.add_argument("--depths", type=int, nargs="+")
     parser.add_argument("--gammas", type=float, nargs="+")
@@ -342,16 +348,21 @@ def main(argv: list[str] | None = None) -> None:
     s = Setup(**{**s.__dict__, **changes})
     rows = configurations(s, args.out)
     if not args.report:
-        for i, (depth, gamma, tau0, role) in enumerate(rows):
-            sc = sde_scores(s, args.out, depth, gamma, tau0)
-            for lr in s.lrs:
-                r = run_one(s, args.out, depth, gamma, tau0, lr, args.device)
-                print(
-                    f"[{i + 1}/{len(rows)}] {_name(depth, gamma, tau0)} ({role}) lr={lr:g}: "
-                    f"val_loss={r['val_loss']} spread={sc['rho_spread']:.3f} "
-                    f"violations={sc['violations']}",
-                    flush=True,
-                )
+        for depth, gamma, tau0, _ in rows:
+            sde_scores(s, args.out, depth, gamma, tau0)
+        runs = [
+            training_run(s, args.out, depth, gamma, tau0, lr, args.device)
+            for depth, gamma, tau0, _ in rows
+            for lr in s.lrs
+        ]
+        summary = run_trainings(
+            runs,
+            client=args.scheduler,
+            workers=None if args.scheduler else args.workers,
+            describe=lambda key, r: f"d{r['depth']} g{r['gamma']:g} t{r['tau0']:g} lr {r['lr']:g}",
+        )
+        for key, error in summary.failed.items():
+            print(f"predict.py: run {key} failed: {error}", file=sys.stderr)
     res = report(s, args.out, rows)
     print(json.dumps({k: res.get(k) for k in ("spearman", "best_predictor", "advice_check")},
                      indent=1))  # fmt: skip

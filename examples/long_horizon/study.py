@@ -57,8 +57,13 @@ MODELS: dict[str, dict[str, Any]] = {
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth), in the order their runs are planned."""
 
-LR_CENTRE: dict[str, float] = {"shaped": 1e-2, "pre_ln": 1e-2 / 3, "no_norm": 1e-2 / 3,
-                               "sas_p": 1e-2 / 3, "sas_p_no_norm": 1e-2 / 3}  # fmt: skip
+LR_CENTRE: dict[str, float] = {
+    "shaped": 1e-2,
+    "pre_ln": 1e-2 / 3,
+    "no_norm": 1e-2 / 3,
+    "sas_p": 1e-2 / 3,
+    "sas_p_no_norm": 1e-2 / 3,
+}
 """Centre of each preset's lr grid at depth 16 (the best lr at 300 steps of the short study
 and of an independent trainer); the grid is centre * 3^k, k = -1, 0, 1, one 3x lower at depth
 64 (the short study's best lr fell 3-9x from depth 16 to 64)."""
@@ -181,8 +186,16 @@ def slug(model: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "_" for c in model).strip("_")
 
 
-def make_run(setup: Setup, out: Path, model: str, depth: int, k: int, seed: int,
-             schedule: str = "wsd", device: str = "cpu") -> TrainingRun:  # fmt: skip
+def make_run(
+    setup: Setup,
+    out: Path,
+    model: str,
+    depth: int,
+    k: int,
+    seed: int,
+    schedule: str = "wsd",
+    device: str = "cpu",
+) -> TrainingRun:
     lr = lr_grid(model, depth, setup, k)
     horizons = setup.horizons[depth] if schedule == "wsd" else (setup.check_horizon,)
     tag = "" if schedule == "wsd" else f"_{schedule}{setup.check_horizon}"
@@ -215,8 +228,11 @@ def _loss(r: dict[str, Any], horizon: int) -> float:
 
 def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
     """The grid index of the lowest seed-0 validation loss at ``horizon`` (None: all diverged)."""
-    ok = [r for r in runs if r["seed"] == 0 and r["schedule"] == "wsd"
-          and math.isfinite(_loss(r, horizon))]  # fmt: skip
+    ok = [
+        r
+        for r in runs
+        if r["seed"] == 0 and r["schedule"] == "wsd" and math.isfinite(_loss(r, horizon))
+    ]
     return min(ok, key=lambda r: _loss(r, horizon))["k"] if ok else None
 
 
@@ -260,8 +276,9 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
                 loss = min(_loss(r, longest) for r in runs if r["k"] == k and r["seed"] == 0)
                 ranked.append((loss, m, k))
         for _, m, k in sorted(ranked)[: setup.best_models]:
-            todo += [(m, depth, k, s, "wsd") for s in setup.seeds
-                     if (m, depth, k, s, "wsd") not in done]  # fmt: skip
+            todo += [
+                (m, depth, k, s, "wsd") for s in setup.seeds if (m, depth, k, s, "wsd") not in done
+            ]
     first = setup.depths[0]
     if first in complete_depths and models:
         m = models[0]
@@ -273,13 +290,23 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
                 for s in setup.seeds
                 if (m, first, k, s, "wsd") not in done and (m, first, k, s, "wsd") not in todo
             ]
-            todo += [(m, first, k, s, "cosine") for s in setup.seeds
-                     if (m, first, k, s, "cosine") not in done]  # fmt: skip
+            todo += [
+                (m, first, k, s, "cosine")
+                for s in setup.seeds
+                if (m, first, k, s, "cosine") not in done
+            ]
     return todo
 
 
-def run_study(setup: Setup, out: Path, *, device: str, workers: int | None,
-              scheduler: str | None, max_runs: int | None) -> int:  # fmt: skip
+def run_study(
+    setup: Setup,
+    out: Path,
+    *,
+    device: str,
+    workers: int | None,
+    scheduler: str | None,
+    max_runs: int | None,
+) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many."""
     count = 0
     while True:
@@ -291,10 +318,13 @@ def run_study(setup: Setup, out: Path, *, device: str, workers: int | None,
             return count
         runs = [make_run(setup, out, *job, device=device) for job in todo]
         summary = run_trainings(
-            runs, client=scheduler, workers=None if scheduler else workers,
-            describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} "
-            f"s{r['seed']}",
-        )  # fmt: skip
+            runs,
+            client=scheduler,
+            workers=None if scheduler else workers,
+            describe=lambda key, r: (
+                f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}"
+            ),
+        )
         count += len(summary.results)
         for key, error in summary.failed.items():
             print(f"study.py: run {key} failed: {error}", file=sys.stderr)
@@ -343,8 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if not args.report:
-            run_study(setup, args.out, device=args.device, workers=args.workers,
-                      scheduler=args.scheduler, max_runs=args.max_runs)  # fmt: skip
+            run_study(
+                setup,
+                args.out,
+                device=args.device,
+                workers=args.workers,
+                scheduler=args.scheduler,
+                max_runs=args.max_runs,
+            )
         from report import report  # type: ignore[import-not-found]  # beside this script
 
         report(setup, args.out, load_results(args.out))

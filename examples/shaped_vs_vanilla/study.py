@@ -7,9 +7,11 @@ residual with fan_in and with GPT-2 init), at several depths. Per (model, depth)
 learning rate is tuned on a grid spaced by 3x (extended by one point while the best is at an
 edge), then the best learning rate is re-run with more seeds.
 
-Every run writes ``<out>/runs/<model>/d<depth>/lr<lr>_s<seed>/result.json`` atomically when
-it finishes (training itself checkpoints and resumes), so an interrupted study loses no
-finished run and a second invocation skips them. ``--report`` rebuilds ``results.json``,
+Every run is a task of the project's Dask machinery (``simulations.run_trainings``: an embedded
+local cluster of ``--workers`` processes, or ``--scheduler ADDRESS``) and writes
+``<out>/runs/<model>/d<depth>/lr<lr>_s<seed>/result.json`` atomically when it finishes
+(training itself checkpoints and resumes), so an interrupted study loses no finished run and a
+second invocation skips them. ``--report`` rebuilds ``results.json``,
 ``results.md`` and the figures from the finished runs without training.
 
 Usage::
@@ -23,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from shapedtx import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, preset, train
+from shapedtx import ModelConfig, TrainConfig, load_corpus, preset
 from shapedtx.files import atomic_path, write_json
-from shapedtx.training import LanguageModel
+from shapedtx.training import unigram_baseline as corpus_unigram
+from simulations.training_runs import TrainingRun, run_trainings
 
 HERE = Path(__file__).parent
 
@@ -120,54 +121,45 @@ def run_dir(out: Path, model: str, depth: int, lr: float, seed: int) -> Path:
     return out / "runs" / slug / f"d{depth}" / f"lr{lr:.0e}_s{seed}"
 
 
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
-
-
-def run_one(job: tuple[str, int, float, int, Setup, Path, str]) -> dict[str, Any]:
-    """Train one (model, depth, lr, seed) and write its ``result.json``; returns the result."""
-    model, depth, lr, seed, setup, out, device = job
-    torch.set_num_threads(1)
-    folder = run_dir(out, model, depth, lr, seed)
-    config = model_config(model, setup.width, depth)
-    data = load_corpus(max_bytes=setup.max_bytes)
-    result: dict[str, Any] = {"model": model, "depth": depth, "lr": lr, "seed": seed}
-    try:
-        log = train(
-            config, data, train_config(setup, lr, seed), out_dir=folder, device=device,
-            progress=False,
-        ).log  # fmt: skip
-        status = "finished"
-    except TrainingDiverged as err:
-        log, status = err.log, f"non-finite at step {err.step}"
-    val = log["val_loss"].dropna("step") if log is not None else None
-    init_loss = float(val.values[0]) if val is not None and val.size else math.nan
-    final = float(val.values[-1]) if status == "finished" else math.nan
-    result.update(
-        status=status,
-        init_val_loss=_finite(init_loss),
-        val_loss=_finite(final),
-        diverged=not math.isfinite(final) or final > init_loss,
-        curve={
-            "step": [int(s) for s in val.step.values] if val is not None else [],
-            "val_loss": [_finite(v) for v in val.values] if val is not None else [],
-        },
-        params=sum(p.numel() for p in LanguageModel(config, setup.seq_len).parameters()),
+def training_run(job: tuple[str, int, float, int], setup: Setup, out: Path,
+                 device: str) -> TrainingRun:  # fmt: skip
+    """The :class:`TrainingRun` of one (model, depth, lr, seed): its result is
+    ``runs/<model>/d<depth>/lr<lr>_s<seed>/result.json``."""
+    model, depth, lr, seed = job
+    config = train_config(setup, lr, seed)
+    return TrainingRun(
+        model=model_config(model, setup.width, depth),
+        train=config,
+        horizons=(config.steps,),
+        folder=str(run_dir(out, model, depth, lr, seed)),
+        max_bytes=setup.max_bytes,
+        device=device,
+        labels={"model_name": model, "depth": depth, "lr": lr, "seed": seed},
     )
-    if log is not None:
-        for name in ("mean_rho", "centred_stable_rank"):
-            result[name] = {
-                "init": [_finite(v) for v in log[name].isel(step=0).values],
-                "final": [_finite(v) for v in log[name].isel(step=-1).values],
-                "final_step": int(log.step.values[-1]),
-            }
-    (folder / "checkpoint.pt").unlink(missing_ok=True)  # results kept, weights not
-    write_json(result, folder / "result.json", indent=1)
-    return result
+
+
+def flat_result(r: dict[str, Any]) -> dict[str, Any]:
+    """A run's result in this study's flat form (the form of the runs made before the runs
+    became Dask tasks, which are read as they are): its one horizon's numbers at top level."""
+    if "horizons" not in r:
+        return r
+    (h,) = r["horizons"].values()
+    return {
+        "model": r["model_name"],
+        **{k: r[k] for k in ("depth", "lr", "seed", "params")},
+        "status": h["status"],
+        "init_val_loss": h["init_val_loss"],
+        "val_loss": h["val_loss"],
+        "diverged": h["diverged"],
+        "curve": {"step": h["val_curve"]["step"], "val_loss": h["val_curve"]["loss"]},
+        "mean_rho": h["mean_rho"],
+        "centred_stable_rank": h["centred_stable_rank"],
+    }
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/d*/*/result.json"))]
+    paths = sorted(out.glob("runs/*/d*/*/result.json"))
+    return [flat_result(json.loads(p.read_text())) for p in paths]
 
 
 def _key(r: dict[str, Any]) -> tuple[str, int]:
@@ -214,40 +206,32 @@ def _round(lr: float) -> float:
     return float(f"{lr:.1e}")
 
 
-def run_study(setup: Setup, out: Path, device: str, workers: int) -> list[dict[str, Any]]:
-    """Run every planned run (re-planning until nothing is left); returns all results."""
-    from tqdm.auto import tqdm
-
-    results = load_results(out)
-    with tqdm(desc="runs", unit="run") as bar, ProcessPoolExecutor(workers) as pool:
-        while todo := plan(setup, results):
-            todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
-            bar.total = len(results) + len(todo)
-            bar.n = len(results)
-            bar.refresh()
-            futures = [pool.submit(run_one, (*job, setup, out, device)) for job in todo]
-            for future in as_completed(futures):
-                r = future.result()
-                results.append(r)
-                bar.update(1)
-                bar.set_postfix_str(f"{r['model']} d{r['depth']} lr {r['lr']:.0e}: {r['status']}")
-    return results
+def run_study(
+    setup: Setup, out: Path, device: str, workers: int | None, scheduler: str | None = None
+) -> list[dict[str, Any]]:
+    """Run every planned run as a Dask task (``simulations.run_trainings``), re-planning until
+    nothing is left; returns all results."""
+    while todo := plan(setup, load_results(out)):
+        todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
+        runs = [training_run(job, setup, out, device) for job in todo]
+        summary = run_trainings(
+            runs,
+            client=scheduler,
+            workers=None if scheduler else workers,
+            describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.0e}",
+        )
+        if summary.failed:
+            for key, error in summary.failed.items():
+                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+            break
+    return load_results(out)
 
 
 # Report ---------------------------------------------------------------------------------------
 def unigram_baseline(max_bytes: int) -> dict[str, float]:
-    """Cross-entropy (nats/byte) of the validation split under the training split's byte
-    frequencies (add-one smoothing), and the entropy of the validation split itself."""
-    data = load_corpus(max_bytes=max_bytes)
-    train_counts = torch.bincount(data.train.long(), minlength=256).double() + 1.0
-    val_counts = torch.bincount(data.val.long(), minlength=256).double()
-    p_train = train_counts / train_counts.sum()
-    p_val = val_counts / val_counts.sum()
-    nz = p_val > 0
-    return {
-        "cross_entropy": float(-(p_val[nz] * p_train[nz].log()).sum()),
-        "val_entropy": float(-(p_val[nz] * p_val[nz].log()).sum()),
-    }
+    """Cross-entropy of the validation split under the training split's byte frequencies and
+    the validation split's entropy (``shapedtx.training.unigram_baseline``)."""
+    return corpus_unigram(load_corpus(max_bytes=max_bytes))
 
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -464,7 +448,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: seconds (smoke test)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--workers", type=int, default=2, help="parallel runs (processes)")
+    p.add_argument("--workers", type=int, default=2, help="embedded Dask workers (processes)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--depths", type=int, nargs="+", default=None)
     p.add_argument("--steps", type=int, default=None)
@@ -496,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if not args.report:
-            run_study(setup, args.out, args.device, args.workers)
+            run_study(setup, args.out, args.device, args.workers, args.scheduler)
         summary = report(setup, args.out)
     except KeyboardInterrupt:
         sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")

@@ -8,7 +8,7 @@ rank collapse over training.
 from typing import TYPE_CHECKING
 
 from .config import TrainConfig
-from .data import ByteCorpus, load_corpus
+from .data import ByteCorpus, load_corpus, unigram_baseline
 from .horizons import horizon_configs, train_horizons
 from .log import final_val_loss, log_dataset
 from .model import LanguageModel
@@ -34,6 +34,7 @@ __all__ = [
     "plot_losses",
     "train",
     "train_horizons",
+    "unigram_baseline",
 ]
 
 

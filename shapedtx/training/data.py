@@ -140,6 +140,21 @@ def load_corpus(
     return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts))
 
 
+def unigram_baseline(corpus: ByteCorpus) -> dict[str, float]:
+    """The loss of a model that knows only byte frequencies, in nats per byte: the validation
+    split's cross-entropy under the training split's frequencies (add-one smoothing), and the
+    validation split's own entropy (the best any unigram model can do)."""
+    train_counts = torch.bincount(corpus.train.long(), minlength=VOCAB).double() + 1.0
+    val_counts = torch.bincount(corpus.val.long(), minlength=VOCAB).double()
+    p_train = train_counts / train_counts.sum()
+    p_val = val_counts / val_counts.sum()
+    nz = p_val > 0
+    return {
+        "cross_entropy": float(-(p_val[nz] * p_train[nz].log()).sum()),
+        "val_entropy": float(-(p_val[nz] * p_val[nz].log()).sum()),
+    }
+
+
 def _as_tensor(data: bytes) -> Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 

@@ -106,9 +106,15 @@ def train_horizons(
     if main_log is None:
         try:
             main_log = train(
-                model_config, data, configs[longest], out_dir=main_dir, device=device,
-                dtype=dtype, progress=progress, snapshots=sorted(branch_points.values()),
-            ).log  # fmt: skip
+                model_config,
+                data,
+                configs[longest],
+                out_dir=main_dir,
+                device=device,
+                dtype=dtype,
+                progress=progress,
+                snapshots=sorted(branch_points.values()),
+            ).log
         except TrainingDiverged as err:
             if err.log is None:
                 raise
@@ -126,9 +132,15 @@ def train_horizons(
             continue
         try:
             logs[h] = train(
-                model_config, data, configs[h], out_dir=folder, device=device, dtype=dtype,
-                progress=progress, branch_from=snapshot,
-            ).log  # fmt: skip
+                model_config,
+                data,
+                configs[h],
+                out_dir=folder,
+                device=device,
+                dtype=dtype,
+                progress=progress,
+                branch_from=snapshot,
+            ).log
         except TrainingDiverged as err:
             if err.log is None:
                 raise

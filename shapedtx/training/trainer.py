@@ -228,7 +228,7 @@ def train(
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
-    snapshots = _check_snapshots(snapshots, config, out_dir)
+    snapshot_steps = _check_snapshots(snapshots, config, out_dir)
     branch = Path(branch_from) if branch_from is not None else None
     if branch is not None and not branch.is_file():
         raise ValueError(f"branch_from must be an existing checkpoint file, got {str(branch)!r}")
@@ -306,7 +306,7 @@ def train(
         }
         _atomic_save(state, ckpt_path)
         saved_step[0] = step
-        if step in snapshots:
+        if step in snapshot_steps:
             with atomic_path(out / f"checkpoint-{step}.pt") as tmp:
                 shutil.copyfile(ckpt_path, tmp)
         save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
@@ -349,7 +349,7 @@ def train(
         model.train(was_training)
         rows.append(row)
 
-    if step == 0:
+    if step == 0 and not rows:  # not again when resuming from the step-0 checkpoint
         log_row(math.nan, math.nan, math.nan, np.full(model_config.depth, np.nan))
         if config.checkpoint_interval:
             checkpoint()
@@ -392,14 +392,19 @@ def train(
             since_log = 0
             bar.set_postfix(loss=f"{rows[-1]['train_loss']:.3f}")
             due = config.checkpoint_interval and step % config.checkpoint_interval == 0
-            if due or step == config.steps or step in snapshots:
+            if due or step == config.steps or step in snapshot_steps:
                 checkpoint()
     return TrainResult(model, build_log("finished"), ckpt_path)
 
 
 def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    # a field added to the configs after the checkpoint was written is the same run when the
+    # current value is the field's default (the behaviour the older version had)
+    defaults = {**ModelConfig().to_attrs(), **TrainConfig().to_attrs()}
     # in the fields' own order: a changed width is named, not the head_dim derived from it
     for key in [*current, *(k for k in saved if k not in current)]:
+        if key not in saved and key in defaults and current[key] == defaults[key]:
+            continue
         if saved.get(key) != current.get(key):
             raise ResumeMismatch(key, saved.get(key), current.get(key), path)
 

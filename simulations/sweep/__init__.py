@@ -25,6 +25,9 @@ Store layout (a zarr v2 directory store that ``xr.open_zarr(store)`` reads as on
   timings, the id of the run that computed it, and the full attrs of its Dataset (config,
   method, seed, dtype, ...). Root attrs ``sweep.*`` identify the grid, kind and dtype.
 
+Training studies use the same engine through :func:`run_tasks` (one task per independent,
+resumable job; see :mod:`simulations.training_runs`).
+
 Data count only where ``status == 1``: :func:`open_sweep` masks the rest and
 :func:`open_point` returns one point as the usual covariance Dataset (``shapedtx.results``).
 
@@ -49,13 +52,16 @@ from .point import run_point
 from .read import open_point, open_sweep
 from .run import SweepSummary, sweep
 from .store import STATUS, read_records
+from .tasks import TaskSummary, run_tasks
 
 __all__ = [
     "STATUS",
     "SweepSummary",
+    "TaskSummary",
     "open_point",
     "open_sweep",
     "read_records",
     "run_point",
+    "run_tasks",
     "sweep",
 ]

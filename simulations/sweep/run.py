@@ -55,6 +55,7 @@ class SweepSummary:
 @contextlib.contextmanager
 def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[Any, int | None]]:
     """(client, torch threads per task) for a given client, an address or a LocalCluster."""
+    import dask
     from distributed import Client, LocalCluster
 
     if client is not None:
@@ -64,7 +65,11 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
         else:
             yield client, None
         return
+    # The workers' statistical profiler samples every thread's stack every 10 ms, taking the
+    # GIL from the task thread each time; the embedded cluster's tasks are long numerical
+    # jobs that need no profile (set before the cluster starts: the nannies pass the config on).
     with (
+        dask.config.set({"distributed.worker.profile.enabled": False}),
         LocalCluster(
             n_workers=workers,
             threads_per_worker=threads_per_worker,

@@ -1,0 +1,336 @@
+"""The long-horizon study's report: ``results.json``, ``tables.md`` and figures from the
+finished runs (``study.py --report``)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from study import MODELS, Setup, _loss, available_models, best_k
+
+from shapedtx.files import atomic_path, write_json
+from shapedtx.training import load_corpus, unigram_baseline
+
+REFERENCE = "pre-LN (GPT-2)"
+"""The model every other is divided by in the loss-ratio table."""
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    ok = [v for v in values if math.isfinite(v)]
+    return {
+        "values": [v if math.isfinite(v) else None for v in values],
+        "mean": float(np.mean(ok)) if ok else None,
+        "sd": float(np.std(ok, ddof=1)) if len(ok) > 1 else None,
+        "n": len(ok),
+    }
+
+
+def cell(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
+    """One (model, depth, horizon): the best lr of seed 0 at this horizon, the seed-0 loss of
+    every lr, and mean/sd over the seeds run at the best lr."""
+    wsd = [r for r in runs if r["schedule"] == "wsd"]
+    k = best_k(wsd, horizon)
+    grid = sorted((r for r in wsd if r["seed"] == 0), key=lambda r: r["lr"])
+    if not grid:
+        return None
+    out: dict[str, Any] = {
+        "lr_curve": {
+            "lr": [r["lr"] for r in grid],
+            "val_loss": [_nan_none(_loss(r, horizon)) for r in grid],
+        },
+        "diverged": sum(r["horizons"][str(horizon)]["diverged"] for r in wsd),
+        "runs": len(wsd),
+        "best_lr": None,
+        "at_edge": None,
+    }
+    if k is None:
+        return out
+    seeds = sorted((r for r in wsd if r["k"] == k), key=lambda r: r["seed"])
+    ks = sorted(r["k"] for r in grid)
+    out.update(
+        best_lr=seeds[0]["lr"],
+        at_edge=k in (ks[0], ks[-1]),
+        seeds=[r["seed"] for r in seeds],
+        **_stats([_loss(r, horizon) for r in seeds]),
+    )
+    return out
+
+
+def _nan_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def crossings(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> list[dict[str, Any]]:
+    """Every pair of models whose order (by the mean loss at each horizon's best lr) changes
+    between consecutive horizons."""
+    out = []
+    for a, b in itertools.combinations(per_model, 2):
+        signs = []
+        for h in horizons:
+            ca, cb = per_model[a].get(str(h)), per_model[b].get(str(h))
+            if ca and cb and ca.get("mean") is not None and cb.get("mean") is not None:
+                signs.append((h, np.sign(ca["mean"] - cb["mean"])))
+        for (h0, s0), (h1, s1) in itertools.pairwise(signs):
+            if s0 != s1 and s0 and s1:
+                ahead = a if s1 < 0 else b
+                out.append({"models": [a, b], "between": [h0, h1], "ahead_after": ahead})
+    return out
+
+
+def ratios(
+    per_model: dict[str, dict[str, Any]],
+    results: list[dict[str, Any]],
+    depth: int,
+    horizons: list[int],
+) -> dict[str, dict[str, Any]]:
+    """model -> horizon -> loss / reference loss: seed-paired where both models ran the same
+    seeds at their best lr (mean and sd over pairs), else the ratio of seed-0 losses."""
+    out: dict[str, dict[str, Any]] = {}
+    ref = per_model.get(REFERENCE, {})
+    for model, cells in per_model.items():
+        if model == REFERENCE:
+            continue
+        row = {}
+        for h in horizons:
+            c, r = cells.get(str(h)), ref.get(str(h))
+            if not c or not r or c.get("mean") is None or r.get("mean") is None:
+                continue
+            pairs = [
+                (x, y)
+                for s, x in zip(c["seeds"], c["values"], strict=True)
+                for t, y in zip(r["seeds"], r["values"], strict=True)
+                if s == t and x is not None and y is not None
+            ]
+            values = [x / y for x, y in pairs]
+            row[str(h)] = {
+                "ratio": float(np.mean(values)) if values else c["mean"] / r["mean"],
+                "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+                "pairs": len(values),
+            }
+        out[model] = row
+    return out
+
+
+def summarise(setup: Setup, results: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    base = unigram_baseline(load_corpus(max_bytes=setup.max_bytes))
+    depths: dict[str, Any] = {}
+    for depth in setup.depths:
+        horizons = list(setup.horizons[depth])
+        per_model: dict[str, dict[str, Any]] = {}
+        for model in available_models(setup):
+            runs = [r for r in results if (r["model_name"], r["depth"]) == (model, depth)]
+            cells = {str(h): c for h in horizons if runs and (c := cell(runs, h))}
+            if cells:
+                per_model[model] = cells
+        if not per_model:
+            continue
+        depths[str(depth)] = {
+            "horizons": horizons,
+            "models": per_model,
+            "crossings": crossings(per_model, horizons),
+            "ratio_to_reference": ratios(per_model, results, depth, horizons),
+        }
+    check = [r for r in results if r["schedule"] == "cosine"]
+    check_summary = None
+    if check:
+        r0 = check[0]
+        h = str(setup.check_horizon)
+        same = [
+            r
+            for r in results
+            if r["schedule"] == "wsd"
+            and (r["model_name"], r["depth"], r["k"]) == (r0["model_name"], r0["depth"], r0["k"])
+        ]
+        check_summary = {
+            "model": r0["model_name"],
+            "depth": r0["depth"],
+            "lr": r0["lr"],
+            "horizon": int(h),
+            "cosine": _stats([_loss(r, int(h)) for r in check]),
+            "wsd_branch": _stats([_loss(r, int(h)) for r in same]),
+        }
+    return {
+        "setup": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in vars(setup).items()
+            if k != "horizons"
+        }
+        | {"horizons": {str(d): list(h) for d, h in setup.horizons.items()}},
+        "unigram_baseline": base,
+        "models": {m: MODELS[m] for m in available_models(setup)},
+        "runs": len(results),
+        "depths": depths,
+        "wsd_vs_cosine": check_summary,
+    }
+
+
+def _fmt_cell(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "not run"
+    if c.get("mean") is None:
+        return f"all diverged ({c['diverged']}/{c['runs']})"
+    sd = f" ± {c['sd']:.3f}" if c.get("sd") is not None else ""
+    edge = "*" if c["at_edge"] else ""
+    return f"{c['mean']:.3f}{sd} (n={c['n']}, lr {c['best_lr']:.2g}{edge})"
+
+
+def tables(summary: dict[str, Any]) -> str:
+    base = summary["unigram_baseline"]
+    lines = [
+        "Validation loss (nats/byte; bits/byte = nats / ln 2) at the best peak lr of each "
+        "horizon (seed 0 chooses it; mean ± sd over the seeds run there, n = seeds; * = the "
+        "best lr is at an edge of the grid run so far). Unigram baseline "
+        f"{base['cross_entropy']:.3f} nats/byte ({base['cross_entropy'] / math.log(2):.2f} "
+        f"bits/byte).",
+        "",
+    ]
+    for depth, d in summary["depths"].items():
+        hs = d["horizons"]
+        lines += [
+            f"### Depth {depth}",
+            "",
+            "| model | " + " | ".join(f"{h} steps" for h in hs) + " |",
+            "|---" * (len(hs) + 1) + "|",
+        ]
+        for model, cells in d["models"].items():
+            lines.append(
+                f"| {model} | " + " | ".join(_fmt_cell(cells.get(str(h))) for h in hs) + " |"
+            )
+        lines.append("")
+        if d["ratio_to_reference"]:
+            lines += [
+                f"Loss / {REFERENCE} loss (seed-paired mean ± sd where seeds exist):",
+                "",
+                "| model | " + " | ".join(f"{h}" for h in hs) + " |",
+                "|---" * (len(hs) + 1) + "|",
+            ]
+            for model, row in d["ratio_to_reference"].items():
+                cells = []
+                for h in hs:
+                    e = row.get(str(h))
+                    sd = f" ± {e['sd']:.3f}" if e and e["sd"] is not None else ""
+                    cells.append(f"{e['ratio']:.3f}{sd}" if e else "-")
+                lines.append(f"| {model} | " + " | ".join(cells) + " |")
+            lines.append("")
+        if d["crossings"]:
+            lines.append("Order changes between horizons:")
+            for c in d["crossings"]:
+                a, b = c["models"]
+                lines.append(
+                    f"- {a} vs {b}: between {c['between'][0]} and {c['between'][1]} "
+                    f"steps; ahead after: {c['ahead_after']}"
+                )
+        else:
+            lines.append("No two models change order between the horizons run so far.")
+        lines.append("")
+    check = summary["wsd_vs_cosine"]
+    if check:
+        lines.append(
+            f"WSD branch vs full cosine run ({check['model']}, depth {check['depth']}, lr "
+            f"{check['lr']:.3g}, {check['horizon']} steps): cosine "
+            f"{_fmt_stats(check['cosine'])}, WSD {_fmt_stats(check['wsd_branch'])}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_stats(s: dict[str, Any]) -> str:
+    if s["mean"] is None:
+        return "none finished"
+    sd = f" ± {s['sd']:.3f}" if s["sd"] is not None else ""
+    return f"{s['mean']:.3f}{sd} (n={s['n']})"
+
+
+def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Loss vs horizon per depth (log x, seed bands), and the per-layer mean rho and centred
+    stable rank after training at the longest horizon (seed 0, best lr)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    depths = list(summary["depths"])
+    if not depths:
+        return []
+    models = list(summary["models"])
+    colours = {m: f"C{i}" for i, m in enumerate(models)}
+    paths = []
+    fig = Figure(figsize=(5.5 * len(depths), 4.2), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(depths), squeeze=False)[0])
+    for ax, depth in zip(axes, depths, strict=True):
+        d = summary["depths"][depth]
+        for model, cells in d["models"].items():
+            hs = [h for h in d["horizons"] if cells.get(str(h), {}).get("mean") is not None]
+            if not hs:
+                continue
+            means = [cells[str(h)]["mean"] for h in hs]
+            ax.plot(hs, means, "o-", color=colours[model], label=model, ms=4)
+            lo = [min(v for v in cells[str(h)]["values"] if v is not None) for h in hs]
+            hi = [max(v for v in cells[str(h)]["values"] if v is not None) for h in hs]
+            if any(cells[str(h)]["n"] > 1 for h in hs):
+                ax.fill_between(hs, lo, hi, color=colours[model], alpha=0.2, lw=0)
+        ax.axhline(
+            summary["unigram_baseline"]["cross_entropy"],
+            color="grey",
+            ls=":",
+            lw=1,
+            label="unigram",
+        )
+        ax.set_xscale("log")
+        ax.set_xlabel("training horizon (steps; each its own schedule)")
+        ax.set_ylabel("validation loss at the horizon's best lr (nats/byte)")
+        ax.set_title(f"depth {depth} (band: min-max over seeds where run)", fontsize=9)
+        ax.legend(fontsize=7)
+    paths.append(_save(fig, folder / "loss_vs_horizon.png"))
+
+    fig = Figure(figsize=(5.0 * len(depths), 6.4), layout="constrained")
+    axes2 = fig.subplots(2, len(depths), squeeze=False)
+    for j, depth in enumerate(depths):
+        d = summary["depths"][depth]
+        longest = str(max(d["horizons"]))
+        for model, cells in d["models"].items():
+            c = cells.get(longest)
+            run = next(
+                (
+                    r
+                    for r in results
+                    if c
+                    and c.get("best_lr") is not None
+                    and (r["model_name"], r["depth"], r["lr"], r["seed"], r["schedule"])
+                    == (model, int(depth), c["best_lr"], 0, "wsd")
+                ),
+                None,
+            )
+            if run is None:
+                continue
+            h = run["horizons"][longest]
+            for i, name in enumerate(("mean_rho", "centred_stable_rank")):
+                y = [np.nan if v is None else v for v in h[name]["final"]]
+                axes2[i, j].plot(range(len(y)), y, color=colours[model], label=model)
+                y0 = [np.nan if v is None else v for v in h[name]["init"]]
+                axes2[i, j].plot(range(len(y0)), y0, color=colours[model], ls=":", lw=1)
+        axes2[0, j].set_title(f"depth {depth}, after {longest} steps (dotted: at init)")
+        axes2[0, j].set_ylabel("mean token correlation")
+        axes2[1, j].set_ylabel("centred stable rank")
+        axes2[1, j].set_xlabel("layer (0 = embeddings)")
+        axes2[0, j].legend(fontsize=7)
+    paths.append(_save(fig, folder / "covariance_by_layer.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    return path
+
+
+def report(setup: Setup, out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``results.json``, ``tables.md`` and ``figures/`` from the finished runs."""
+    summary = summarise(setup, results, out)
+    write_json(summary, out / "results.json", indent=1)
+    with atomic_path(out / "tables.md") as tmp:
+        tmp.write_text(tables(summary))
+    figures(summary, results, out / "figures")
+    return summary

@@ -1,0 +1,180 @@
+"""Training runs as Dask tasks (simulations.training_runs) and the long-horizon study's quick
+mode (examples/long_horizon) on the Dask path: resumable, a killed worker's run redone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shapedtx import ModelConfig, TrainConfig
+from simulations.sweep.tasks import run_tasks
+from simulations.training_runs import TrainingRun, run_training, run_trainings
+
+distributed = pytest.importorskip("distributed")
+
+STUDY = Path(__file__).parents[1] / "examples" / "long_horizon"
+MODEL = ModelConfig(
+    width=16, depth=2, attention="shaped", mlp="shaped_relu", heads=2, out_proj=True, causal=True
+)
+TRAIN = TrainConfig(
+    batch_size=4,
+    seq_len=16,
+    lr=1e-2,
+    warmup_steps=2,
+    schedule="wsd",
+    cooldown_fraction=0.25,
+    log_interval=2,
+    eval_interval=4,
+    eval_batches=1,
+    metrics_batch=2,
+    checkpoint_interval=4,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as c:
+        yield c
+
+
+def _run(tmp_path: Path, name: str, steps: int = 16, **train) -> TrainingRun:
+    return TrainingRun(
+        MODEL,
+        TRAIN.replace(**train),
+        (8, steps),
+        str(tmp_path / name),
+        max_bytes=20_000,
+        labels={"name": name},
+    )
+
+
+def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
+    run = _run(tmp_path, "a")
+    result = run_training(run)
+    assert json.loads(run.result_path.read_text()) == result
+    assert set(result["horizons"]) == {"8", "16"} and result["name"] == "a"
+    h8, h16 = result["horizons"]["8"], result["horizons"]["16"]
+    assert h8["branch_step"] == 6 and h16["branch_step"] is None
+    assert h8["val_curve"]["step"][-1] == 8 and h16["val_curve"]["step"][-1] == 16
+    # the branch shares the longest run's curve up to the branch point
+    assert h8["val_curve"]["loss"][:2] == h16["val_curve"]["loss"][:2]
+    assert not any((tmp_path / "a").rglob("*.pt"))  # weights removed, logs kept
+    assert len(h16["mean_rho"]["final"]) == MODEL.depth + 1
+    before = run.result_path.stat().st_mtime_ns
+    assert run_training(run) == result and run.result_path.stat().st_mtime_ns == before
+
+
+def test_training_run_validates_its_fields(tmp_path):
+    with pytest.raises(ValueError, match="horizons"):
+        TrainingRun(MODEL, TRAIN.replace(schedule="cosine"), (8, 16), str(tmp_path))
+    with pytest.raises(ValueError, match="dtype"):
+        TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), dtype="float16")
+    with pytest.raises(ValueError, match="model"):
+        TrainingRun("shaped", TRAIN, (16,), str(tmp_path))  # type: ignore[arg-type]
+
+
+def _fail(x: int) -> int:
+    if x == 2:
+        raise RuntimeError("two")
+    return 10 * x
+
+
+def test_run_tasks_collects_results_and_failures(cluster):
+    with distributed.Client(cluster) as client:
+        summary = run_tasks(_fail, [1, 2, 3], ["a", "b", "c"], client=client, progress=False)
+    assert summary.results == {"a": 10, "c": 30}
+    assert summary.failed == {"b": "RuntimeError: two"} and not summary.ok
+    with pytest.raises(ValueError, match="unique"):
+        run_tasks(_fail, [1, 2], ["a", "a"], client=cluster.scheduler_address)
+    with pytest.raises(ValueError, match="one entry per item"):
+        run_tasks(_fail, [1, 2], ["a"], client=cluster.scheduler_address)
+
+
+def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_path):
+    """A worker killed in the middle of a run: the scheduler runs it again on the restarted
+    worker, which resumes from the run's checkpoint; the finished run is not run again, and
+    the interrupted run ends with the numbers of an uninterrupted one (CPU, bitwise)."""
+    first = _run(tmp_path, "first")
+    run_training(first)  # finished before the study starts
+    stamp = first.result_path.stat().st_mtime_ns
+    long = _run(tmp_path, "long", steps=200, checkpoint_interval=4)
+    other = _run(tmp_path, "other")
+    outcome = {}
+
+    def study():
+        with distributed.Client(cluster) as client:
+            outcome["summary"] = run_trainings([first, long, other], client=client, progress=False)
+
+    thread = threading.Thread(target=study)
+    thread.start()
+    checkpoint = Path(long.folder) / "h200" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists() and not long.result_path.exists()
+    with distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    thread.join(300)
+    summary = outcome["summary"]
+    assert summary.ok and set(summary.results) == {first.folder, long.folder, other.folder}
+    assert first.result_path.stat().st_mtime_ns == stamp
+    assert len(list(tmp_path.rglob("result.json"))) == 3
+    resumed = summary.results[long.folder]["horizons"]["200"]
+    with distributed.Client(cluster) as client:  # the same threads as the interrupted run
+        again = _run(tmp_path / "again", "long", steps=200, checkpoint_interval=4)
+        fresh = client.submit(run_training, again, pure=False).result()
+    np.testing.assert_array_equal(
+        resumed["val_curve"]["loss"], fresh["horizons"]["200"]["val_curve"]["loss"]
+    )
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    args = [
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--depths",
+        "2",
+        "--models",
+        "shaped advise",
+        "pre-LN (GPT-2)",
+        "--scheduler",
+        cluster.scheduler_address,
+    ]
+    assert study.main(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())
+    setup = study.QUICK
+    cells = summary["depths"]["2"]["models"]
+    for model in ("shaped advise", "pre-LN (GPT-2)"):
+        for h in setup.horizons[2]:
+            c = cells[model][str(h)]
+            assert len(c["lr_curve"]["lr"]) == 3 and c["best_lr"] in c["lr_curve"]["lr"]
+    assert summary["wsd_vs_cosine"]["cosine"]["n"] == len(setup.seeds)
+    assert (tmp_path / "figures" / "loss_vs_horizon.png").stat().st_size > 0
+    assert "Unigram baseline" in (tmp_path / "tables.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
+    assert study.main(args) == 0  # resumes: nothing is trained again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
