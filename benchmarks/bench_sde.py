@@ -6,9 +6,16 @@
    to torchsde measured in the same run.
 2. The SDE against the finite network (``simulations.simulate(method="exact")``) at equal T and
    samples, for several widths (the network costs depth = T * width blocks).
+3. ``--step-sizes``: the lean factored Euler step (5 m x m products, O(m^2) auxiliaries, fused
+   passes, numpy normals) against the first implementation
+   (``sde.solvers._ReferenceFactoredEulerStep`` with ``torch.randn`` normals) per path-step
+   through ``sde.integrate`` at m = 8 ... 128, shaped block with gamma 0.1, causal and not,
+   interleaved round by round in one run (median ratio); and float32 against float64 with the
+   same normals (its speed and its error on rho and log V^aa at T).
 
     python benchmarks/bench_sde.py
     python benchmarks/bench_sde.py --paths 1024 --steps 20 --widths 256 --net-samples 8
+    python benchmarks/bench_sde.py --step-sizes 8 32 64 128 --skip-solvers --skip-network
 """
 
 from __future__ import annotations
@@ -109,6 +116,81 @@ def versus_network(args: argparse.Namespace, device: torch.device) -> None:
     print()
 
 
+def lean_step(args: argparse.Namespace, device: torch.device) -> None:
+    from sde.solvers import (
+        FactoredEulerStep,
+        _ReferenceFactoredEulerStep,
+        gaussian_noise,
+        integrate,
+    )
+
+    paths, steps = args.step_paths, args.step_steps
+    print(
+        f"## Lean factored Euler step vs the first implementation: shaped block, gamma 0.1, "
+        f"{paths} paths, {steps} steps of 0.01, {device}, {torch.get_num_threads()} threads, "
+        f"median of {args.rounds} interleaved rounds\n"
+    )
+    print(
+        "| m | causal | reference f64 (ms / path-step) | lean f64 | speed-up f64 | lean f32 | "
+        "f32 vs f64 | f32 error: max abs rho / log V^aa at T |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+
+    def run(stepper, V0, dtype, noise_kind, seed):
+        m = V0.shape[-1]
+        V0s = V0.to(dtype).expand(paths, m, m).contiguous()
+        gen = torch.Generator(device=device).manual_seed(seed)
+        if noise_kind == "torch":
+
+            def noise(k):
+                return torch.randn((paths, 2, m, m), generator=gen, dtype=dtype, device=device)
+        elif noise_kind == "fixed":
+            table = torch.randn((steps, paths, 2, m, m), generator=gen, dtype=torch.float64)
+
+            def noise(k):
+                return table[k].to(dtype)
+        else:
+            noise = gaussian_noise((paths, 2, m, m), gen, dtype, device)
+        start = time.perf_counter()
+        sol = integrate(stepper, V0s, steps=steps, dt=0.01, save_every=steps, noise=noise,
+                        bound=1e8, progress=False)  # fmt: skip
+        _sync(device)
+        return (time.perf_counter() - start) / (paths * steps) * 1e3, sol.V[:, -1].double()
+
+    for m in args.step_sizes:
+        for causal in (False, True):
+            if causal and m > args.step_causal_max:  # the causal reference is O(m^4)
+                continue
+            cfg = ModelConfig(mlp="shaped_relu", gamma=0.1, causal=causal)
+            V0 = equicorrelated(m, 0.2, device=device).double()
+            ref, lean = _ReferenceFactoredEulerStep(cfg, m), FactoredEulerStep(cfg, m)
+            times: dict[str, list[float]] = {"ref": [], "f64": [], "f32": []}
+            run(lean, V0, torch.float64, "numpy", 0)  # warm-up
+            for r in range(args.rounds):
+                times["ref"].append(run(ref, V0, torch.float64, "torch", r)[0])
+                times["f64"].append(run(lean, V0, torch.float64, "numpy", r)[0])
+                times["f32"].append(run(lean, V0, torch.float32, "numpy", r)[0])
+            ref_t, f64_t, f32_t = times["ref"], times["f64"], times["f32"]
+            ratio = statistics.median(a / b for a, b in zip(ref_t, f64_t, strict=True))
+            ratio32 = statistics.median(a / b for a, b in zip(f64_t, f32_t, strict=True))
+            _, V64 = run(lean, V0, torch.float64, "fixed", 99)
+            _, V32 = run(lean, V0, torch.float32, "fixed", 99)
+
+            def rho_logd(V):
+                d = torch.diagonal(V, dim1=-2, dim2=-1)
+                return V / (d[:, :, None] * d[:, None, :]).sqrt(), d.log()
+
+            (r64, l64), (r32, l32) = rho_logd(V64), rho_logd(V32)
+            print(
+                f"| {m} | {causal} | {statistics.median(times['ref']):.3f} | "
+                f"{statistics.median(times['f64']):.3f} | **{ratio:.2f}x** | "
+                f"{statistics.median(times['f32']):.3f} | {ratio32:.2f}x | "
+                f"{(r64 - r32).abs().max():.1e} / {(l64 - l32).abs().max():.1e} |",
+                flush=True,
+            )
+    print()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=8)
@@ -121,13 +203,21 @@ def main() -> None:
     p.add_argument("--net-T", type=float, default=0.25)
     p.add_argument("--net-tokens", type=int, default=4)
     p.add_argument("--skip-network", action="store_true")
+    p.add_argument("--skip-solvers", action="store_true")
+    p.add_argument("--step-sizes", type=int, nargs="*", default=[], help="m for section 3")
+    p.add_argument("--step-paths", type=int, default=64)
+    p.add_argument("--step-steps", type=int, default=10)
+    p.add_argument("--step-causal-max", type=int, default=64, help="largest causal m")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    solvers(args, device)
+    if not args.skip_solvers:
+        solvers(args, device)
+    if args.step_sizes:
+        lean_step(args, device)
     if not args.skip_network:
         versus_network(args, device)
 
