@@ -6,7 +6,9 @@ law of ``V_T`` against safety criteria (:class:`Criteria`), ranks the safe candi
 :func:`rank_key` and returns the best with the whole table (:class:`Advice`).
 
 Safety criteria (each a threshold of :class:`Criteria`; a candidate passes when every point
-estimate is below its threshold; the Monte Carlo standard error is reported with each):
+estimate is below its threshold, and its verdict is "pass" only when every one is below by at
+least 2 standard errors, else "unresolved", :meth:`Measurement.unresolved`; the Monte Carlo
+standard error is reported with each):
 
 - ``collapse``: fraction of paths with some off-diagonal correlation ``rho^{ab}_T > rho_max``
   (rank collapse, docs/theory.md#rank-collapse; exploded paths count as collapsed), below 1%;
@@ -36,14 +38,18 @@ Sampling: every candidate is first screened with ``screen_samples`` paths (rejec
 for a violation beyond 2 standard errors; others stay unresolved); candidates are then
 confirmed with ``samples`` fresh paths in ranking order until one passes (the confirmed numbers
 replace the screening ones). All candidates are integrated together as one batch (float32
-factored Euler, ``dt = min(T / 50, 0.02)``), so the cost is independent of the width.
+factored Euler, ``dt = min(T / 50, 0.02)``, causal by default as ``shapedtx train`` trains),
+so the cost is independent of the width; with more than :data:`DEFAULT_MAX_TOKENS` tokens the
+SDE is integrated with that many (the scores converge in m; the measurement is in the
+constant's docstring). The cost is estimated up front (``log``) from two short timed runs.
+An advice at the edge of the gamma or tau0 grid says so (``Advice.grid_edges`` and a note).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -52,15 +58,9 @@ import torch
 from torch import Tensor
 
 import sde
-from sde.coefficients import (
-    arccos_kernel,
-    attention_auxiliaries,
-    attention_drift_factor,
-    centering,
-    sde_constants,
-)
+from sde.coefficients import sde_constants
 from sde.solve import DEFAULT_BOUND
-from sde.solvers import _jittered_cholesky, gaussian_noise, integrate
+from sde.solvers import _chunked_step, _Constants, gaussian_noise, integrate
 from sde.time_grid import MAX_STEPS
 from shapedtx import ModelConfig
 from shapedtx._validation import (
@@ -83,6 +83,14 @@ shaped ReLU MLP, 1 head, m = 8, rho0 = 0.2), 0.1415 +- 0.0002 with this module (
 itself is accepted despite Monte Carlo error."""
 
 SPREAD_BATCHES = 8
+
+DEFAULT_MAX_TOKENS = 16
+"""The number of tokens advise integrates the SDE with when more are asked for. Measured
+(benchmarks/RESULTS.md, issue #39 section 2: causal block, width 512, depth 96, m = 8 ... 128):
+from m = 16 to 32 rho_spread moves by at most 1% for gamma <= 0.3 and 3.6% above, and the
+fractions and norm quantile agree within about 2 SE or are larger (stricter) at m = 16; at
+m >= 64 advise's 50-step solution is itself biased (the factored scheme's error grows like
+(dt m)^2), so m = 16 is also the more accurate; the cost grows as m^3."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class Measurement:
     rho_spread_se: float
     rho_mean: float
     norm_low: float = math.nan  # lower 2-SE order-statistic bound of the norm quantile
+    norm_high: float = math.nan  # upper 2-SE order-statistic bound of the norm quantile
 
     def violations(self, criteria: Criteria, z: float = 0.0) -> tuple[str, ...]:
         """The criteria this measurement violates, with the numbers. ``z > 0``: only those
@@ -134,6 +143,41 @@ class Measurement:
             if not low < threshold:
                 out.append(f"{name} {value:.3g} >= {threshold:g}")
         return tuple(out)
+
+    def unresolved(self, criteria: Criteria, z: float = 2.0) -> tuple[str, ...]:
+        """The criteria this measurement passes by less than ``z`` standard errors: a point
+        estimate below its threshold that the sample cannot tell from one above it.
+
+        For the fractions the SE is the binomial SE *at the threshold*,
+        ``sqrt(t (1 - t) / N)`` (at an estimate of 0 the SE of the estimate is 0, yet 0 of 32
+        paths cannot show a rate below 0.001: its SE at 0.001 is 0.0056); for the quantile,
+        the order statistic at ``q + z sqrt(q (1 - q) / N)`` (``norm_high``) must be below the
+        threshold. Violated criteria are not listed (see :meth:`violations`).
+        """
+        out = []
+        fractions = (
+            ("collapse", self.collapse, criteria.collapse),
+            ("exploded", self.exploded, criteria.exploded),
+        )
+        for name, value, threshold in fractions:
+            se = _binomial_se(threshold, self.samples)
+            if value < threshold <= value + z * se:
+                out.append(
+                    f"{name} {value:.3g} < {threshold:g} by less than {z:g} SE ({se:.2g}); "
+                    f"resolving it needs about {_samples_to_resolve(value, threshold, z)} paths"
+                )
+        name = f"norm q{100 * criteria.norm_quantile:g}"
+        if self.norm < criteria.norm_ratio and not self.norm_high < criteria.norm_ratio:
+            out.append(
+                f"{name} {self.norm:.3g} < {criteria.norm_ratio:g} but its {z:g}-SE upper "
+                f"bound is {self.norm_high:.3g}"
+            )
+        return tuple(out)
+
+
+def _samples_to_resolve(value: float, threshold: float, z: float = 2.0) -> int:
+    """Paths for which ``threshold - value`` is ``z`` binomial SEs at the threshold."""
+    return math.ceil(z**2 * threshold * (1 - threshold) / (threshold - value) ** 2 - 1e-9)
 
 
 def _binomial_se(p: float, n: int) -> float:
@@ -179,6 +223,7 @@ def measure(
     half = math.sqrt(q * (1 - q) / N)
     norm_se = (_order_stat(ratio, min(q + half, 1.0)) - _order_stat(ratio, max(q - half, 0))) / 2
     norm_low = _order_stat(ratio, max(q - 2 * half, 0))
+    norm_high = _order_stat(ratio, min(q + 2 * half, 1.0))
     good = off[~bad].numpy()
     spread = float(good.std()) if good.size > 1 else math.nan
     batches = np.array_split(good, SPREAD_BATCHES) if good.shape[0] >= 2 * SPREAD_BATCHES else []
@@ -199,6 +244,7 @@ def measure(
         rho_spread_se=spread_se,
         rho_mean=float(good.mean()) if good.size else math.nan,
         norm_low=norm_low,
+        norm_high=norm_high,
     )
 
 
@@ -233,11 +279,21 @@ class Candidate:
     violations: tuple[str, ...]
     stage: str  # "screen" or "confirmed"
     significant: tuple[str, ...] = ()  # violations beyond 2 SE (decide the screen)
+    unresolved: tuple[str, ...] = ()  # passes by less than 2 SE (Measurement.unresolved)
 
     @property
     def passed(self) -> bool:
-        """Every criterion's point estimate is below its threshold."""
+        """Every criterion's point estimate is below its threshold (see :attr:`verdict`: such a
+        pass within 2 SE of a threshold is reported "unresolved")."""
         return not self.violations
+
+    @property
+    def verdict(self) -> str:
+        """``"fail"`` (a point estimate at or above its threshold), ``"unresolved"`` (passes,
+        but by less than 2 standard errors on some criterion) or ``"pass"``."""
+        if self.violations:
+            return "fail"
+        return "unresolved" if self.unresolved else "pass"
 
     @property
     def plausible(self) -> bool:
@@ -256,6 +312,8 @@ class Candidate:
             "gamma": self.gamma,
             "tau0": self.tau0,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "unresolved": list(self.unresolved),
             "plausible": self.plausible,
             "violations": list(self.violations),
             "significant_violations": list(self.significant),
@@ -329,6 +387,14 @@ class Advice:
     samples: int
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    sim_tokens: int = 0  # the m the SDE was integrated with (min(tokens, max_tokens))
+    estimated_seconds: float = math.nan  # the up-front cost estimate
+    grid_edges: tuple[str, ...] = ()  # the advice is at an edge of the gamma or tau0 grid
+
+    @property
+    def resolved(self) -> bool:
+        """An advice whose every criterion passes by at least 2 standard errors."""
+        return self.best is not None and self.best.verdict == "pass"
 
     @property
     def best(self) -> Candidate | None:
@@ -381,6 +447,10 @@ class Advice:
             "samples": self.samples,
             "mc_se_at_thresholds": self.mc_se,
             "seconds": self.seconds,
+            "estimated_seconds": _json_float(self.estimated_seconds),
+            "sim_tokens": self.sim_tokens,
+            "resolved": self.resolved,
+            "grid_edges": list(self.grid_edges),
             "notes": list(self.notes),
         }
 
@@ -409,11 +479,15 @@ class _BatchedEuler:
     """:class:`sde.FactoredEuler` with per-row constants: many configurations in one batch.
 
     Row i of the batch belongs to configuration ``owner[i]``; the step is the same formula
-    with the scalar constants replaced by (B, 1, 1) tensors.
+    (``sde.solvers._factored_euler_step``, causal or not) with the scalar constants replaced
+    by (B, 1, 1) tensors. All configurations share ``causal``.
     """
 
     def __init__(self, configs: Sequence[ModelConfig], counts: Sequence[int], m: int, dtype):
         consts = [sde_constants(c, m) for c in configs]
+        causal = {k.causal for k in consts}
+        if len(causal) > 1:
+            raise ValueError("_BatchedEuler: the configurations must all be causal or none")
 
         def col(name):
             values = [
@@ -421,35 +495,21 @@ class _BatchedEuler:
             ]
             return torch.tensor(values, dtype=dtype)[:, None, None]
 
-        self.k_lin, self.k_att, self.a_att, self.k_mlp = (
-            col(n) for n in ("k_lin", "k_att", "a_att", "k_mlp")
-        )
-        self.has_mlp = bool((self.k_mlp > 0).any())
-        self.has_att = bool((self.a_att > 0).any())
+        k_lin, k_att, a_att, k_mlp = (col(n) for n in ("k_lin", "k_att", "a_att", "k_mlp"))
+        self.consts = _Constants(k_lin, k_att, a_att, k_mlp)
+        self.kw = {
+            "attention": bool((a_att > 0).any()),
+            "mlp": bool((k_mlp > 0).any()),
+            "causal": causal.pop(),
+        }
         self.m = m
-        self.eye = torch.eye(m, dtype=dtype)
-        self.P = centering(m, dtype=dtype, device=None)  # the attention noise's centring
 
-    def init(self, V0: Tensor) -> Tensor:
-        return sde.psd_factor(V0)[0]
+    def init(self, V0: Tensor) -> tuple[Tensor, Tensor]:
+        return sde.psd_factor(V0)[0], V0
 
-    def step(self, L: Tensor, normals: Tensor, dt: float) -> tuple[Tensor, Tensor, None]:
-        m = self.m
-        V = L @ L.transpose(-1, -2)
-        if self.has_mlp:
-            V = V + (-torch.expm1(-self.k_mlp * dt)) * (arccos_kernel(V) - V)
-            L = _jittered_cholesky(V)
-        eye = self.eye
-        eps2 = self.k_lin * dt / 2
-        left = eye * (1 - eps2 * m / 2)
-        if self.has_att:
-            aux = attention_auxiliaries(V)
-            G = (self.k_att * dt).sqrt() * (L @ normals[:, 1] @ L.transpose(-1, -2) @ self.P)
-            ito = (self.k_att * dt / 2) * aux[1][:, None, None] * eye
-            left = left + dt * attention_drift_factor(V, self.a_att, aux) + G - ito
-        F = left @ L @ (eye + eps2.sqrt() * normals[:, 0])
-        Vn = F @ F.transpose(-1, -2)
-        return F, (Vn + Vn.transpose(-1, -2)) / 2, None
+    def step(self, state, normals: Tensor, dt: float) -> tuple[tuple[Tensor, Tensor], Tensor, None]:
+        new_state, new = _chunked_step(state, normals, dt, self.consts, False, self.kw)
+        return new_state, new, None
 
 
 def solve_batch(
@@ -461,30 +521,24 @@ def solve_batch(
     steps: int,
     seed: int,
     dtype: torch.dtype = torch.float32,
+    progress: bool | None = False,
 ) -> list[tuple[Tensor, Tensor]]:
     """``(V_T (samples, m, m), exploded (samples,))`` for every config, solved together.
 
-    Non-causal configurations are integrated as one batch (:class:`_BatchedEuler`); causal
-    ones with :func:`sde.solve` each (they need the causal SDE of docs/theory.md#causal-sde).
+    The causal and the non-causal configurations are integrated as one batch each
+    (:class:`_BatchedEuler`, docs/theory.md#causal-sde for the causal SDE); ``progress``: a
+    tqdm bar over the steps of each batch.
     """
     m = V0.shape[-1]
     out: list[tuple[Tensor, Tensor] | None] = [None] * len(configs)
-    batch = [i for i, c in enumerate(configs) if not c.causal]
-    for i, c in enumerate(configs):
-        if c.causal:
-            ds = sde.solve(
-                c, V0, samples, T=T, dt=T / steps, seed=seed + i, dtype=dtype, progress=False,
-                warn=False,  # blow-ups are part of what is measured here
-            )  # fmt: skip
-            out[i] = (
-                torch.as_tensor(ds["V"].values[:, -1]),
-                torch.as_tensor(ds["exploded"].values),
-            )
-    if batch:
+    for offset, causal in enumerate((False, True)):
+        batch = [i for i, c in enumerate(configs) if c.causal == causal]
+        if not batch:
+            continue
         stepper = _BatchedEuler([configs[i] for i in batch], [samples] * len(batch), m, dtype)
         B = samples * len(batch)
         V0s = V0.to(dtype).expand(B, m, m).contiguous()
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed + offset)
         sol = integrate(
             stepper,
             V0s,
@@ -493,13 +547,14 @@ def solve_batch(
             save_every=steps,
             noise=gaussian_noise((B, 2, m, m), gen, dtype, V0s.device),
             bound=DEFAULT_BOUND,
+            progress=progress,
         )
         VT = sol.V[:, -1].reshape(len(batch), samples, m, m)
         ex = sol.exploded.reshape(len(batch), samples)
         for j, i in enumerate(batch):
             out[i] = (VT[j], ex[j])
     solved = [o for o in out if o is not None]
-    assert len(solved) == len(out)  # every configuration is either causal or in the batch
+    assert len(solved) == len(out)  # every configuration is in one of the two batches
     return solved
 
 
@@ -514,6 +569,42 @@ def _check_grid(
     for v in values:
         check_number(f"{name} values", v, low, high, low_open=low_open)
     return tuple(sorted(set(float(v) for v in values)))
+
+
+def _grid_edges(best: Candidate, gammas: Sequence[float], tau0s: Sequence[float]) -> tuple:
+    """Notes for an advice at the smallest or largest gamma or tau0 of a grid of several
+    values: the best value may lie outside the grid."""
+    out = []
+    for name, value, grid in (("gamma", best.gamma, gammas), ("tau0", best.tau0, tau0s)):
+        if len(grid) < 2:
+            continue
+        if value == min(grid):
+            out.append(f"{name} = {value:g} is the smallest of the grid; a smaller one may be "
+                       f"better (extend --{name}s)")  # fmt: skip
+        elif value == max(grid):
+            out.append(f"{name} = {value:g} is the largest of the grid; a larger one may be "
+                       f"better (extend --{name}s)")  # fmt: skip
+    return tuple(out)
+
+
+def _step_cost(configs: Sequence[ModelConfig], V0: Tensor, T: float, steps: int) -> tuple:
+    """``(a, b)``: seconds per step of :func:`solve_batch` are about ``a + b paths`` at this m,
+    from two short timed runs of the first configuration (P and 4P paths, P = 65536 / m^2
+    clamped to [16, 256]; 2 steps each, after a warm-up)."""
+    probe, m = [configs[0]], V0.shape[-1]
+    P = min(max(65536 // m**2, 16), 256)
+    solve_batch(probe, V0, P, T=T / steps, steps=1, seed=0)
+    times = []
+    for paths in (P, 4 * P):
+        start = time.perf_counter()
+        solve_batch(probe, V0, paths, T=2 * T / steps, steps=2, seed=0)
+        times.append((time.perf_counter() - start) / 2)
+    b = max((times[1] - times[0]) / (3 * P), times[1] / (4 * P) / 4)
+    return max(times[0] - P * b, 0.0), b
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def design_checks(config: ModelConfig, tokens: int) -> DesignChecks:
@@ -538,7 +629,7 @@ def advise(
     *,
     heads: int = 1,
     mlp: str = "shaped_relu",
-    causal: bool = False,
+    causal: bool = True,
     gammas: Sequence[float] = DEFAULT_GAMMAS,
     tau0s: Sequence[float] = DEFAULT_TAU0S,
     criteria: Criteria = Criteria(),
@@ -549,13 +640,17 @@ def advise(
     steps: int | None = None,
     max_confirm: int = 8,
     seed: int = 0,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> Advice:
     """Advised (gamma, tau0) for a shaped Transformer of ``width``, ``depth`` and ``tokens``.
 
     Args:
         width, depth, tokens: n, d and m (T = d / n); ``tokens >= 2``.
         heads: attention heads (with W^O when > 1); mlp: ``"shaped_relu"`` or ``"none"``.
-        causal: the causal variant (needs the causal SDE; passed through to :mod:`sde`).
+        causal: causal attention (default True: what ``shapedtx train`` trains, a causal
+            byte-level LM; docs/theory.md#causal-sde).
         gammas, tau0s: the grid, gamma in (0, 1], tau0 in [1e-6, 1e6].
         criteria: safety thresholds; spread_target: see :func:`rank_key`.
         rho0: the input covariance is equicorrelated with correlation rho0 and V^{aa} = 1.
@@ -564,6 +659,11 @@ def advise(
             most ``sde.time_grid.MAX_STEPS`` (1e7).
         max_confirm: at most this many candidates are confirmed.
         seed: seeds the screening (confirmation i uses ``seed + 1 + i``).
+        max_tokens: the SDE is integrated with ``min(tokens, max_tokens)`` tokens (default
+            :data:`DEFAULT_MAX_TOKENS`; None: all). The scores converge in m
+            (:data:`DEFAULT_MAX_TOKENS` has the measurement); the design checks use ``tokens``.
+        progress: tqdm bars over the SDE steps (None: when stderr is a terminal).
+        log: called with the up-front cost estimate (a line of text) before the work starts.
 
     Returns:
         :class:`Advice`; its ``candidates`` are sorted by :func:`rank_key` (best first).
@@ -579,6 +679,9 @@ def advise(
     seed = check_int("seed", seed, 0)
     check_choice("mlp", mlp, ("shaped_relu", "none"))
     check_bool("causal", causal)
+    if max_tokens is not None:
+        max_tokens = check_int("max_tokens", max_tokens, 2)
+    sim_tokens = tokens if max_tokens is None else min(tokens, max_tokens)
     if width < tokens:
         raise ValueError(f"width must be >= tokens, got width={width}, tokens={tokens}")
     check_correlation(rho0, tokens)
@@ -596,15 +699,30 @@ def advise(
     steps = check_int("steps", steps, 1, MAX_STEPS)
     grid = [(g, t) for g in gammas for t in tau0s]
     configs = [_config(width, depth, heads, mlp, causal, g, t) for g, t in grid]
-    V0 = equicorrelated(tokens, rho0, 1.0)
+    V0 = equicorrelated(sim_tokens, rho0, 1.0)
+    per_step, per_path_step = _step_cost(configs, V0, T, steps)
+    estimate = steps * (2 * per_step + per_path_step * (len(configs) * screen_samples + samples))
+    if log is not None:
+        log(
+            f"estimated cost: about {_duration(estimate)} (screen {len(configs)} candidates x "
+            f"{screen_samples} paths, confirm {samples} paths per candidate, usually 1-2 of "
+            f"at most {max_confirm}; {steps} steps at m = {sim_tokens}"
+            + (f" of {tokens} tokens" if sim_tokens < tokens else "")
+            + f"; {1e6 * per_path_step:.3g} us per path-step measured now)"
+        )
 
-    results = solve_batch(configs, V0, screen_samples, T=T, steps=steps, seed=seed)
+    results = solve_batch(
+        configs, V0, screen_samples, T=T, steps=steps, seed=seed, progress=progress
+    )
     cands = []
     for (g, t), (VT, ex) in zip(grid, results, strict=True):
         meas = measure(V0, VT, ex, criteria)
         cands.append(
-            Candidate(g, t, meas, meas.violations(criteria), "screen", meas.violations(criteria, 2))
-        )
+            Candidate(
+                g, t, meas, meas.violations(criteria), "screen", meas.violations(criteria, 2),
+                meas.unresolved(criteria),
+            )
+        )  # fmt: skip
 
     chosen = None
     for attempt in range(max_confirm):
@@ -615,7 +733,7 @@ def advise(
         i = todo[0]
         old_key = rank_key(cands[i], spread_target)
         ((VT, ex),) = solve_batch(
-            [configs[i]], V0, samples, T=T, steps=steps, seed=seed + 1 + attempt
+            [configs[i]], V0, samples, T=T, steps=steps, seed=seed + 1 + attempt, progress=progress
         )
         meas = measure(V0, VT, ex, criteria)
         cands[i] = replace(
@@ -624,6 +742,7 @@ def advise(
             violations=meas.violations(criteria),
             stage="confirmed",
             significant=meas.violations(criteria, 2),
+            unresolved=meas.unresolved(criteria),
         )
         # accept when it still passes and keeps its tier (below/above the spread target)
         if cands[i].passed and rank_key(cands[i], spread_target)[0] == old_key[0]:
@@ -646,6 +765,20 @@ def advise(
     elif rank_key(cands[chosen], spread_target)[0] == 1:
         notes.append(f"no safe candidate has rho_spread <= {spread_target:g}: smallest spread")
     best = cands[chosen] if chosen is not None else None
+    if best is not None and best.unresolved:
+        notes.append(
+            f"the advice is UNRESOLVED: it passes {len(best.unresolved)} criteria by less than "
+            f"2 standard errors with {best.measurement.samples} paths ("
+            + "; ".join(best.unresolved)
+            + "); raise samples"
+        )
+    edges = _grid_edges(best, gammas, tau0s) if best is not None else ()
+    notes += [f"at the edge of the grid: {e}" for e in edges]
+    if sim_tokens < tokens:
+        notes.append(
+            f"the SDE was integrated with m = {sim_tokens} of the {tokens} tokens (max_tokens; "
+            "the scores converge in m: benchmarks/RESULTS.md, advise at long contexts)"
+        )
     design = design_checks(configs[0], tokens)
     if not design.head_size_ok:
         notes.append(
@@ -672,4 +805,7 @@ def advise(
         samples=samples,
         seconds=time.perf_counter() - start,
         notes=tuple(notes),
+        sim_tokens=sim_tokens,
+        estimated_seconds=estimate,
+        grid_edges=edges,
     )

@@ -272,24 +272,24 @@ def test_criteria_thresholds_are_open_intervals():
 
 def test_batched_euler_step_is_the_factored_euler_step_per_row():
     """``_BatchedEuler``: the same step as :class:`sde.solvers.FactoredEulerStep` with each
-    row's own constants (same factor, same normals)."""
+    row's own constants (same factor, same normals), causal and not."""
     from sde.solvers import FactoredEulerStep
     from simulations.advise import _BatchedEuler
 
     gen = torch.Generator().manual_seed(0)
     V0 = equicorrelated(3, 0.3).double()
-    for mlp in ("shaped_relu", "none"):
+    for mlp, causal in itertools.product(("shaped_relu", "none"), (False, True)):
         configs = [
-            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.3, tau0=1.0),
-            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.7, tau0=0.5),
+            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.3, tau0=1.0, causal=causal),
+            ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.7, tau0=0.5, causal=causal),
         ]
         batched = _BatchedEuler(configs, [2, 2], 3, torch.float64)
-        L = batched.init(V0.expand(4, 3, 3))
+        L, V = batched.init(V0.expand(4, 3, 3))
         normals = torch.randn((4, 2, 3, 3), generator=gen, dtype=torch.float64)
-        F, Vn, _ = batched.step(L, normals, 0.05)
+        (F, _), Vn, _ = batched.step((L, V), normals, 0.05)
         for j, cfg in enumerate(configs):
             rows = slice(2 * j, 2 * j + 2)
-            Fr, Vr, _ = FactoredEulerStep(cfg, 3).step(L[rows], normals[rows], 0.05)
+            (Fr, _), Vr, _ = FactoredEulerStep(cfg, 3).step((L[rows], V[rows]), normals[rows], 0.05)
             torch.testing.assert_close(F[rows], Fr, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(Vn[rows], Vr, rtol=1e-12, atol=1e-12)
 
@@ -311,7 +311,7 @@ def test_confirmation_keeps_a_candidate_only_if_it_stays_within_the_target(monke
     screen = {0.1: 0.05, 0.2: 0.09}
     confirm = {0.1: 0.05, 0.2: 0.2}
 
-    def fake_solve_batch(configs, V0, samples, *, T, steps, seed):
+    def fake_solve_batch(configs, V0, samples, *, T, steps, seed, progress=False):
         law = screen if len(configs) > 1 else confirm
         return [(_fake_law(law[c.gamma], samples), torch.zeros(samples, dtype=torch.bool))
                 for c in configs]  # fmt: skip
@@ -333,3 +333,123 @@ def test_depth_one_is_a_valid_network():
     assert a.T == 1 / 8 and a.gamma == 0.1
     with pytest.raises(ValueError, match="depth"):
         advise(8, 0, 2)
+
+
+def test_cost_estimate_is_logged_before_the_work_and_progress_is_shown(monkeypatch, capsys):
+    """The up-front estimate reaches ``log`` before the screening batch starts, is stored in the
+    Advice, and the screening shows a tqdm bar on stderr with ``progress=True``."""
+    advise_module = importlib.import_module("simulations.advise")
+    events = []
+    real = advise_module.solve_batch
+
+    def spy(configs, V0, samples, **kw):
+        events.append(("solve", len(configs), samples))
+        return real(configs, V0, samples, **kw)
+
+    monkeypatch.setattr(advise_module, "solve_batch", spy)
+    kw = dict(gammas=(0.1, 0.2), tau0s=(1.0,), samples=64, screen_samples=32, steps=5)
+    a = advise(16, 4, 4, progress=True, log=lambda line: events.append(("log", line)), **kw)
+    logs = [i for i, e in enumerate(events) if e[0] == "log"]
+    screen = events.index(("solve", 2, 32))
+    assert len(logs) == 1 and logs[0] < screen
+    assert events[logs[0]][1].startswith("estimated cost: about ")
+    assert "screen 2 candidates x 32 paths" in events[logs[0]][1]
+    assert 0 < a.estimated_seconds < math.inf
+    assert "it/s]" in capsys.readouterr().err or "s/it]" in capsys.readouterr().err
+
+
+def test_a_pass_by_less_than_two_standard_errors_is_unresolved():
+    """0 exploded of 32 paths passes the 0.1% criterion on the point estimate, but the
+    binomial SE at the threshold is 0.0056: unresolved; 0 of 4096 is resolved (2 SE =
+    0.00099 < 0.001), 1 of 4096 is not; collapse 0.005 of 4096 passes 0.01 by 3.2 SE."""
+    V0, VT, exploded = _known_law()
+    base = measure(V0, VT[:30], exploded[:30])
+    crit = Criteria()
+
+    def meas(n, exploded=0.0, collapse=0.0):
+        return replace(base, samples=n, exploded=exploded, collapse=collapse, norm=1.0,
+                       norm_high=1.5)  # fmt: skip
+
+    assert [u.split()[0] for u in meas(32).unresolved(crit)] == ["collapse", "exploded"]
+    assert "about 3996 paths" in meas(32).unresolved(crit)[1]
+    assert meas(4096).unresolved(crit) == ()
+    assert [u.split()[0] for u in meas(4096, exploded=1 / 4096).unresolved(crit)] == ["exploded"]
+    assert meas(4096, collapse=0.005).unresolved(crit) == ()
+    assert meas(4096, collapse=0.008).unresolved(crit)[0].startswith("collapse")
+    high = replace(meas(4096), norm=9.0, norm_high=11.0)
+    assert high.unresolved(crit)[0].startswith("norm q99") and not high.violations(crit)
+    c = Candidate(0.1, 1.0, meas(32), (), "confirmed", (), meas(32).unresolved(crit))
+    assert c.passed and c.verdict == "unresolved"
+    assert Candidate(0.1, 1.0, meas(4096), (), "confirmed").verdict == "pass"
+    assert Candidate(0.1, 1.0, meas(32), ("x",), "confirmed").verdict == "fail"
+
+
+def _fake_advise(monkeypatch, spreads, samples=4096, **kw):
+    """advise with a fake solver: gamma -> the spread of its law (nothing collapses)."""
+    advise_module = importlib.import_module("simulations.advise")
+
+    def fake_solve_batch(configs, V0, n, **_):
+        return [(_fake_law(spreads[c.gamma], n), torch.zeros(n, dtype=torch.bool))
+                for c in configs]  # fmt: skip
+
+    monkeypatch.setattr(advise_module, "solve_batch", fake_solve_batch)
+    monkeypatch.setattr(advise_module, "_step_cost", lambda *a: (0.0, 1e-6))
+    grid = dict(gammas=tuple(spreads), tau0s=(0.5, 1.0), samples=samples, screen_samples=32)
+    return advise(16, 4, 2, **(grid | kw))
+
+
+def test_unresolved_advice_is_reported(monkeypatch):
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, samples=32, spread_target=0.1)
+    assert a.gamma == 0.2 and a.best.verdict == "unresolved" and not a.resolved
+    assert any("UNRESOLVED" in n for n in a.notes)
+    from simulations.cli.advise import format_advice
+
+    assert "unresolved (passes by < 2 SE)" in format_advice(a)
+    assert json.loads(json.dumps(a.to_dict()))["resolved"] is False
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, spread_target=0.1)
+    assert a.resolved and a.best.verdict == "pass"
+    assert not any("UNRESOLVED" in n for n in a.notes)
+
+
+def test_advice_at_the_edge_of_the_grid_says_so(monkeypatch):
+    """The largest gamma within the target is the grid's largest: a note (and grid_edges);
+    tau0 0.5 is the smallest tau0 (the ranking's tie-break) and is noted too; an interior
+    gamma gets no gamma note."""
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, spread_target=0.1)
+    assert (a.gamma, a.tau0) == (0.2, 0.5)
+    assert any("gamma = 0.2 is the largest of the grid" in e for e in a.grid_edges)
+    assert any("tau0 = 0.5 is the smallest of the grid" in e for e in a.grid_edges)
+    assert all(f"at the edge of the grid: {e}" in a.notes for e in a.grid_edges)
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09, 0.3: 0.2}, spread_target=0.1)
+    assert a.gamma == 0.2 and not any(e.startswith("gamma") for e in a.grid_edges)
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, spread_target=0.1, tau0s=(1.0,))
+    assert a.grid_edges == ("gamma = 0.2 is the largest of the grid; a larger one may be "
+                            "better (extend --gammas)",)  # fmt: skip
+
+
+def test_causal_is_the_default_as_in_training(capsys):
+    """advise and ``shapedtx advise`` default to causal attention, which ``shapedtx train``
+    requires (shapedtx.training.train: ``causal`` must be True); --no-causal switches."""
+    import inspect
+
+    assert inspect.signature(advise).parameters["causal"].default is True
+    argv = ["advise", "--width", "16", "--depth", "4", "--tokens", "3", "--json", "--gammas",
+            "0.1", "--tau0s", "1", "--samples", "32", "--screen-samples", "32"]  # fmt: skip
+    main(argv)
+    assert json.loads(capsys.readouterr().out)["causal"] is True
+    main([*argv, "--no-causal"])
+    assert json.loads(capsys.readouterr().out)["causal"] is False
+
+
+def test_long_contexts_integrate_max_tokens_and_say_so():
+    a = advise(32, 4, 20, heads=2, max_tokens=4, gammas=(0.1,), tau0s=(1.0,), samples=32,
+               screen_samples=32, steps=5)  # fmt: skip
+    assert a.tokens == 20 and a.sim_tokens == 4
+    assert a.candidates[0].measurement.samples == 32
+    assert any("m = 4 of the 20 tokens" in n for n in a.notes)
+    assert not a.design.head_size_ok  # the design checks use all 20 tokens (key size 16 < 19)
+    b = advise(32, 4, 5, max_tokens=None, gammas=(0.1,), tau0s=(1.0,), samples=32,
+               screen_samples=32, steps=5)  # fmt: skip
+    assert b.sim_tokens == 5 and not any("of the 5 tokens" in n for n in b.notes)
+    with pytest.raises(ValueError, match="max_tokens"):
+        advise(32, 4, 5, max_tokens=1)

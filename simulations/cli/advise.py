@@ -41,6 +41,19 @@ Every candidate is screened with --screen-samples paths (rejected there only for
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
 --samples fresh paths in ranking order until one passes. Monte Carlo standard errors are
 shown (binomial for fractions, order-statistic for the quantile, batch means for the spread).
+Verdicts: "pass" only when every criterion passes by at least 2 standard errors (for the
+fractions the binomial SE at the threshold: 0 exploded of 32 paths cannot show a rate below
+0.1%, SE 0.0056; about 4000 paths can); a pass by less is "unresolved", and an unresolved or
+grid-edge advice says so in a note.
+
+Long contexts: the SDE is integrated with min(--tokens, --max-tokens) tokens (default 16),
+chosen by measurement (benchmarks/RESULTS.md, issue #39): for a causal block at width 512,
+depth 96, rho_spread moves by at most 1% (gamma <= 0.3; 3.6% above) from m = 16 to 32, and
+the fractions and the norm quantile agree within about 2 SE or are stricter at m = 16; at
+larger m the SDE's 50-step solution is itself less accurate, and the cost grows as m^3.
+--max-tokens 0 integrates all tokens.
+The cost estimate is printed (to stderr) before the work starts, with a progress bar.
+Causal attention is the default (what `shapedtx train` trains); --no-causal for the other.
 The [LW] depth/width check and the [BH] head-size check (key size per head >= m - 1) are
 printed alongside. Exit code 0 with an advice, 1 when no candidate passes, 2 on bad input.
 Example: shapedtx advise --width 1024 --depth 1024 --tokens 8"""
@@ -79,8 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--causal",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="causal attention (needs the causal covariance SDE)",
+        default=True,
+        help="causal attention (default: causal, as shapedtx train trains)",
     )
     g.add_argument("--rho0", type=float, default=0.2, help="input correlation (default 0.2)")
     s = parser.add_argument_group("grid and sampling")
@@ -90,6 +103,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--screen-samples", type=int, default=128, help="paths per screened candidate")
     s.add_argument("--steps", type=int, default=None, help="Euler steps (default max(50, 50 T))")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="integrate the SDE with at most this many tokens (default 16, the scores converge "
+        "in m; 0: all tokens)",
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: when stderr is a terminal)",
+    )
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     c = parser.add_argument_group("criteria and ranking")
     c.add_argument("--rho-max", type=float, default=0.99, help="collapse level of rho (0.99)")
@@ -130,7 +156,7 @@ def _criteria(args: argparse.Namespace):
 
 _OPTIONS = (
     "width", "depth", "tokens", "heads", "samples", "screen_samples", "steps", "seed", "gammas",
-    "tau0s", "rho0", "spread_target",
+    "tau0s", "rho0", "spread_target", "max_tokens",
 )  # fmt: skip
 """advise's parameters whose errors name the option ``--name-with-dashes``."""
 
@@ -161,7 +187,8 @@ def format_advice(advice, *, every: bool = False) -> str:
         f"ranking: largest safe gamma with rho_spread <= {advice.spread_target:g}, then "
         "smallest tau0; else smallest rho_spread",
         f"sampling: {advice.steps} Euler steps, screen {advice.screen_samples} paths, confirm "
-        f"{advice.samples} paths; {advice.seconds:.1f} s",
+        f"{advice.samples} paths, SDE with m = {advice.sim_tokens} tokens; "
+        f"{advice.seconds:.1f} s (estimated {advice.estimated_seconds:.0f} s)",
         f"Monte Carlo SE at the thresholds (confirmed): collapse {se['collapse_confirm']:.2g}, "
         f"exploded {se['exploded_confirm']:.2g} (screen: {se['collapse_screen']:.2g}, "
         f"{se['exploded_screen']:.2g}); rows show each estimate's SE",
@@ -181,10 +208,7 @@ def format_advice(advice, *, every: bool = False) -> str:
                 f"{m.exploded:.4f}+-{m.exploded_se:.4f}",
                 f"{_fmt(m.norm)}+-{_fmt(m.norm_se, 2)}",
                 f"{m.rho_spread:.3f}+-{m.rho_spread_se:.3f}",
-                "pass"
-                if c.passed
-                else ("unresolved (within 2 SE): " if c.plausible else "")
-                + "; ".join(c.violations),
+                _verdict(c),
             )
         )
     lines.append(
@@ -218,6 +242,16 @@ def format_advice(advice, *, every: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _verdict(c) -> str:
+    if c.verdict == "pass":
+        return "pass"
+    if c.verdict == "unresolved":  # the details (paths needed) are in --json
+        names = ", ".join(" ".join(u.split()[:2]) if u.startswith("norm") else u.split()[0]
+                          for u in c.unresolved)  # fmt: skip
+        return f"unresolved (passes by < 2 SE): {names}"
+    return ("unresolved (within 2 SE): " if c.plausible else "") + "; ".join(c.violations)
+
+
 def _summary(cands):
     """The best candidate, the best few others, and one row per gamma's first failure."""
     out = list(cands[:6])
@@ -230,7 +264,15 @@ def _summary(cands):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulations.advise import DEFAULT_GAMMAS, DEFAULT_SPREAD_TARGET, DEFAULT_TAU0S, advise
+    import sys
+
+    from simulations.advise import (
+        DEFAULT_GAMMAS,
+        DEFAULT_MAX_TOKENS,
+        DEFAULT_SPREAD_TARGET,
+        DEFAULT_TAU0S,
+        advise,
+    )
 
     from ._common import set_threads
 
@@ -249,6 +291,11 @@ def run(args: argparse.Namespace) -> int:
         screen_samples=args.screen_samples,
         steps=args.steps,
         seed=args.seed,
+        max_tokens=DEFAULT_MAX_TOKENS
+        if args.max_tokens is None
+        else (None if args.max_tokens == 0 else args.max_tokens),
+        progress=args.progress,
+        log=lambda line: print(f"shapedtx advise: {line}", file=sys.stderr, flush=True),
     )
     try:
         advice = advise(args.width, args.depth, args.tokens, **kwargs)
