@@ -14,7 +14,9 @@ LIMIT_S = 60.0  # the README promises every snippet runs in under a minute on 2 
 
 
 def test_readme_has_python_snippets():
-    assert len(SNIPPETS) >= 4
+    # issue 36: the README keeps one Python example; the others moved to docs/guide/*.md,
+    # whose code blocks tests/test_docs_snippets.py runs
+    assert len(SNIPPETS) >= 1
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
