@@ -150,11 +150,14 @@ def run_trainings(
     client: Any = None,
     workers: int | None = None,
     threads_per_worker: int = 1,
+    threads: int | None = None,
     progress: bool | None = None,
     describe: Callable[[str, dict[str, Any]], str] | None = None,
 ) -> TaskSummary[dict[str, Any]]:
-    """Run every run as a Dask task (:func:`simulations.sweep.run_tasks`; the first run first)
-    and return their results by folder; finished runs are read, not trained again."""
+    """Run every run as a Dask task (:func:`simulations.sweep.run_tasks`, whose arguments
+    these are; the first run first) and return their results by folder; finished runs are
+    read, not trained again. A study that plans in rounds passes the client of
+    :func:`simulations.sweep.connect` to every round."""
     keys = [os.path.abspath(r.folder) for r in runs]
     if len(set(keys)) != len(keys):
         raise ValueError("runs must have distinct folders")
@@ -170,6 +173,7 @@ def run_trainings(
         client=client,
         workers=workers,
         threads_per_worker=threads_per_worker,
+        threads=threads,
         progress=progress,
         desc="train",
         describe=describe,

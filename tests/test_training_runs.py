@@ -119,7 +119,7 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
     thread = threading.Thread(target=study)
     thread.start()
     checkpoint = Path(long.folder) / "h200" / "checkpoint.pt"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not checkpoint.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert checkpoint.exists() and not long.result_path.exists()
@@ -127,7 +127,7 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
         pids = client.run(os.getpid)
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
-    thread.join(300)
+    thread.join(900)
     summary = outcome["summary"]
     assert summary.ok and set(summary.results) == {first.folder, long.folder, other.folder}
     assert first.result_path.stat().st_mtime_ns == stamp

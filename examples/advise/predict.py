@@ -22,6 +22,7 @@ Usage::
     python examples/advise/predict.py                                 # the study (hours, CPU)
     python examples/advise/predict.py --device cuda                   # the same on a GPU
     python examples/advise/predict.py --report                        # results from finished runs
+    python examples/advise/predict.py --depths 16 --horizons 250 1000 5000   # per horizon (WSD)
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Setup:
     lrs: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
     heads: int = 4
     steps: int = 1000
+    horizons: tuple[int, ...] = ()  # WSD runs with these horizons (steps = the longest)
     batch_size: int = 16
     seq_len: int = 64
     max_bytes: int = 8_000_000
@@ -163,14 +165,21 @@ def sde_scores(s: Setup, out: Path, depth: int, gamma: float, tau0: float) -> di
 def training_run(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr: float,
                  device: str) -> TrainingRun:  # fmt: skip
     """One configuration at one lr; its result is ``runs/<name>/lr<lr>/result.json``."""
-    log_every = max(1, s.steps // 20)
-    eval_every = log_every * 5 if s.steps >= 100 else log_every
+    horizons = s.horizons or (s.steps,)
+    steps = max(horizons)
+    if s.horizons:  # every shorter horizon's cooldown start must fall on a log row
+        starts = [h - max(1, round(0.2 * h)) for h in horizons if h != steps]
+        log_every = eval_every = math.gcd(*starts) if starts else max(1, steps // 20)
+    else:
+        log_every = max(1, steps // 20)
+        eval_every = log_every * 5 if steps >= 100 else log_every
     tc = TrainConfig(
-        steps=s.steps,
+        steps=steps,
         batch_size=s.batch_size,
         seq_len=s.seq_len,
         lr=lr,
-        warmup_steps=max(1, s.steps // 20),
+        warmup_steps=max(1, min(50, min(horizons) // 10) if s.horizons else steps // 20),
+        schedule="wsd" if s.horizons else "cosine",
         log_interval=log_every,
         eval_interval=eval_every,
         checkpoint_interval=eval_every,  # an interrupted run resumes from here
@@ -179,20 +188,25 @@ def training_run(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr:
     return TrainingRun(
         model=model_config(s, depth, gamma, tau0),
         train=tc,
-        horizons=(s.steps,),
-        folder=str(out / "runs" / _name(depth, gamma, tau0) / f"lr{lr:g}"),
+        horizons=horizons,
+        folder=str(out / "runs" / _name(depth, gamma, tau0) / _lr_folder(s, lr)),
         max_bytes=s.max_bytes,
         device=device,
         labels={"depth": depth, "gamma": gamma, "tau0": tau0, "lr": lr},
     )
 
 
-def val_loss(result: dict[str, Any]) -> float | None:
-    """A run's final validation loss (None if it diverged), from either result form (the
-    Dask runs' per-horizon form, or the flat form of the runs made before it)."""
+def _lr_folder(s: Setup, lr: float) -> str:
+    return f"lr{lr:g}_wsd" if s.horizons else f"lr{lr:g}"
+
+
+def val_loss(result: dict[str, Any], horizon: int | None = None) -> float | None:
+    """A run's final validation loss at ``horizon`` (default: its only one; None if it
+    diverged), from either result form (the Dask runs' per-horizon form, or the flat form of
+    the runs made before it)."""
     if "horizons" not in result:
         return result["val_loss"]
-    (h,) = result["horizons"].values()
+    h = result["horizons"][str(horizon)] if horizon else next(iter(result["horizons"].values()))
     return None if h["diverged"] else h["val_loss"]
 
 
@@ -210,16 +224,30 @@ def _bootstrap_spearman(x, y, n_boot: int = 2000, seed: int = 0) -> tuple[float,
 
 
 def report(s: Setup, out: Path, rows) -> dict[str, Any]:
-    """Spearman of every score against the best loss; the advice check; results.json."""
+    """Spearman of every score against the best loss, and the advice check, at the horizon of
+    ``s.steps`` (or the longest of ``s.horizons``) and, with ``s.horizons``, per horizon under
+    ``"by_horizon"``; writes results.json and score_vs_loss.png."""
+    if not s.horizons:
+        result = _report_at(s, out, rows, None)
+    else:
+        by = {str(h): _report_at(s, out, rows, h) for h in s.horizons}
+        result = {**by[str(max(s.horizons))], "by_horizon": by}
+    _write_json(result, out / "results.json")
+    if result["configs"]:
+        _figure(result["configs"], out / "score_vs_loss.png")
+    return result
+
+
+def _report_at(s: Setup, out: Path, rows, horizon: int | None) -> dict[str, Any]:
     table = []
     for depth, gamma, tau0, role in rows:
         score_path = out / "scores" / f"{_name(depth, gamma, tau0).replace('/', '_')}.json"
         folder = out / "runs" / _name(depth, gamma, tau0)
-        paths = [folder / f"lr{lr:g}" / "result.json" for lr in s.lrs]
+        paths = [folder / _lr_folder(s, lr) / "result.json" for lr in s.lrs]
         runs = [json.loads(p.read_text()) for p in paths if p.exists()]
         if not score_path.exists() or len(runs) < len(s.lrs):
             continue  # unfinished
-        losses = [v if (v := val_loss(r)) is not None else math.inf for r in runs]
+        losses = [v if (v := val_loss(r, horizon)) is not None else math.inf for r in runs]
         best = int(np.argmin(losses))
         table.append(
             {
@@ -227,7 +255,7 @@ def report(s: Setup, out: Path, rows) -> dict[str, Any]:
                 "role": role,
                 "loss": _finite(losses[best]),
                 "best_lr": runs[best]["lr"] if math.isfinite(losses[best]) else None,
-                "losses": {f"{r['lr']:g}": val_loss(r) for r in runs},
+                "losses": {f"{r['lr']:g}": val_loss(r, horizon) for r in runs},
             }
         )
     result: dict[str, Any] = {"setup": s.__dict__, "configs": table}
@@ -285,9 +313,7 @@ def report(s: Setup, out: Path, rows) -> dict[str, Any]:
             }
         )
     result["advice_check"] = checks
-    _write_json(result, out / "results.json")
-    if table:
-        _figure(table, out / "score_vs_loss.png")
+    result["horizon"] = horizon or s.steps
     return result
 
 
@@ -338,11 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tau0s", type=float, nargs="+")
     parser.add_argument("--lrs", type=float, nargs="+")
     parser.add_argument("--steps", type=int)
+    parser.add_argument(
+        "--horizons", type=int, nargs="+", help="WSD runs reporting every horizon (steps)"
+    )
     args = parser.parse_args(argv)
     s = QUICK if args.quick else Setup()
     changes = {
         k: (tuple(v) if isinstance(v, list) else v)
-        for k in ("width", "depths", "gammas", "tau0s", "lrs", "steps")
+        for k in ("width", "depths", "gammas", "tau0s", "lrs", "steps", "horizons")
         if (v := getattr(args, k)) is not None
     }
     s = Setup(**{**s.__dict__, **changes})

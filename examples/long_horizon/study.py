@@ -41,6 +41,7 @@ from typing import Any
 
 from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
 from shapedtx.files import write_json
+from simulations.sweep import connect
 from simulations.training_runs import TrainingRun, run_trainings
 
 HERE = Path(__file__).parent
@@ -307,29 +308,33 @@ def run_study(
     scheduler: str | None,
     max_runs: int | None,
 ) -> int:
-    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many."""
+    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
+    One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every
+    round of planning."""
     count = 0
-    while True:
-        results = load_results(out)
-        todo = plan(setup, results)
-        if max_runs is not None:
-            todo = todo[: max(0, max_runs - count)]
-        if not todo:
-            return count
-        runs = [make_run(setup, out, *job, device=device) for job in todo]
-        summary = run_trainings(
-            runs,
-            client=scheduler,
-            workers=None if scheduler else workers,
-            describe=lambda key, r: (
-                f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}"
-            ),
-        )
-        count += len(summary.results)
-        for key, error in summary.failed.items():
-            print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-        if summary.failed:
-            return count
+    if not plan(setup, load_results(out)):
+        return count
+    with connect(scheduler, workers=None if scheduler else workers) as client:
+        while True:
+            todo = plan(setup, load_results(out))
+            if max_runs is not None:
+                todo = todo[: max(0, max_runs - count)]
+            if not todo:
+                return count
+            runs = [make_run(setup, out, *job, device=device) for job in todo]
+            summary = run_trainings(
+                runs,
+                client=client,
+                threads=1,
+                describe=lambda key, r: (
+                    f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}"
+                ),
+            )
+            count += len(summary.results)
+            for key, error in summary.failed.items():
+                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+            if summary.failed:
+                return count
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

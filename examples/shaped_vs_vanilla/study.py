@@ -36,6 +36,7 @@ import torch
 from shapedtx import ModelConfig, TrainConfig, load_corpus, preset
 from shapedtx.files import atomic_path, write_json
 from shapedtx.training import unigram_baseline as corpus_unigram
+from simulations.sweep import connect
 from simulations.training_runs import TrainingRun, run_trainings
 
 HERE = Path(__file__).parent
@@ -211,19 +212,22 @@ def run_study(
 ) -> list[dict[str, Any]]:
     """Run every planned run as a Dask task (``simulations.run_trainings``), re-planning until
     nothing is left; returns all results."""
-    while todo := plan(setup, load_results(out)):
-        todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
-        runs = [training_run(job, setup, out, device) for job in todo]
-        summary = run_trainings(
-            runs,
-            client=scheduler,
-            workers=None if scheduler else workers,
-            describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.0e}",
-        )
-        if summary.failed:
-            for key, error in summary.failed.items():
-                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-            break
+    if not plan(setup, load_results(out)):
+        return load_results(out)
+    with connect(scheduler, workers=None if scheduler else workers) as client:
+        while todo := plan(setup, load_results(out)):
+            todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
+            runs = [training_run(job, setup, out, device) for job in todo]
+            summary = run_trainings(
+                runs,
+                client=client,
+                threads=1,
+                describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.0e}",
+            )
+            if summary.failed:
+                for key, error in summary.failed.items():
+                    print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+                break
     return load_results(out)
 
 

@@ -12,9 +12,10 @@ whatever the job saved (a training run from its last checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -47,6 +48,24 @@ def _call(fn: Callable[[Any], T], item: Any, threads: int | None) -> T:
     return fn(item)
 
 
+@contextlib.contextmanager
+def connect(
+    client: Any = None, *, workers: int | None = None, threads_per_worker: int = 1
+) -> Iterator[Any]:
+    """A ``distributed.Client`` for several :func:`run_tasks` calls (a study that plans in
+    rounds starts its workers once): ``client`` itself, a client of the scheduler at the
+    address ``client``, or (``client=None``) an embedded ``LocalCluster`` of ``workers``
+    processes (default ``min(2, cores)``) of ``threads_per_worker`` threads, closed on exit."""
+    if client is not None and workers is not None:
+        raise ValueError("workers sets the embedded cluster; do not pass it with client")
+    cores = os.cpu_count() or 1
+    workers = min(2, cores) if workers is None else workers
+    check_int("workers", workers, 1, cores)
+    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    with _connect(client, workers, threads_per_worker, True) as (dask, _):
+        yield dask
+
+
 def run_tasks(
     fn: Callable[[Any], T],
     items: Sequence[Any],
@@ -55,6 +74,7 @@ def run_tasks(
     client: Any = None,
     workers: int | None = None,
     threads_per_worker: int = 1,
+    threads: int | None = None,
     progress: bool | None = None,
     desc: str = "tasks",
     describe: Callable[[str, T], str] | None = None,
@@ -71,6 +91,8 @@ def run_tasks(
             ``LocalCluster`` of ``workers`` processes (default ``min(2, cores, jobs)``).
         workers: the embedded cluster's worker processes (not with ``client``).
         threads_per_worker: threads per embedded worker; torch uses as many per job.
+        threads: torch threads per job on a given ``client`` (default: the worker's own
+            setting; Dask's nannies start workers with ``OMP_NUM_THREADS=1``).
         progress: tqdm bar over jobs (None: when interactive).
         desc: the bar's label.
         describe: ``describe(key, result) -> str`` shown beside the bar as jobs end.
@@ -94,7 +116,7 @@ def run_tasks(
         return summary
     run_id = uuid.uuid4().hex[:8]  # a given client may still hold keys of an earlier call
     with (
-        _connect(client, min(workers, len(items)), threads_per_worker, True) as (dask, threads),
+        _connect(client, min(workers, len(items)), threads_per_worker, True) as (dask, own),
         tqdm(total=len(items), desc=desc, unit="job", disable=_disable(progress)) as bar,
     ):
         if progress is not False:
@@ -104,7 +126,7 @@ def run_tasks(
                 _call,
                 fn,
                 item,
-                threads,
+                own if client is None else threads,
                 key=f"{desc}-{i}-{run_id}",
                 pure=False,
                 priority=len(items) - i,
@@ -128,4 +150,4 @@ def run_tasks(
     return summary
 
 
-__all__ = ["TaskSummary", "run_tasks"]
+__all__ = ["TaskSummary", "connect", "run_tasks"]
