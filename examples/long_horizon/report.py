@@ -279,9 +279,17 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
             label="unigram",
         )
         ax.set_xscale("log")
+        ax.set_xticks(d["horizons"], [str(h) for h in d["horizons"]])
+        ax.minorticks_off()
         ax.set_xlabel("training horizon (steps; each its own schedule)")
-        ax.set_ylabel("validation loss at the horizon's best lr (nats/byte)")
-        ax.set_title(f"depth {depth} (band: min-max over seeds where run)", fontsize=9)
+        ax.set_ylabel("validation loss (nats/byte)")
+        runs = max(len(c["lr_curve"]["lr"]) for cells in d["models"].values()
+                   for c in cells.values())  # fmt: skip
+        ax.set_title(
+            f"depth {depth}: best of up to {runs} lr(s) run per model so far\n"
+            "(band: min-max over seeds where run)",
+            fontsize=9,
+        )
         ax.legend(fontsize=7)
     paths.append(_save(fig, folder / "loss_vs_horizon.png"))
 
