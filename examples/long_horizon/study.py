@@ -19,7 +19,8 @@ result.json`` atomically when all its horizons have ended and resumes from its c
 interrupted. The plan is rebuilt from the finished runs: the lr grid (3 values spaced by 3x,
 extended by one point per side while the best lr of any horizon is at an edge), then 3 seeds
 at the best lr of the longest horizon for the two best models per depth, then the check.
-``--report`` writes ``results.json``, ``results.md`` tables and figures from finished runs.
+``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
+(``results.md`` is the written report).
 
 Usage::
 
