@@ -52,6 +52,19 @@ class SweepSummary:
         return not self.failed and self.computed + self.skipped == self.total
 
 
+def _check_workers(client: Any, workers: int | None, threads_per_worker: int) -> int:
+    """The embedded cluster's worker count (default ``min(2, cores)``), validated: at most the
+    core count (more CPU-bound workers than cores only cost memory, a process each), and not
+    given together with a ``client``."""
+    if client is not None and workers is not None:
+        raise ValueError("workers sets the embedded cluster; do not pass it with client")
+    cores = os.cpu_count() or 1
+    workers = min(2, cores) if workers is None else workers
+    check_int("workers", workers, 1, cores)
+    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    return workers
+
+
 @contextlib.contextmanager
 def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[Any, int | None]]:
     """(client, torch threads per task) for a given client, an address or a LocalCluster."""
@@ -130,13 +143,7 @@ def sweep(
     dtype_name = str(dtype).removeprefix("torch.")
     if dtype_name not in DTYPES:
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype!r}")
-    if client is not None and workers is not None:
-        raise ValueError("workers sets the embedded cluster; do not pass it with client")
-    cores = os.cpu_count() or 1
-    workers = min(2, cores) if workers is None else workers
-    # more CPU-bound workers than cores only costs memory (a process each)
-    check_int("workers", workers, 1, cores)
-    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    workers = _check_workers(client, workers, threads_per_worker)
     check_progress(progress)
     if device is not None and client is None:  # a given cluster's workers may differ
         check_device(device)

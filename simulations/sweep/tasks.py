@@ -13,15 +13,14 @@ whatever the job saved (a training run from its last checkpoint).
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from shapedtx._validation import check_int, check_progress
+from shapedtx._validation import check_progress
 
-from .run import _connect, _disable, _print_dashboard
+from .run import _check_workers, _connect, _disable, _print_dashboard
 
 T = TypeVar("T")
 
@@ -56,12 +55,7 @@ def connect(
     rounds starts its workers once): ``client`` itself, a client of the scheduler at the
     address ``client``, or (``client=None``) an embedded ``LocalCluster`` of ``workers``
     processes (default ``min(2, cores)``) of ``threads_per_worker`` threads, closed on exit."""
-    if client is not None and workers is not None:
-        raise ValueError("workers sets the embedded cluster; do not pass it with client")
-    cores = os.cpu_count() or 1
-    workers = min(2, cores) if workers is None else workers
-    check_int("workers", workers, 1, cores)
-    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    workers = _check_workers(client, workers, threads_per_worker)
     with _connect(client, workers, threads_per_worker, True) as (dask, _):
         yield dask
 
@@ -104,12 +98,7 @@ def run_tasks(
         raise ValueError(f"keys must have one entry per item, got {len(keys)} for {len(items)}")
     if len(set(keys)) != len(keys):
         raise ValueError("keys must be unique")
-    if client is not None and workers is not None:
-        raise ValueError("workers sets the embedded cluster; do not pass it with client")
-    cores = os.cpu_count() or 1
-    workers = min(2, cores) if workers is None else workers
-    check_int("workers", workers, 1, cores)
-    check_int("threads_per_worker", threads_per_worker, 1, cores)
+    workers = _check_workers(client, workers, threads_per_worker)
     check_progress(progress)
     summary: TaskSummary[T] = TaskSummary()
     if not items:
