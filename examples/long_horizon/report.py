@@ -80,12 +80,7 @@ def crossings(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> list
     return out
 
 
-def ratios(
-    per_model: dict[str, dict[str, Any]],
-    results: list[dict[str, Any]],
-    depth: int,
-    horizons: list[int],
-) -> dict[str, dict[str, Any]]:
+def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[str, dict[str, Any]]:
     """model -> horizon -> loss / reference loss: seed-paired where both models ran the same
     seeds at their best lr (mean and sd over pairs), else the ratio of seed-0 losses."""
     out: dict[str, dict[str, Any]] = {}
@@ -114,7 +109,7 @@ def ratios(
     return out
 
 
-def summarise(setup: Setup, results: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     base = unigram_baseline(load_corpus(max_bytes=setup.max_bytes))
     depths: dict[str, Any] = {}
     for depth in setup.depths:
@@ -131,7 +126,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]], out: Path) -> dict[st
             "horizons": horizons,
             "models": per_model,
             "crossings": crossings(per_model, horizons),
-            "ratio_to_reference": ratios(per_model, results, depth, horizons),
+            "ratio_to_reference": ratios(per_model, horizons),
         }
     check = [r for r in results if r["schedule"] == "cosine"]
     check_summary = None
@@ -177,6 +172,11 @@ def _fmt_cell(c: dict[str, Any] | None) -> str:
     return f"{c['mean']:.3f}{sd} (n={c['n']}, lr {c['best_lr']:.2g}{edge})"
 
 
+def _header(columns: list[str]) -> list[str]:
+    """The two header lines of a markdown table with a "model" column first."""
+    return ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+
+
 def tables(summary: dict[str, Any]) -> str:
     base = summary["unigram_baseline"]
     lines = [
@@ -192,8 +192,7 @@ def tables(summary: dict[str, Any]) -> str:
         lines += [
             f"### Depth {depth}",
             "",
-            "| model | " + " | ".join(f"{h} steps" for h in hs) + " |",
-            "|---" * (len(hs) + 1) + "|",
+            *_header([f"{h} steps" for h in hs]),
         ]
         for model, cells in d["models"].items():
             lines.append(
@@ -204,8 +203,7 @@ def tables(summary: dict[str, Any]) -> str:
             lines += [
                 f"Loss / {REFERENCE} loss (seed-paired mean ± sd where seeds exist):",
                 "",
-                "| model | " + " | ".join(f"{h}" for h in hs) + " |",
-                "|---" * (len(hs) + 1) + "|",
+                *_header([str(h) for h in hs]),
             ]
             for model, row in d["ratio_to_reference"].items():
                 cells = []
@@ -336,7 +334,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 def report(setup: Setup, out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Write ``results.json``, ``tables.md`` and ``figures/`` from the finished runs."""
-    summary = summarise(setup, results, out)
+    summary = summarise(setup, results)
     write_json(summary, out / "results.json", indent=1)
     with atomic_path(out / "tables.md") as tmp:
         tmp.write_text(tables(summary))

@@ -179,7 +179,7 @@ def train_config(setup: Setup, lr: float, seed: int, schedule: str = "wsd") -> T
     )
 
 
-def lr_grid(model: str, depth: int, setup: Setup, k: int) -> float:
+def lr_grid(model: str, depth: int, k: int) -> float:
     centre = LR_CENTRE[MODELS[model]["name"]] / (3.0 if depth > 16 else 1.0)
     return float(f"{centre * 3.0**k:.3g}")
 
@@ -198,7 +198,7 @@ def make_run(
     schedule: str = "wsd",
     device: str = "cpu",
 ) -> TrainingRun:
-    lr = lr_grid(model, depth, setup, k)
+    lr = lr_grid(model, depth, k)
     horizons = setup.horizons[depth] if schedule == "wsd" else (setup.check_horizon,)
     tag = "" if schedule == "wsd" else f"_{schedule}{setup.check_horizon}"
     return TrainingRun(
