@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class TrainingRun:
         folder: where the run writes ``h<H>/`` training folders and ``result.json``.
         max_bytes: the default corpus's size (``shapedtx.load_corpus(max_bytes=...)``).
         device, dtype: where and in which precision it trains.
+        compile: train through ``torch.compile`` (see :func:`shapedtx.training.train`).
         labels: anything the study wants back in the result (model name, grid values).
     """
 
@@ -51,6 +53,7 @@ class TrainingRun:
     max_bytes: int = 8_000_000
     device: str = "cpu"
     dtype: str = "float32"
+    compile: bool = False
     labels: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -119,6 +122,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
 
     from shapedtx.training import LanguageModel, load_corpus, train_horizons
 
+    start = time.perf_counter()
     data = load_corpus(max_bytes=run.max_bytes)
     logs = train_horizons(
         run.model,
@@ -129,6 +133,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         device=run.device,
         dtype=getattr(torch, run.dtype),
         progress=progress,
+        compile=run.compile,
     )
     params = sum(p.numel() for p in LanguageModel(run.model, run.train.seq_len).parameters())
     result = {
@@ -138,6 +143,10 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         "epochs_at_longest": max(run.horizons) * run.train.tokens_per_step / data.train.numel(),
         "model_config": run.model.to_attrs(),
         "train_config": run.train.to_attrs(),
+        "device": run.device,
+        "compiled": run.compile,
+        # of this call: the whole run when it was not resumed
+        "wall_seconds": round(time.perf_counter() - start, 1),
         "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},
     }
     write_json(result, run.result_path, indent=1)

@@ -28,6 +28,7 @@ Usage::
     python examples/long_horizon/study.py --max-runs 2         # stop after 2 new runs
     python examples/long_horizon/study.py --quick --out /tmp/lh   # a few minutes
     python examples/long_horizon/study.py --report             # only the report
+    python examples/long_horizon/study.py --gpu --device cuda --compile --workers 6
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class Setup:
     max_extensions: int = 1
     advise_tokens: int = 8
     check_horizon: int = 1000
+    lr_scale: float = 1.0  # the lr grid's centre is LR_CENTRE * lr_scale
+    checkpoint_interval: int | None = None  # default: eval_interval
 
 
 DEFAULT = Setup(
@@ -126,6 +129,26 @@ QUICK = Setup(
     max_extensions=0,
     check_horizon=20,
 )
+GPU = Setup(
+    width=256,
+    depths=(16,),
+    horizons={16: (500, 2000, 5000, 20000)},
+    batch_size=32,
+    seq_len=64,
+    warmup_steps=200,
+    cooldown_fraction=0.2,
+    log_interval=100,
+    eval_interval=500,
+    eval_batches=16,
+    max_bytes=32_000_000,
+    models=tuple(MODELS),
+    # Adam's best lr falls with width (roughly as 1/width for the hidden matrices): one grid
+    # step (3x) below the width-64 centres for 4x the width
+    lr_scale=1 / 3,
+    checkpoint_interval=2500,
+)
+"""The GPU-sized study (``--gpu``, folder ``gpu/``): width 256, 20,000 steps (1.4 epochs of a
+32 MB corpus), 3 lrs per model; for a lent GPU, with ``--device cuda --compile``."""
 
 
 def available_models(setup: Setup) -> tuple[str, ...]:
@@ -174,13 +197,13 @@ def train_config(setup: Setup, lr: float, seed: int, schedule: str = "wsd") -> T
         eval_interval=setup.eval_interval,
         eval_batches=setup.eval_batches,
         metrics_batch=8,
-        checkpoint_interval=setup.eval_interval,
+        checkpoint_interval=setup.checkpoint_interval or setup.eval_interval,
         seed=seed,
     )
 
 
-def lr_grid(model: str, depth: int, k: int) -> float:
-    centre = LR_CENTRE[MODELS[model]["name"]] / (3.0 if depth > 16 else 1.0)
+def lr_grid(setup: Setup, model: str, depth: int, k: int) -> float:
+    centre = LR_CENTRE[MODELS[model]["name"]] * setup.lr_scale / (3.0 if depth > 16 else 1.0)
     return float(f"{centre * 3.0**k:.3g}")
 
 
@@ -197,8 +220,9 @@ def make_run(
     seed: int,
     schedule: str = "wsd",
     device: str = "cpu",
+    compile: bool = False,
 ) -> TrainingRun:
-    lr = lr_grid(model, depth, k)
+    lr = lr_grid(setup, model, depth, k)
     horizons = setup.horizons[depth] if schedule == "wsd" else (setup.check_horizon,)
     tag = "" if schedule == "wsd" else f"_{schedule}{setup.check_horizon}"
     return TrainingRun(
@@ -208,6 +232,7 @@ def make_run(
         folder=str(out / "runs" / slug(model) / f"d{depth}" / f"lr{lr:.3g}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,
         device=device,
+        compile=compile,
         labels={
             "model_name": model,
             "depth": depth,
@@ -305,6 +330,7 @@ def run_study(
     out: Path,
     *,
     device: str,
+    compile: bool,
     workers: int | None,
     scheduler: str | None,
     max_runs: int | None,
@@ -322,7 +348,7 @@ def run_study(
                 todo = todo[: max(0, max_runs - count)]
             if not todo:
                 return count
-            runs = [make_run(setup, out, *job, device=device) for job in todo]
+            runs = [make_run(setup, out, *job, device=device, compile=compile) for job in todo]
             summary = run_trainings(
                 runs,
                 client=client,
@@ -340,9 +366,14 @@ def run_study(
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
+    p.add_argument(
+        "--out", type=Path, default=None, help="study folder (default: beside me; gpu/ for --gpu)"
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
+    size.add_argument("--gpu", action="store_true", help="width 256, 20,000 steps (gpu/)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="train through torch.compile")
     p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
     p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
@@ -354,7 +385,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
-    setup = QUICK if args.quick else DEFAULT
+    setup = QUICK if args.quick else GPU if args.gpu else DEFAULT
     if args.depths:
         longest = setup.horizons[max(setup.horizons)]
         horizons = {d: setup.horizons.get(d, longest) for d in args.depths}
@@ -367,6 +398,8 @@ def setup_of(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
+    if args.out is None:
+        args.out = HERE / "gpu" if args.gpu else HERE
     if args.device.startswith("cuda"):
         import torch
 
@@ -383,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                 setup,
                 args.out,
                 device=args.device,
+                compile=args.compile,
                 workers=args.workers,
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,

@@ -80,11 +80,12 @@ def train_horizons(
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
     keep_checkpoints: bool = False,
+    compile: bool = False,
 ) -> dict[int, xr.Dataset]:
     """Train ``model_config`` once per horizon (see module doc) and return horizon -> log.
 
     Args:
-        model_config, data, device, dtype, progress: as for :func:`train`.
+        model_config, data, device, dtype, progress, compile: as for :func:`train`.
         config: the settings of every horizon but ``steps`` (WSD for several horizons).
         horizons: the horizons in steps (see :func:`horizon_configs`).
         out_dir: the folder of the runs (created; resumed where runs exist).
@@ -113,6 +114,7 @@ def train_horizons(
                 device=device,
                 dtype=dtype,
                 progress=progress,
+                compile=compile,
                 snapshots=sorted(branch_points.values()),
             ).log
         except TrainingDiverged as err:
@@ -139,6 +141,7 @@ def train_horizons(
                 device=device,
                 dtype=dtype,
                 progress=progress,
+                compile=compile,
                 branch_from=snapshot,
             ).log
         except TrainingDiverged as err:

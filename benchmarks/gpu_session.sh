@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The checks of one lent-GPU session (about 9 minutes), all at once on the one GPU:
+#   - the long-horizon study at width 256, 20,000 steps (examples/long_horizon/study.py --gpu),
+#     shaped (advise) and pre-LN at 3 learning rates each, 6 Dask workers, torch.compile;
+#   - the CUDA tests (host-sync-free SDE step) and benchmarks/gpu.py (CPU/GPU agreement in law;
+#     its timings are taken while the study runs, so they are marked as under load);
+#   - same seed, same numbers: two short training runs on the GPU compared bitwise.
+# Writes everything under $OUT (the device tool's folder): logs, gpu.json and gpu_runs.tgz (each
+# run's result.json, and log.nc of any run still going when the time ran out).
+#
+#   bash benchmarks/gpu_session.sh            # wheels of dask/distributed/torchsde/netCDF4 in .whl
+set -u
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=2
+STUDY_SECONDS=${STUDY_SECONDS:-500}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+  nproc; } > "$OUT/machine.txt" 2>&1
+
+timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --gpu --device cuda --compile \
+  --workers 6 --max-runs 6 --models "shaped advise" "pre-LN (GPT-2)" > "$OUT/study.log" 2>&1 &
+study=$!
+
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sde_steppers.py -k host_sync \
+  > "$OUT/cuda_tests.log" 2>&1
+echo "rc $?" >> "$OUT/cuda_tests.log"
+timeout 200 python3 benchmarks/gpu.py --device cuda --json "$OUT/gpu.json" > "$OUT/gpu_bench.log" 2>&1
+echo "rc $?" >> "$OUT/gpu_bench.log"
+timeout 120 python3 - > "$OUT/reproducible.log" 2>&1 <<'PY'
+import sys
+import numpy as np
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+from shapedtx import TrainConfig, load_corpus, preset, train
+data = load_corpus(max_bytes=2_000_000)
+cfg = TrainConfig(steps=60, batch_size=32, seq_len=64, lr=1e-2, warmup_steps=10, log_interval=20,
+                  eval_interval=20, eval_batches=4, seed=7)
+model = preset("shaped", width=64, depth=8, heads=4, mlp_ratio=4, causal=True, gamma=0.15, tau0=0.25)
+logs = [train(model, data, cfg, device=DEVICE, progress=False).log for _ in range(2)]
+same = all(
+    np.array_equal(logs[0][k].values, logs[1][k].values, equal_nan=True)
+    for k in ("train_loss", "grad_norm", "val_loss")
+)
+print("val", logs[0]["val_loss"].values, logs[1]["val_loss"].values, "bitwise equal:", same)
+PY
+echo "rc $?" >> "$OUT/reproducible.log"
+
+wait $study
+echo "rc $?" >> "$OUT/study.log"
+nvidia-smi >> "$OUT/machine.txt" 2>&1
+tar czf "$OUT/gpu_runs.tgz" --exclude='*.pt' examples/long_horizon/gpu
+ls -la "$OUT"
