@@ -123,7 +123,7 @@ def _causal_row_centring(Y: Tensor) -> Tensor:
     sizes = torch.arange(1, m + 1, dtype=Y.dtype, device=Y.device)
     inside = torch.ones(m, m, dtype=torch.bool, device=Y.device).tril()
     means = (torch.cumsum(Y, -1).diagonal(dim1=-2, dim2=-1) / sizes)[..., :, None]
-    R = torch.where(inside, (Y - means) / sizes[:, None], torch.zeros((), dtype=Y.dtype))
+    R = torch.where(inside, (Y - means) / sizes[:, None], Y.new_zeros(()))
     return R
 
 
@@ -152,8 +152,8 @@ def _causal_auxiliaries_cumsum(V: Tensor) -> tuple[Tensor, Tensor]:
     rows_a = row.transpose(-1, -2) / sizes[:, None]  # rows_a[a, i] = r_i of the a x a block
     d = X.diagonal(dim1=-2, dim2=-1)[..., None, :] - 2 * rows_a + g[..., :, None]
     inside = torch.ones(m, m, dtype=torch.bool, device=V.device).tril()
-    d = torch.where(inside, d, torch.zeros((), dtype=V.dtype))
-    U = torch.where(inside, d - (d.sum(-1) / sizes)[..., :, None], torch.zeros((), dtype=V.dtype))
+    d = torch.where(inside, d, d.new_zeros(()))
+    U = torch.where(inside, d - (d.sum(-1) / sizes)[..., :, None], d.new_zeros(()))
     return M, U
 
 

@@ -378,6 +378,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     p.add_argument("--depths", type=int, nargs="+", default=None)
+    p.add_argument(
+        "--horizons", type=int, nargs="+", default=None, help="replace every depth's horizons"
+    )
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
@@ -390,6 +393,8 @@ def setup_of(args: argparse.Namespace) -> Setup:
         longest = setup.horizons[max(setup.horizons)]
         horizons = {d: setup.horizons.get(d, longest) for d in args.depths}
         setup = replace(setup, depths=tuple(args.depths), horizons=horizons)
+    if args.horizons:
+        setup = replace(setup, horizons={d: tuple(sorted(args.horizons)) for d in setup.depths})
     if args.models:
         setup = replace(setup, models=tuple(args.models))
     return setup
