@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from shapedtx._validation import check_int
+from shapedtx._validation import ParameterError, check_int
 from shapedtx.config import ModelConfig, check_config
 
 
@@ -61,39 +61,39 @@ _THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
 
 
 def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
-    """``(field=value, why)`` for every field of ``config`` that the derived covariance SDEs
+    """``(field, why)`` for every field of ``config`` that the derived covariance SDEs
     do not cover (docs/theory.md#sde), in the order of the fields; empty if it has one."""
     problems: list[tuple[str, str]] = []
     if config.attention == "simplified":
         problems.append((
-            "attention='simplified'",
+            "attention",
             "attention='simplified' has no derived covariance SDE (He & Hofmann's attention: "
             "trainable gains, no attention skip, docs/theory.md#simplified); use "
             "attention='shaped'",
         ))  # fmt: skip
     if config.attention == "softmax":
         problems.append((
-            "attention='softmax'",
+            "attention",
             "attention='softmax' has no covariance SDE limit: standard attention has O(1) "
             "logits, so A is not a perturbation of the identity and tokens collapse in O(1) "
             "layers (docs/theory.md#rank-collapse); use attention='shaped'",
         ))  # fmt: skip
     if config.mlp == "gelu":
         problems.append((
-            "mlp='gelu'",
+            "mlp",
             "mlp='gelu' has no derived covariance SDE (a GELU is not a shaped activation: it "
             "changes the correlation by O(1) per block); use mlp='shaped_relu'",
         ))  # fmt: skip
     if config.mlp == "relu":
         problems.append((
-            "mlp='relu'",
+            "mlp",
             "mlp='relu' has no covariance SDE limit: a standard ReLU changes the correlation by "
             "O(1) per block, so the covariance does not move on the time scale t = layer / "
             "width and collapses (docs/theory.md#layers and #sde); use mlp='shaped_relu'",
         ))  # fmt: skip
     if config.norm != "none":
         problems.append((
-            f"norm={config.norm!r}",
+            "norm",
             f"norm={config.norm!r} has no derived covariance SDE: docs/theory.md#sde covers "
             "un-normalised shaped blocks only (pre-LN rescales every token at every block); "
             "use norm='none'",
@@ -103,7 +103,7 @@ def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
             continue
         if getattr(config, name) != value:
             problems.append((
-                f"{name}={getattr(config, name)!r}",
+                name,
                 f"{name}={getattr(config, name)!r} has no derived covariance SDE "
                 f"(docs/theory.md#sde covers {name}={value!r} only); use {name}={value!r}",
             ))  # fmt: skip
@@ -113,21 +113,23 @@ def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
 def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
     """The :class:`SDEConstants` of ``config`` for ``m`` tokens (``k_att`` needs m).
 
-    Raises ValueError for configurations without a (non-degenerate) covariance SDE limit,
-    naming every unsupported field at once (e.g. the ``post_ln`` preset's attention, MLP,
-    norm and residual), each with its reason and the value the SDE covers.
+    Raises ParameterError (a ValueError) for configurations without a (non-degenerate)
+    covariance SDE limit, naming every unsupported field at once (e.g. the ``post_ln``
+    preset's attention, MLP, norm and residual), each with its reason and the value the SDE
+    covers; its ``parameter`` is the field when there is one, else ``"config"``.
     """
     check_config(config)
     if m is not None:
         check_int("m (number of tokens)", m, 2)
     problems = _unsupported(config)
     if len(problems) == 1:
-        raise ValueError(problems[0][1])
+        raise ParameterError(*problems[0])
     if problems:
-        fields = ", ".join(field for field, _ in problems)
-        raise ValueError(
+        fields = ", ".join(f"{field}={getattr(config, field)!r}" for field, _ in problems)
+        raise ParameterError(
+            "config",
             f"{len(problems)} fields have no derived covariance SDE ({fields}): "
-            + "; ".join(f"({k}) {why}" for k, (_, why) in enumerate(problems, 1))
+            + "; ".join(f"({k}) {why}" for k, (_, why) in enumerate(problems, 1)),
         )
     g2 = config.gamma**2
     lam2 = 1.0 - g2

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from . import bottleneck, design, metrics
+    from ._validation import ParameterError
     from .activation import relu_slopes, shaped_relu
     from .attention import (
         causal_centring,
@@ -92,6 +93,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("fit_attention", "realise_attention"), "bottleneck"),
     **dict.fromkeys(("ModelConfig", "check_config"), "config"),
+    "ParameterError": "_validation",
     **dict.fromkeys(
         ("check_covariance", "check_covariance_batch", "equicorrelated", "initial_tokens"),
         "covariance",
@@ -178,6 +180,7 @@ __all__ = [
     "Block",
     "CovarianceProbe",
     "ModelConfig",
+    "ParameterError",
     "ShapedAttention",
     "ShapedReLU",
     "SoftmaxAttention",

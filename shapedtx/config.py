@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._validation import check_bool, check_choice, check_int, check_number
+from ._validation import ParameterError, check_bool, check_choice, check_int, check_number
 
 Attention = Literal["shaped", "softmax", "simplified", "none"]
 MLPKind = Literal["shaped_relu", "relu", "gelu", "none"]
@@ -133,13 +133,16 @@ class ModelConfig:
             check_choice(name, getattr(self, name), choices)
         check_int("mlp_ratio", self.mlp_ratio, 1)
         if self.attention == "none" and self.mlp == "none":
-            raise ValueError("attention and mlp cannot both be 'none' (the block would be empty)")
+            raise ParameterError(
+                "attention", "attention and mlp cannot both be 'none' (the block would be empty)"
+            )
         check_int("heads", self.heads, 1)
         if self.head_dim is None:
             if self.width % self.heads:
-                raise ValueError(
+                raise ParameterError(
+                    "heads",
                     f"heads must divide width when head_dim is not given, "
-                    f"got width={self.width}, heads={self.heads}"
+                    f"got width={self.width}, heads={self.heads}",
                 )
             object.__setattr__(self, "head_dim", self.width // self.heads)
         check_int("head_dim", self.head_dim, 1)
@@ -154,10 +157,11 @@ class ModelConfig:
             and not self.out_proj
             and self.heads * self.head_dim != self.width
         ):
-            raise ValueError(
+            raise ParameterError(
+                "head_dim",
                 f"head_dim must equal width / heads when out_proj is False "
                 f"(heads * head_dim = {self.heads * self.head_dim}, width = {self.width}); "
-                f"set out_proj=True for a fixed head size"
+                f"set out_proj=True for a fixed head size",
             )
         # stored as the checked Python floats (NumPy scalars would leak into derived values)
         # bounded so that every derived constant (tau, the SDE's 1 / tau0^2 terms, the ReLU
@@ -171,30 +175,37 @@ class ModelConfig:
         if self.mlp == "shaped_relu":
             for name in ("c_plus", "c_minus"):
                 if 1 + getattr(self, name) / math.sqrt(self.width) < 0:
-                    raise ValueError(
+                    raise ParameterError(
+                        name,
                         f"{name} must be >= -sqrt(width) = {-math.sqrt(self.width):.4g} "
-                        f"(the slope 1 + {name}/sqrt(width) must be non-negative)"
+                        f"(the slope 1 + {name}/sqrt(width) must be non-negative), "
+                        f"got {getattr(self, name)!r}",
                     )
 
     def _check_simplified(self) -> None:
         """The rules of the simplified (He & Hofmann) attention, residual and layout."""
         if self.attention == "simplified" and self.out_proj:
-            raise ValueError(
+            raise ParameterError(
+                "out_proj",
                 "out_proj must be False for attention='simplified' (its value and output "
-                "maps are the identity, docs/theory.md#simplified)"
+                "maps are the identity, docs/theory.md#simplified)",
             )
         if self.residual == "skipless":
             if self.attention != "simplified":
-                raise ValueError(
+                raise ParameterError(
+                    "residual",
                     f"residual='skipless' requires attention='simplified' (without an "
                     f"attention skip the identity in A carries the signal), got "
-                    f"attention={self.attention!r}"
+                    f"attention={self.attention!r}",
                 )
             if self.norm == "post":
-                raise ValueError("residual='skipless' requires norm 'none' or 'pre', got 'post'")
+                raise ParameterError(
+                    "residual", "residual='skipless' requires norm 'none' or 'pre', got 'post'"
+                )
         if self.layout == "parallel" and self.residual != "skipless":
-            raise ValueError(
-                f"layout='parallel' requires residual='skipless', got residual={self.residual!r}"
+            raise ParameterError(
+                "layout",
+                f"layout='parallel' requires residual='skipless', got residual={self.residual!r}",
             )
         object.__setattr__(
             self,
@@ -283,9 +294,11 @@ class ModelConfig:
 
 
 def check_config(config: Any, name: str = "config") -> ModelConfig:
-    """``config`` if it is a :class:`ModelConfig`; else ValueError naming ``name``."""
+    """``config`` if it is a :class:`ModelConfig`; else ParameterError naming ``name``."""
     if not isinstance(config, ModelConfig):
-        raise ValueError(f"{name} must be a shapedtx.ModelConfig, got {type(config).__name__}")
+        raise ParameterError(
+            name, f"{name} must be a shapedtx.ModelConfig, got {type(config).__name__}"
+        )
     return config
 
 
@@ -313,7 +326,9 @@ def _fields_from_attrs(
     a str field a string; anything else is a ValueError naming the key, as is attrs with no
     key starting with ``prefix`` (not a saved configuration)."""
     if not any(isinstance(key, str) and key.startswith(prefix) for key in attrs):
-        raise ValueError(f"attrs hold no {cls.__name__}: no key starts with {prefix!r}")
+        raise ParameterError(
+            "attrs", f"attrs hold no {cls.__name__}: no key starts with {prefix!r}"
+        )
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         key = prefix + f.name
@@ -336,7 +351,7 @@ def _read_attr(key: str, value: Any, kind: type) -> Any:
     if kind is str and isinstance(value, str):
         return value
     what = {bool: "True/False or 0/1", int: "an integer", float: "a number", str: "a string"}
-    raise ValueError(f"attrs[{key!r}] must be {what[kind]}, got {value!r}")
+    raise ParameterError("attrs", f"attrs[{key!r}] must be {what[kind]}, got {value!r}")
 
 
 def _field_types(cls: type, optional_ints: tuple[str, ...] = ()) -> dict[str, type]:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._validation import check_choice, check_int, check_number
+from .._validation import ParameterError, check_choice, check_int, check_number
 from ..config import _field_types, _fields_from_attrs
 
 Schedule = Literal["cosine", "wsd"]
@@ -106,23 +106,26 @@ class TrainConfig:
             value = check_number(name, getattr(self, name), low, high, low_open=low_open)
             object.__setattr__(self, name, value)
         if self.warmup_steps >= self.steps:
-            raise ValueError(
+            raise ParameterError(
+                "warmup_steps",
                 f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
-                f"steps={self.steps}"
+                f"steps={self.steps}",
             )
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "wsd" and self.cooldown_start < self.warmup_steps:
-            raise ValueError(
+            raise ParameterError(
+                "cooldown_fraction",
                 f"cooldown_fraction must leave the warm-up before the cooldown "
                 f"(cooldown starts at step {self.cooldown_start} = steps - "
                 f"round(cooldown_fraction * steps), warmup_steps={self.warmup_steps}), got "
-                f"cooldown_fraction={self.cooldown_fraction}"
+                f"cooldown_fraction={self.cooldown_fraction}",
             )
         for name in ("eval_interval", "checkpoint_interval"):
             value = getattr(self, name)
             if value % self.log_interval:
-                raise ValueError(
-                    f"{name} must be a multiple of log_interval={self.log_interval}, got {value}"
+                raise ParameterError(
+                    name,
+                    f"{name} must be a multiple of log_interval={self.log_interval}, got {value}",
                 )
 
     @property
