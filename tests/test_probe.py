@@ -329,3 +329,74 @@ def test_transformers_gpt2_agrees_in_law_with_the_pre_ln_preset():
     # the test has power: GPT-2 without its 1/sqrt(2 depth) scaling of c_proj is rejected
     unscaled = _gpt2_covariances(3, scale_c_proj=(2 * DEPTH) ** 0.5, draws=60)
     assert _min_ks_pvalue(unscaled, ours[:60]) < 1e-6
+
+
+class _DropoutBlock(nn.Module):
+    """``x + dropout(linear(x))``, recording the training flags it runs with."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.drop = nn.Dropout(0.5)
+        self.seen: list[tuple[bool, bool]] = []
+
+    def forward(self, x):
+        self.seen.append((self.training, self.drop.training))
+        return x + self.drop(self.linear(x))
+
+
+def _dropout_model():
+    torch.manual_seed(3)
+    model = _Toy(_DropoutBlock, width=8, depth=2).double().train()
+    model.stack[1].drop.eval()  # a mixed state, restored as it was
+    return model
+
+
+def _flags(model):
+    return [m.training for m in model.modules()]
+
+
+def _eval_covariances(model, X):
+    """The covariances of the model in eval mode (no dropout), written out by hand."""
+    flags = _flags(model)
+    model.eval()
+    with torch.no_grad():
+        h1 = model.stack[0](X)
+        hidden = [X, h1, model.stack[1](h1)]
+    for m, flag in zip(model.modules(), flags, strict=True):
+        m.training = flag
+    return torch.stack([metrics.covariance(h) for h in hidden], 1)
+
+
+def test_probe_runs_a_model_with_dropout_in_eval_mode_and_restores_its_flags():
+    """probe(eval=True) (the default): no dropout, every module's flag restored afterwards;
+    eval=False runs the model in the modes it is in (here training: dropout active)."""
+    model, X = _dropout_model(), torch.randn(3, 5, 8, dtype=torch.float64)
+    before = _flags(model)
+    expected = _eval_covariances(model, X)
+    for block in model.stack:
+        block.seen.clear()
+    ds = probe(model, X, blocks="stack")
+    assert [b.seen for b in model.stack] == [[(False, False)], [(False, False)]]
+    torch.testing.assert_close(torch.from_numpy(ds["V"].values), expected, rtol=1e-12, atol=0)
+    assert _flags(model) == before and model.training
+    for block in model.stack:
+        block.seen.clear()
+    torch.manual_seed(0)
+    train = probe(model, X, blocks="stack", eval=False)
+    assert [b.seen for b in model.stack] == [[(True, True)], [(True, False)]]
+    assert _flags(model) == before
+    V = torch.from_numpy(train["V"].values)
+    torch.testing.assert_close(V[:, 0], expected[:, 0])  # the input, before any dropout
+    assert (V[:, 1] - expected[:, 1]).abs().max() > 1e-3  # block 0 dropped units
+
+
+def test_covariance_probe_passes_eval_on():
+    """CovarianceProbe(eval=True) measures in eval mode, eval=False in the model's own."""
+    model, X = _dropout_model(), torch.randn(2, 4, 8, dtype=torch.float64)
+    before = _flags(model)
+    for flag, seen in ((True, (False, False)), (False, (True, True))):
+        model.stack[0].seen.clear()
+        cov = CovarianceProbe(model, X, blocks="stack", eval=flag)
+        assert cov(0) and model.stack[0].seen == [seen]
+        assert _flags(model) == before
