@@ -125,3 +125,56 @@ def test_causal_noise_has_exactly_the_diffusion(name):
     assert (J @ J.T - wrong).abs().max() > 1e-3 * Sigma.abs().max()
     G = CovarianceSDE(config, m, torch.tensor([1e8], dtype=torch.float64)).g(None, pack(V)[None])
     torch.testing.assert_close(G[0], pack(J.T.reshape(-1, m, m)).T, rtol=1e-12, atol=1e-12)
+
+
+# The multi-head causal constants (docs/theory.md#sde-heads and #causal-sde), written out
+# independently of sde.sde_constants: exact at heads 1, 2, 4 (a wrong 1/n_h fails at once).
+HEAD_CASES = {
+    "1 head": {"heads": 1},
+    "2 heads": {"heads": 2},
+    "4 heads": {"heads": 4},
+    "2 heads, W^O": {"heads": 2, "out_proj": True},
+    "4 heads, W^O": {"heads": 4, "out_proj": True},
+    "4 heads of 64, W^O": {"heads": 4, "out_proj": True, "head_dim": 64},
+    "2 heads, block": {"heads": 2, "mlp": "shaped_relu", "c_minus": -2.0},
+}
+
+
+def theory_sigma(config: ModelConfig, V: torch.Tensor) -> torch.Tensor:
+    """docs/theory.md's causal diffusion: ``k_lin Sigma_lin + gamma^4 / (tau0^2 n_h) [causal
+    bracket]`` with ``k_lin = 2 lam^2 gamma^2 + gamma^4 (n / (n_h d_p) + 1[W^O]) + 2 gamma^2
+    1[MLP]`` (the general rule); Sigma_lin by einsum, the bracket by loops."""
+    g2 = config.gamma**2
+    k_lin = 2 * (1 - g2) * g2 + g2**2 * (
+        config.width / (config.heads * config.head_dim) + (1 if config.out_proj else 0)
+    )
+    if config.mlp == "shaped_relu":
+        k_lin += 2 * g2
+    k_att = g2**2 / (config.tau0**2 * config.heads)
+    lin = torch.einsum("ac,bd->abcd", V, V) + torch.einsum("ad,bc->abcd", V, V)
+    return k_lin * lin + k_att * literal_drift_and_bracket(V)[1]
+
+
+@pytest.mark.parametrize("name", list(HEAD_CASES))
+def test_multi_head_causal_diffusion_and_sample_noise_are_the_theory_s(name):
+    """diffusion(config, V) and the covariance of sample_noise(config, V) (linear in the
+    normals: J J^T) both equal docs/theory.md's causal diffusion; sample_noise must pass the
+    causal flag on (the non-causal noise of the same config misses it)."""
+    config = ModelConfig(width=512, gamma=0.8, tau0=0.7, causal=True, **HEAD_CASES[name])
+    m = 3
+    V = random_V(m, seed=5)
+    expected = theory_sigma(config, V)
+    torch.testing.assert_close(sde.diffusion(config, V), expected, rtol=1e-12, atol=1e-13)
+
+    def noise(z: torch.Tensor) -> torch.Tensor:
+        return sde.sample_noise(config, V, normals=z.view(2, m, m)).reshape(-1)
+
+    J = torch.autograd.functional.jacobian(noise, torch.zeros(2 * m * m, dtype=torch.float64))
+    flat = expected.reshape(m * m, m * m)
+    torch.testing.assert_close(J @ J.T, flat, rtol=1e-12, atol=1e-13)
+    non_causal = sde.diffusion(config.replace(causal=False), V).reshape(m * m, m * m)
+    assert (flat - non_causal).abs().max() > 1e-3 * flat.abs().max()
+    # the drawn noise is the same function of the generator's normals
+    xi = sde.sample_noise(config, V, torch.Generator().manual_seed(1))
+    z = torch.randn((2, m, m), generator=torch.Generator().manual_seed(1), dtype=V.dtype)
+    torch.testing.assert_close(xi, sde.sample_noise(config, V, normals=z), rtol=0, atol=0)
