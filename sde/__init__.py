@@ -3,13 +3,14 @@ attention: docs/theory.md#causal-sde).
 
 ``drift(config, V)`` and ``diffusion(config, V)`` are the coefficients, ``sample_noise`` draws
 increments with covariance ``diffusion`` without an (m^2 x m^2) square root, and ``solve``
-integrates many paths into the shared covariance Dataset (``shapedtx.results``).
+integrates many paths into the shared covariance Dataset (``shapedtx.results``);
+``solve_batch`` integrates many configurations together (their final states only).
 """
 
 from .coefficients import SDEConstants, arccos_kernel, diffusion, drift, nu, sde_constants
 from .noise import psd_factor, sample_noise
 from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
-from .solve import METHODS, solve
+from .solve import METHODS, solve, solve_batch
 from .solvers import integrate
 from .time_grid import TimeGrid, time_grid
 from .torchsde_solver import CovarianceSDE, solve_torchsde
@@ -33,6 +34,7 @@ __all__ = [
     "sample_noise",
     "sde_constants",
     "solve",
+    "solve_batch",
     "solve_torchsde",
     "time_grid",
 ]

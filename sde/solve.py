@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from shapedtx.results import covariance_dataset
 
 from .coefficients import sde_constants
 from .options import SOLVERS, Solver
-from .solvers import STEPPERS, gaussian_noise, integrate
+from .solvers import STEPPERS, FactoredEulerStep, gaussian_noise, integrate
 from .time_grid import time_grid
 from .torchsde_solver import solve_torchsde
 
@@ -170,3 +171,84 @@ def solve(
             "t_explode": (("sample",), np.asarray(t_explode.cpu().numpy(), dtype=np.float64)),
         },
     )
+
+
+def solve_batch(
+    configs: Sequence[ModelConfig],
+    V0: Tensor,
+    samples: int | Sequence[int],
+    *,
+    T: float,
+    steps: int,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    bound: float = DEFAULT_BOUND,
+    progress: bool | None = False,
+) -> list[tuple[Tensor, Tensor]]:
+    """``(V_T (samples_i, m, m), exploded (samples_i,))`` for each of many configurations,
+    integrated together: the factored Euler scheme of :func:`solve` (``method="euler"``) with
+    each configuration's constants on its own rows (:class:`sde.solvers.FactoredEulerStep`
+    with ``paths``), for screening many (gamma, tau0) at once (``simulations.advise``).
+
+    Args:
+        configs: the models (each with an SDE limit); causal and non-causal ones are
+            integrated as two batches (non-causal first).
+        V0: (m, m) positive-definite initial covariance, shared.
+        samples: paths per configuration, one int for all or one per configuration.
+        T, steps: ``steps`` equal steps of ``T / steps`` (no time grid; only V_T is kept).
+        seed: the non-causal batch's normals come from a generator seeded with ``seed``, the
+            causal batch's with ``seed + 1`` (:func:`sde.solvers.gaussian_noise`, shape
+            ``(sum of the batch's samples, 2, m, m)`` per step).
+        dtype, device: of the computation (default float32 on V0's device).
+        bound, progress: as for :func:`solve` (progress: a bar over each batch's steps).
+
+    A configuration alone in a batch gets the same numbers as :func:`solve` with
+    ``method="euler"``, ``dt = T / steps``, the same seed and dtype, at its last time.
+    """
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs must not be empty")
+    if isinstance(samples, int):
+        samples = [samples] * len(configs)
+    counts = [check_int("samples", n, 1) for n in samples]
+    if len(counts) != len(configs):
+        raise ValueError(
+            f"samples must be one int or one per configuration ({len(configs)}), got {len(counts)}"
+        )
+    for config in configs:
+        check_config(config)
+    check_int("steps", steps, 1)
+    check_positive("T", T)
+    check_int("seed", seed, 0, SEED_MAX - 1)
+    check_dtype(dtype)
+    device = check_device(device) if device is not None else None
+    V0 = check_covariance(V0).to(dtype=dtype, device=device)
+    m = V0.shape[-1]
+    out: list[tuple[Tensor, Tensor] | None] = [None] * len(configs)
+    for offset, causal in enumerate((False, True)):
+        batch = [i for i, c in enumerate(configs) if c.causal == causal]
+        if not batch:
+            continue
+        rows = [counts[i] for i in batch]
+        stepper = FactoredEulerStep([configs[i] for i in batch], m, paths=rows)
+        B = sum(rows)
+        V0s = V0.expand(B, m, m).contiguous()
+        generator = torch.Generator(device=V0.device).manual_seed(seed + offset)
+        sol = integrate(
+            stepper,
+            V0s,
+            steps=steps,
+            dt=T / steps,
+            save_every=steps,
+            noise=gaussian_noise((B, 2, m, m), generator, dtype, V0.device),
+            bound=bound,
+            progress=progress,
+        )
+        VT = sol.V[:, -1].split(rows)
+        exploded = sol.exploded.split(rows)
+        for j, i in enumerate(batch):
+            out[i] = (VT[j], exploded[j])
+    solved = [o for o in out if o is not None]
+    assert len(solved) == len(out)  # every configuration is in one of the two batches
+    return solved

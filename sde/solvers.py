@@ -25,7 +25,7 @@ check skips the freezing while every path is active).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -181,6 +181,15 @@ def _arccos_blend(V: Tensor, w: float | Tensor) -> Tensor:
     return J.mul_(w * (2 / math.pi)).add_(V, alpha=1 - w)
 
 
+def _refactor(factor: Tensor, old: Tensor, term: float | Tensor) -> Tensor:
+    """The new ``factor``, except on rows whose per-path constant ``term`` is 0: there the
+    ``old`` one (a batch of configurations re-factors only the rows whose own configuration
+    would, so each row is its configuration's path; one mask, no synchronisation)."""
+    if isinstance(term, Tensor):
+        return torch.where(term > 0, factor, old)
+    return factor
+
+
 def _symmetrise_(X: Tensor) -> Tensor:
     """``(X + X^T) / 2``, bitwise symmetric; X is consumed."""
     return torch.add(X, X.transpose(-1, -2)).mul_(0.5)
@@ -227,7 +236,7 @@ def _factored_euler_step(
     if canonical:
         L = psd_factor(V)[0]
     elif mlp:
-        L = _jittered_cholesky(V)
+        L = _refactor(_jittered_cholesky(V), L, const.k_mlp)
     eps = _scalar(const.k_lin * dt / 2, torch.sqrt, math.sqrt)
     alpha = 1 - eps * eps * m / 2
     N1 = normals[:, 0] * eps
@@ -249,7 +258,9 @@ def _factored_euler_step(
         F = D @ K
         hadamard = M.mul_(V).mul_((const.a_att - const.k_att) * dt)
         new = _symmetrise_(torch.baddbmm(hadamard, F, F.transpose(-1, -2)))
-        factor = psd_factor(new)[0] if canonical else _jittered_cholesky(new)
+        factor = (
+            psd_factor(new)[0] if canonical else _refactor(_jittered_cholesky(new), F, const.a_att)
+        )
         return (factor, new), new
     # diag(P V P), Q = tr(P V P V) = |V|^2 - 2 m |r|^2 + m^2 g^2 (r: row means, g: their
     # mean; V symmetric) and u, by means (docs/theory.md#sde): no products
@@ -313,27 +324,87 @@ class FactoredEulerStep:
     :class:`EulerMaruyama` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
     or a causal step always re-factors (by default with a jittered Cholesky factor: no
     eigendecomposition, no GPU synchronisation).
+
+    Many configurations in one batch: ``config`` a sequence of configurations and ``paths``
+    the number of rows (paths) of each, in order (row i belongs to the configuration whose
+    block holds it). The step is the same formula with each row's own constants, held as
+    (B, 1, 1) tensors on the state's device (built once per dtype and device, so the loop
+    stays free of host synchronisation); the configurations must be all causal or all
+    non-causal. :func:`sde.solve_batch` integrates such a batch.
     """
 
     name = "euler"
 
-    def __init__(self, config: ModelConfig, m: int, *, canonical: bool = False) -> None:
-        self.config, self.m, self.canonical = config, m, canonical
-        self.const = sde_constants(config, m)
-        c = self.const
-        self._consts = _Constants(c.k_lin, c.k_att, c.a_att, c.k_mlp)
+    def __init__(
+        self,
+        config: ModelConfig | Sequence[ModelConfig],
+        m: int,
+        *,
+        canonical: bool = False,
+        paths: Sequence[int] | None = None,
+    ) -> None:
+        self.m, self.canonical = m, canonical
+        if isinstance(config, ModelConfig):
+            if paths is not None:
+                raise ValueError("paths is for a sequence of configurations, not one config")
+            self.config = config
+            self.const = sde_constants(config, m)
+            c = self.const
+            self._consts = _Constants(c.k_lin, c.k_att, c.a_att, c.k_mlp)
+            self._kw = dict(attention=bool(c.a_att), mlp=bool(c.k_mlp), causal=c.causal)
+            return
+        configs = tuple(config)
+        if paths is None or len(paths) != len(configs) or not configs:
+            raise ValueError(
+                "paths must give the number of paths of each configuration (one int each)"
+            )
+        for n in paths:
+            check_int("paths", n, 0)
+        consts = [sde_constants(c, m) for c in configs]
+        causal = {k.causal for k in consts}
+        if len(causal) > 1:
+            raise ValueError("the configurations must all be causal or all non-causal")
+        self.config = configs
+        self.const = None
+        self._rows = {
+            name: [float(getattr(k, name)) for k, n in zip(consts, paths, strict=True)
+                   for _ in range(n)]
+            for name in _Constants._fields
+        }  # fmt: skip
+        self._device_consts: dict[tuple[torch.dtype, torch.device], _Constants] = {}
+        self._consts = None
+        self._kw = dict(
+            attention=any(k.a_att for k in consts),
+            mlp=any(k.k_mlp for k in consts),
+            causal=causal.pop(),
+        )
+
+    def _constants(self, like: Tensor) -> _Constants:
+        """The step's constants: floats, or (B, 1, 1) tensors with ``like``'s dtype and
+        device (made once, not inside the loop)."""
+        if self._consts is not None:
+            return self._consts
+        key = (like.dtype, like.device)
+        if key not in self._device_consts:
+            self._device_consts[key] = _Constants(
+                *(
+                    torch.tensor(values, dtype=like.dtype, device=like.device)[:, None, None]
+                    for values in self._rows.values()
+                )
+            )
+        return self._device_consts[key]
 
     def init(self, V0: Tensor) -> tuple[Tensor, Tensor]:
         """State of ``V0: (B, m, m)``: ``(L, V0)`` with ``L L^T = V0``."""
+        self._constants(V0)
         return psd_factor(V0)[0], _symmetrise(V0)
 
     def step(
         self, state: Tensor | tuple[Tensor, Tensor], normals: Tensor, dt: float
     ) -> tuple[tuple[Tensor, Tensor], Tensor, Tensor | None]:
         """state ``(L, V)`` (or a factor L), normals: (B, 2, m, m) -> (new state, new V, None)."""
-        c = self.const
-        kw = dict(attention=bool(c.a_att), mlp=bool(c.k_mlp), causal=c.causal)
-        new_state, new = _chunked_step(state, normals, dt, self._consts, self.canonical, kw)
+        consts = self._constants(normals)
+        new_state, new = _chunked_step(state, normals, dt, consts, self.canonical, self._kw)
         return new_state, new, None
 
 
