@@ -41,3 +41,70 @@ def test_readme_states_the_default_weight_decay():
 
     text = " ".join(README.read_text().split())
     assert f"weight decay {TrainConfig().weight_decay:g} by default" in text
+
+
+# The README's preset table, cell by cell: what each documented value means in ModelConfig
+# fields (docs/guide/models.md).
+PRESET_CELLS = {
+    "attention": {
+        "shaped (tau0 = 1)": {"attention": "shaped", "tau0": 1.0},
+        "softmax": {"attention": "softmax"},
+        "simplified": {"attention": "simplified"},
+    },
+    "MLP": {
+        "shaped ReLU, n": {"mlp": "shaped_relu", "mlp_ratio": 1},
+        "GELU, 4n": {"mlp": "gelu", "mlp_ratio": 4},
+        "ReLU, 4n": {"mlp": "relu", "mlp_ratio": 4},
+    },
+    "norm": {
+        "none": {"norm": "none"},
+        "pre": {"norm": "pre", "norm_kind": "layer"},
+        "post": {"norm": "post", "norm_kind": "layer"},
+        "pre (RMSNorm)": {"norm": "pre", "norm_kind": "rms"},
+        "none (LN on the first block's input)": {"norm": "none"},
+    },
+    "residual": {
+        "`lambda X + gamma f`": {"residual": "scaled"},
+        "`X + f`": {"residual": "unit"},
+        "skipless, sequential": {"residual": "skipless", "layout": "sequential"},
+        "skipless, parallel": {"residual": "skipless", "layout": "parallel"},
+    },
+    "init": {
+        "fan_in": {"init": "fan_in"},
+        "gpt2": {"init": "gpt2"},
+        "gpt2, no 1/sqrt(2d)": {"init": "gpt2"},  # skipless: the gains replace 1/sqrt(2d)
+    },
+    "biases": {"yes": {"bias": True}, "no": {"bias": False}},
+    "final LN": {"yes": {"final_norm": True}, "no": {"final_norm": False}},
+}
+
+
+def _preset_table() -> dict[str, dict[str, str]]:
+    text = README.read_text()
+    start = text.index("| preset | attention |")
+    rows = text[start:].split("\n\n")[0].strip().splitlines()
+    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    table = {}
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        name = re.match(r"`(\w+)`", cells[0]).group(1)
+        table[name] = dict(zip(header[1:], cells[1:], strict=True))
+    return table
+
+
+def test_readme_preset_table_is_what_preset_builds():
+    """Every row of the README's preset table (pre_ln, post_ln, no_norm, ...) against
+    shapedtx.preset(name): each documented cell, plus the 4 heads all presets have (W^O for
+    the first four, presets.py)."""
+    from shapedtx import PRESETS, preset
+
+    table = _preset_table()
+    assert list(table) == list(PRESETS)
+    assert list(table)[:4] == ["shaped", "pre_ln", "post_ln", "no_norm"]
+    for name, row in table.items():
+        config = preset(name, width=64, depth=6)
+        expected = {"heads": 4, "out_proj": name in ("shaped", "pre_ln", "post_ln", "no_norm")}
+        for column, cell in row.items():
+            expected.update(PRESET_CELLS[column][cell])
+        for field, value in expected.items():
+            assert getattr(config, field) == value, (name, field)
