@@ -120,7 +120,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         return json.loads(run.result_path.read_text())
     import torch
 
-    from shapedtx.training import LanguageModel, load_corpus, train_horizons
+    from shapedtx.training import LanguageModel, load_corpus, train_horizons, unigram_baseline
 
     start = time.perf_counter()
     data = load_corpus(max_bytes=run.max_bytes)
@@ -140,6 +140,9 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         **run.labels,
         "params": params,
         "train_bytes": int(data.train.numel()),
+        "corpus": data.source,
+        "corpus_fingerprint": data.fingerprint(),
+        "unigram_baseline": unigram_baseline(data),
         "epochs_at_longest": max(run.horizons) * run.train.tokens_per_step / data.train.numel(),
         "model_config": run.model.to_attrs(),
         "train_config": run.train.to_attrs(),

@@ -109,8 +109,22 @@ def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[st
     return out
 
 
+def baseline(setup: Setup, results: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The unigram baseline of the runs' corpus: as the runs recorded it, else computed here
+    if this machine's default corpus is theirs (same training-split size; the default corpus
+    is the local Python's standard library), else None."""
+    recorded = [r["unigram_baseline"] for r in results if "unigram_baseline" in r]
+    if recorded:
+        same = all(b == recorded[0] for b in recorded) and len(recorded) == len(results)
+        return recorded[0] if same else None
+    data = load_corpus(max_bytes=setup.max_bytes)
+    if any(r["train_bytes"] != data.train.numel() for r in results):
+        return None
+    return unigram_baseline(data)
+
+
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
-    base = unigram_baseline(load_corpus(max_bytes=setup.max_bytes))
+    base = baseline(setup, results)
     depths: dict[str, Any] = {}
     for depth in setup.depths:
         horizons = list(setup.horizons[depth])
@@ -182,9 +196,14 @@ def tables(summary: dict[str, Any]) -> str:
     lines = [
         "Validation loss (nats/byte; bits/byte = nats / ln 2) at the best peak lr of each "
         "horizon (seed 0 chooses it; mean ± sd over the seeds run there, n = seeds; * = the "
-        "best lr is at an edge of the grid run so far). Unigram baseline "
-        f"{base['cross_entropy']:.3f} nats/byte ({base['cross_entropy'] / math.log(2):.2f} "
-        f"bits/byte).",
+        "best lr is at an edge of the grid run so far). "
+        + (
+            f"Unigram baseline {base['cross_entropy']:.3f} nats/byte "
+            f"({base['cross_entropy'] / math.log(2):.2f} bits/byte)."
+            if base
+            else "Unigram baseline not computed: the runs' corpus is not this machine's "
+            "default corpus (another Python's standard library) or differs between runs."
+        ),
         "",
     ]
     for depth, d in summary["depths"].items():
@@ -269,13 +288,14 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
             hi = [max(v for v in cells[str(h)]["values"] if v is not None) for h in hs]
             if any(cells[str(h)]["n"] > 1 for h in hs):
                 ax.fill_between(hs, lo, hi, color=colours[model], alpha=0.2, lw=0)
-        ax.axhline(
-            summary["unigram_baseline"]["cross_entropy"],
-            color="grey",
-            ls=":",
-            lw=1,
-            label="unigram",
-        )
+        if summary["unigram_baseline"]:
+            ax.axhline(
+                summary["unigram_baseline"]["cross_entropy"],
+                color="grey",
+                ls=":",
+                lw=1,
+                label="unigram",
+            )
         ax.set_xscale("log")
         ax.set_xticks(d["horizons"], [str(h) for h in d["horizons"]])
         ax.minorticks_off()
@@ -284,7 +304,8 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
         runs = max(len(c["lr_curve"]["lr"]) for cells in d["models"].values()
                    for c in cells.values())  # fmt: skip
         ax.set_title(
-            f"depth {depth}: best of up to {runs} lr(s) run per model so far\n"
+            f"width {summary['setup']['width']}, depth {depth}: best of up to {runs} lr(s) run "
+            "per model so far\n"
             "(band: min-max over seeds where run)",
             fontsize=9,
         )
@@ -317,7 +338,10 @@ def figures(summary: dict[str, Any], results: list[dict[str, Any]], folder: Path
                 axes2[i, j].plot(range(len(y)), y, color=colours[model], label=model)
                 y0 = [np.nan if v is None else v for v in h[name]["init"]]
                 axes2[i, j].plot(range(len(y0)), y0, color=colours[model], ls=":", lw=1)
-        axes2[0, j].set_title(f"depth {depth}, after {longest} steps (dotted: at init)")
+        axes2[0, j].set_title(
+            f"width {summary['setup']['width']}, depth {depth}, after {longest} steps "
+            "(dotted: at init)"
+        )
         axes2[0, j].set_ylabel("mean token correlation")
         axes2[1, j].set_ylabel("centred stable rank")
         axes2[1, j].set_xlabel("layer (0 = embeddings)")
