@@ -400,3 +400,49 @@ def test_covariance_probe_passes_eval_on():
         cov = CovarianceProbe(model, X, blocks="stack", eval=flag)
         assert cov(0) and model.stack[0].seen == [seen]
         assert _flags(model) == before
+
+
+def test_covariance_probe_defaults_count_calls_from_zero_in_eval_mode(monkeypatch):
+    """Documented defaults: ``cov()`` counts calls from 0 (so the first call measures), eval
+    mode, and the metrics are computed every ``max_pending`` measurements."""
+    import shapedtx.training.log as log
+
+    model, X = _dropout_model(), torch.randn(2, 4, 8, dtype=torch.float64)
+    cov = CovarianceProbe(model, X, every=2, blocks="stack")
+    assert [cov(), cov(), cov()] == [True, False, True]
+    assert model.stack[0].seen == [(False, False)] * 2
+    np.testing.assert_array_equal(cov.dataset()["step"].values, [0, 2])
+    computed = []
+    original = log.metric_tensors
+    monkeypatch.setattr(log, "metric_tensors", lambda V: computed.append(1) or original(V))
+    cov = CovarianceProbe(model, X, blocks="stack", max_pending=2)
+    cov(0)
+    assert computed == []  # pending until max_pending measurements
+    cov(1)
+    assert computed == [1, 1]
+    cov(2)
+    assert computed == [1, 1]
+    assert cov.dataset().sizes["step"] == 3 and computed == [1, 1, 1]
+
+
+class _Blocks(nn.Module):
+    """A model whose ``blocks`` (first path searched) holds ``n`` blocks, and a ``layers``."""
+
+    def __init__(self, n, width=8):
+        super().__init__()
+        self.blocks = nn.ModuleList([_TupleBlock(width) for _ in range(n)])
+        self.layers = nn.ModuleList([_TupleBlock(width) for _ in range(2)])
+
+    def forward(self, x):
+        for b in [*self.blocks, *self.layers]:
+            x = b(x)[0]
+        return x
+
+
+def test_find_blocks_takes_the_first_non_empty_path_even_of_one_block():
+    """BLOCK_PATHS: the first non-empty ModuleList found, in order; one block is enough."""
+    assert [name for name, _ in find_blocks(_Blocks(1))] == ["blocks.0"]
+    assert [name for name, _ in find_blocks(_Blocks(0))] == ["layers.0", "layers.1"]
+    ds = probe(_Blocks(1), torch.randn(2, 3, 8))
+    assert ds.attrs["seed"] == -1 and ds.attrs["source"] == "network"  # documented attrs
+    assert ds.attrs["model"] == "_Blocks" and ds.attrs["blocks"] == "blocks.0"
