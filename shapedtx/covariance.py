@@ -9,7 +9,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_device, check_dtype, check_int, check_number, check_positive
+from ._validation import (
+    ParameterError,
+    check_device,
+    check_dtype,
+    check_int,
+    check_number,
+    check_positive,
+)
 from .metrics import _as_dataarray
 
 
@@ -40,8 +47,9 @@ def check_correlation(rho0: Any, m: int, name: str = "rho0") -> float:
     try:
         return check_number(name, rho0, low, 1.0, low_open=True, high_open=True)
     except ValueError:
-        raise ValueError(
-            f"{name} must be in (-1/(m-1), 1) = ({low:.4g}, 1) for m = {m} tokens, got {rho0!r}"
+        raise ParameterError(
+            name,
+            f"{name} must be in (-1/(m-1), 1) = ({low:.4g}, 1) for m = {m} tokens, got {rho0!r}",
         ) from None
 
 
@@ -59,32 +67,35 @@ def check_covariance(V0: Tensor, name: str = "V0") -> Tensor:
         try:
             V0 = torch.as_tensor(V0)
         except (TypeError, ValueError, RuntimeError):
-            raise ValueError(
-                f"{name} must be a real (m, m) matrix (tensor or array), got {type(V0).__name__}"
+            raise ParameterError(
+                name,
+                f"{name} must be a real (m, m) matrix (tensor or array), got {type(V0).__name__}",
             ) from None
     if V0.is_complex() or V0.dtype == torch.bool:
-        raise ValueError(f"{name} must be a real (m, m) matrix, got dtype {V0.dtype}")
+        raise ParameterError(name, f"{name} must be a real (m, m) matrix, got dtype {V0.dtype}")
     if V0.dtype not in (torch.float32, torch.float64):
         V0 = V0.to(torch.float64)
     if V0.dim() != 2 or V0.shape[0] != V0.shape[1]:
-        raise ValueError(f"{name} must be a square (m, m) matrix, got shape {tuple(V0.shape)}")
+        raise ParameterError(
+            name, f"{name} must be a square (m, m) matrix, got shape {tuple(V0.shape)}"
+        )
     m = V0.shape[0]
     if m < 2:
-        raise ValueError(f"{name} must have m >= 2 tokens, got m = {m}")
+        raise ParameterError(name, f"{name} must have m >= 2 tokens, got m = {m}")
     if not torch.isfinite(V0).all():
-        raise ValueError(f"{name} must be finite")
+        raise ParameterError(name, f"{name} must be finite")
     scale = V0.abs().max().clamp(min=torch.finfo(V0.dtype).tiny)
     if (V0 - V0.T).abs().max() > 1e-8 * scale:
-        raise ValueError(f"{name} must be symmetric")
+        raise ParameterError(name, f"{name} must be symmetric")
     V0 = V0 / 2 + V0.T / 2  # (V0 + V0^T) / 2 exactly, without overflow near the float max
     try:  # scaled to max |V0^ab| = 1: entries near the float max would overflow eigh
         smallest = torch.linalg.eigvalsh(V0 / scale)[0]
     except torch.linalg.LinAlgError:
-        raise ValueError(
-            f"{name} must be positive definite (its eigenvalues could not be computed)"
+        raise ParameterError(
+            name, f"{name} must be positive definite (its eigenvalues could not be computed)"
         ) from None
     if smallest <= 0:
-        raise ValueError(f"{name} must be positive definite (smallest eigenvalue <= 0)")
+        raise ParameterError(name, f"{name} must be positive definite (smallest eigenvalue <= 0)")
     return V0
 
 
@@ -97,11 +108,13 @@ def check_covariance_batch(V: Any, name: str = "V0") -> Tensor:
         V = torch.from_numpy(np.ascontiguousarray(labelled.values))
     if not isinstance(V, Tensor) or V.dtype not in (torch.float32, torch.float64):
         what = f"dtype {V.dtype}" if isinstance(V, Tensor) else type(V).__name__
-        raise ValueError(f"{name} must be a float32 or float64 tensor, got {what}")
+        raise ParameterError(name, f"{name} must be a float32 or float64 tensor, got {what}")
     if V.dim() != 3 or V.shape[-1] != V.shape[-2] or V.shape[0] < 1 or V.shape[-1] < 2:
-        raise ValueError(f"{name} must have shape (B, m, m), B >= 1, m >= 2, got {tuple(V.shape)}")
+        raise ParameterError(
+            name, f"{name} must have shape (B, m, m), B >= 1, m >= 2, got {tuple(V.shape)}"
+        )
     if not bool(torch.isfinite(V).all()):
-        raise ValueError(f"{name} must be finite")
+        raise ParameterError(name, f"{name} must be finite")
     return V
 
 
@@ -133,16 +146,18 @@ def initial_tokens(
     if normals is None:
         G = torch.randn(samples, width, m, generator=generator, dtype=V0.dtype, device=V0.device)
     elif generator is not None:
-        raise ValueError("give generator or normals, not both")
+        raise ParameterError("normals", "give generator or normals, not both")
     elif normals.shape != (samples, width, m):
-        raise ValueError(
+        raise ParameterError(
+            "normals",
             f"normals must have shape (samples, width, m) = {(samples, width, m)}, "
-            f"got {tuple(normals.shape)}"
+            f"got {tuple(normals.shape)}",
         )
     elif normals.dtype != V0.dtype or normals.device != V0.device:
-        raise ValueError(
+        raise ParameterError(
+            "normals",
             f"normals must have V0's dtype and device ({V0.dtype}, {V0.device}), "
-            f"got {normals.dtype}, {normals.device}"
+            f"got {normals.dtype}, {normals.device}",
         )
     else:
         G = normals

@@ -24,11 +24,13 @@ from tqdm.auto import tqdm
 from shapedtx import ModelConfig, check_covariance, covariance_dataset
 from shapedtx._memory import empty
 from shapedtx._validation import (
+    ParameterError,
     check_choice,
     check_device,
     check_dtype,
     check_int,
     check_progress,
+    check_tokens,
 )
 from shapedtx.config import check_config
 
@@ -55,7 +57,9 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
         or not isinstance(memory_budget, (int, float))
         or not memory_budget > 0
     ):
-        raise ValueError(f"memory_budget must be a number of bytes > 0, got {memory_budget!r}")
+        raise ParameterError(
+            "memory_budget", f"memory_budget must be a number of bytes > 0, got {memory_budget!r}"
+        )
 
 
 AUTO = (None, "auto")
@@ -273,11 +277,7 @@ def simulate(
     V0 = check_covariance(V0)
     device = check_device(device) if device is not None else V0.device
     V0 = V0.to(device=device, dtype=dtype)
-    m = V0.shape[-1]
-    if config.width < m:
-        raise ValueError(
-            f"config.width must be >= the number of tokens m = {m}, got {config.width}"
-        )
+    m = check_tokens(V0.shape[-1], config.width, "V0")
 
     G = sampler_cls.group_size
     n_groups = math.ceil(samples / G)

@@ -31,12 +31,14 @@ import xarray as xr
 from sde import METHODS
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
+    ParameterError,
     check_bool,
     check_choice,
     check_device,
     check_int,
     check_number,
     check_positive,
+    check_tokens,
 )
 from shapedtx.config import check_config
 from shapedtx.covariance import check_correlation
@@ -97,10 +99,11 @@ class Experiment:
         check_config(self.config)
         for label in ("name", "description"):
             if not isinstance(getattr(self, label), str):
-                raise ValueError(f"{label} must be a string, got {getattr(self, label)!r}")
+                raise ParameterError(
+                    label, f"{label} must be a string, got {getattr(self, label)!r}"
+                )
         check_int("tokens", self.tokens, 2)
-        if self.tokens > self.config.width:
-            raise ValueError(f"tokens must be <= config.width = {self.config.width}")
+        check_tokens(self.tokens, self.config.width)
         check_correlation(self.rho0, self.tokens)
         check_int("samples", self.samples, 2)
         check_int("baseline_samples", self.baseline_samples, 2)
@@ -339,9 +342,10 @@ def run_comparison(
     check_bool("figures", figures)
     e = experiment
     if not e.sde:
-        raise ValueError(
+        raise ParameterError(
+            "experiment",
             "experiment.sde is False (collapse only): run_comparison needs the SDE limit; "
-            "use run_collapse(experiment) for the collapse report"
+            "use run_collapse(experiment) for the collapse report",
         )
     cfg = e.config
     writes = out is not None

@@ -88,6 +88,7 @@ from sde import psd_factor
 from shapedtx import ModelConfig, relu_slopes, shaped_relu
 from shapedtx._matmul import small_matmul, transpose_into
 from shapedtx._memory import empty, zeros
+from shapedtx._validation import ParameterError
 from shapedtx.blocks import attention_from_logits
 
 from . import _compiled_cholesky as compiled_cholesky
@@ -314,12 +315,13 @@ class GramSampler(Sampler):
                 "residual columns)"
             )
         if problems:
-            raise ValueError(
+            raise ParameterError(
+                "method",
                 "method 'gram' does not support " + "; ".join(problems) + ". Supported: "
                 "shaped or softmax attention (any key_dim, causal or not) with one head, or "
                 "any number of heads and head size with W^O (out_proj=True); "
                 "shaped_relu/relu/no MLP with mlp_ratio=1, norm='none', init='fan_in', scaled "
-                "or unit residual; use method='exact' otherwise"
+                "or unit residual; use method='exact' otherwise",
             )
 
     @classmethod

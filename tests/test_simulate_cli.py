@@ -46,7 +46,7 @@ def test_default_method_is_the_library_default(options, method, capsys, tmp_path
         (["--method", "gram0"], "invalid choice"),
         (["--dtype", "float16"], "invalid choice"),
         (["--out", "sim.csv"], "--out must be a .nc file"),
-        (["--width", "3"], "--tokens must be <= --width"),
+        (["--width", "3"], "--tokens: width must be >= the number of tokens m = 4"),
         (["--gamma", "2"], "gamma must be in (0, 1]"),
         (["--threads", "0"], "--threads must be in [1, "),
         (["--device", "nowhere"], "--device"),

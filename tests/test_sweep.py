@@ -315,12 +315,12 @@ def test_failing_points_are_recorded_and_the_others_complete(client, tmp_path):
     assert "heads must divide width" in summary.failed["width=2, heads=4, source=network"]
     ds = open_sweep(store)
     assert ds["status"].values.ravel().tolist() == ["failed", "failed", "done", "done"]
-    assert "ValueError: config.width must be >= the number" in ds["error"].values[0, 0, 0]
+    assert "ParameterError: V0: width must be >= the number" in ds["error"].values[0, 0, 0]
     assert ds["error"].values[1, 0, 0] == ""
     assert np.isfinite(ds["V"].sel(width=8, heads=1).values[:, :, :, :3, :3]).all()
     record = read_records(store)["p0_0_0"]
     assert record["status"] == "failed" and "Traceback" in record["traceback"]
-    with pytest.raises(ValueError, match=r"is failed: ValueError: config\.width"):
+    with pytest.raises(ValueError, match=r"is failed: ParameterError: V0: width"):
         open_point(store, width=2, heads=1)
 
     kept = sweep(grid, store=store, client=client, retry_failed=False, progress=False)

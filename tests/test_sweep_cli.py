@@ -76,7 +76,7 @@ def test_failed_points_exit_1_and_are_listed(tmp_path, scheduler, capsys):
     assert main([*argv, "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "1 computed, 0 already done, 1 failed" in out
-    assert "failed: width=2, source=network: ValueError: config.width must be >=" in out
+    assert "failed: width=2, source=network: ParameterError: V0: width must be >=" in out
 
 
 @pytest.mark.parametrize(

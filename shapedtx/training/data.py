@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._validation import check_int, check_number
+from .._validation import ParameterError, check_int, check_number
 
 VOCAB = 256
 
@@ -93,26 +93,33 @@ def load_corpus(
     if max_bytes is not None:
         check_int("max_bytes", max_bytes, 16)
     if suffix is not None and not isinstance(suffix, str):
-        raise ValueError(f"suffix must be a string such as '.txt' or None, got {suffix!r}")
+        raise ParameterError(
+            "suffix", f"suffix must be a string such as '.txt' or None, got {suffix!r}"
+        )
     if path is None:
         root = default_corpus_root()
         files = _documents(root, suffix or ".py", ("site-packages", "__pycache__"))
         source = f"python-stdlib:{root}"
     else:
         if not str(path).strip():  # Path("") is the current folder
-            raise ValueError(f"data path must be an existing file or folder, got {str(path)!r}")
+            raise ParameterError(
+                "path", f"data path must be an existing file or folder, got {str(path)!r}"
+            )
         root = Path(path)
         if root.is_file():
             if suffix is not None:
-                raise ValueError(
+                raise ParameterError(
+                    "suffix",
                     f"suffix selects files in a folder; the data path {str(path)!r} is a file "
-                    "(leave suffix out)"
+                    "(leave suffix out)",
                 )
             files, root = [root], root.parent
         elif root.is_dir():
             files = _documents(root, suffix, ("__pycache__", ".git"))
         else:
-            raise ValueError(f"data path must be an existing file or folder, got {str(path)!r}")
+            raise ParameterError(
+                "path", f"data path must be an existing file or folder, got {str(path)!r}"
+            )
         source = str(Path(path))
     names = sorted((f.relative_to(root).as_posix() for f in files), key=_read_order)
     texts: list[tuple[str, bytes]] = []
@@ -130,7 +137,9 @@ def load_corpus(
             break
     if total < 16:
         skipped = f" ({binary} binary file(s), with a NUL byte, skipped)" if binary else ""
-        raise ValueError(f"data at {source!r} holds fewer than 16 bytes of text{skipped}")
+        raise ParameterError(
+            "path", f"data at {source!r} holds fewer than 16 bytes of text{skipped}"
+        )
     train = b"".join(d for name, d in texts if _hash_fraction(name) >= val_fraction)
     val = b"".join(d for name, d in texts if _hash_fraction(name) < val_fraction)
     if not train or not val:
@@ -179,8 +188,9 @@ def windows(data: Tensor, starts: Tensor, seq_len: int) -> Tensor:
 def fixed_windows(data: Tensor, count: int, seq_len: int) -> Tensor:
     """``count`` evenly spaced windows (deterministic evaluation set): (count, seq_len + 1)."""
     if data.numel() < seq_len + 1:
-        raise ValueError(
-            f"seq_len must be < the size of the data split ({data.numel()} bytes), got {seq_len}"
+        raise ParameterError(
+            "seq_len",
+            f"seq_len must be < the size of the data split ({data.numel()} bytes), got {seq_len}",
         )
     starts = torch.linspace(0, data.numel() - seq_len - 1, count, device=data.device)
     return windows(data, starts.long(), seq_len)

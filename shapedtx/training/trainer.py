@@ -24,7 +24,7 @@ import xarray as xr
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .._validation import check_bool, check_device
+from .._validation import ParameterError, check_bool, check_device
 from ..config import ModelConfig, check_config
 from ..design import param_count
 from ..files import atomic_path
@@ -149,10 +149,11 @@ def _check_fits(
     need = 4 * params * torch.empty((), dtype=dtype).element_size()
     have = _device_memory(device)
     if have is not None and need > have:
-        raise ValueError(
+        raise ParameterError(
+            "model_config",
             f"model_config: about {params:.3g} parameters need at least {need / 2**30:.3g} GiB "
             f"(weights, gradients and AdamW moments in {dtype}), more than the "
-            f"{have / 2**30:.3g} GiB of {device}: lower depth, width or mlp_ratio"
+            f"{have / 2**30:.3g} GiB of {device}: lower depth, width or mlp_ratio",
         )
 
 
@@ -160,9 +161,10 @@ def _check_data(data: ByteCorpus, config: TrainConfig) -> None:
     for split in ("train", "val"):
         size = getattr(data, split).numel()
         if size <= config.seq_len + 1:
-            raise ValueError(
+            raise ParameterError(
+                "seq_len",
                 f"seq_len must be < the {split} split size minus 1 ({size} bytes), "
-                f"got seq_len={config.seq_len}"
+                f"got seq_len={config.seq_len}",
             )
 
 
@@ -224,20 +226,26 @@ def train(
     check_config(model_config, "model_config")
     config = config or TrainConfig()
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config must be a TrainConfig or None, got {type(config).__name__}")
+        raise ParameterError(
+            "config", f"config must be a TrainConfig or None, got {type(config).__name__}"
+        )
     if not isinstance(data, ByteCorpus):
-        raise ValueError(f"data must be a ByteCorpus (load_corpus), got {type(data).__name__}")
+        raise ParameterError(
+            "data", f"data must be a ByteCorpus (load_corpus), got {type(data).__name__}"
+        )
     _check_data(data, config)
     device = check_device(device)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
+        raise ParameterError("dtype", f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
     check_bool("compile", compile)
     snapshot_steps = _check_snapshots(snapshots, config, out_dir)
     branch = Path(branch_from) if branch_from is not None else None
     if branch is not None and not branch.is_file():
-        raise ValueError(f"branch_from must be an existing checkpoint file, got {str(branch)!r}")
+        raise ParameterError(
+            "branch_from", f"branch_from must be an existing checkpoint file, got {str(branch)!r}"
+        )
     _check_fits(model_config, config, dtype, device)
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
@@ -422,14 +430,19 @@ def _check_snapshots(
 ) -> frozenset[int]:
     steps = frozenset(snapshots)
     if steps and out_dir is None:
-        raise ValueError("snapshots need out_dir (they are files beside the checkpoint)")
+        raise ParameterError(
+            "snapshots", "snapshots need out_dir (they are files beside the checkpoint)"
+        )
     for s in steps:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= config.steps:
-            raise ValueError(f"snapshots must be ints in [1, steps={config.steps}], got {s!r}")
+            raise ParameterError(
+                "snapshots", f"snapshots must be ints in [1, steps={config.steps}], got {s!r}"
+            )
         if s % config.log_interval:
-            raise ValueError(
+            raise ParameterError(
+                "snapshots",
                 f"snapshots must be multiples of log_interval={config.log_interval} "
-                f"(checkpoints fall on log rows), got {s}"
+                f"(checkpoints fall on log rows), got {s}",
             )
     return steps
 
@@ -449,21 +462,24 @@ def _check_branch(
             path,
         )
     except ResumeMismatch as err:
-        raise ValueError(
+        raise ParameterError(
+            "branch_from",
             f"branch_from: checkpoint {path} was written with {err.key}={err.saved!r}, "
-            f"now {err.current!r}; a branch may differ only in steps and checkpoint_interval"
+            f"now {err.current!r}; a branch may differ only in steps and checkpoint_interval",
         ) from None
     if step > config.steps:
-        raise ValueError(
-            f"branch_from: checkpoint {path} is at step {step}, beyond steps={config.steps}"
+        raise ParameterError(
+            "branch_from",
+            f"branch_from: checkpoint {path} is at step {step}, beyond steps={config.steps}",
         )
     parent = TrainConfig.from_attrs(saved)
     for k in range(step + 1):
         if lr_factor(k, parent) != lr_factor(k, config):
-            raise ValueError(
+            raise ParameterError(
+                "branch_from",
                 f"branch_from: the checkpoint's schedule (steps={parent.steps}) and this one "
                 f"(steps={config.steps}) differ at step {k} < {step + 1}; branch a WSD run "
-                f"at or before cooldown_start={config.cooldown_start}"
+                f"at or before cooldown_start={config.cooldown_start}",
             )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -110,16 +111,27 @@ def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = No
 def option_error(
     err: ValueError, names: Iterable[str] = (), renamed: Mapping[str, str] | None = None
 ) -> UsageError:
-    """The one-line UsageError of a library ValueError whose message starts with a parameter
-    name (``name must be ...`` or ``name=...``): the name replaced by its command-line option,
-    ``renamed[name]``, or ``--name-with-dashes`` for the ``names`` listed."""
+    """The one-line UsageError of a library ValueError, naming the command-line option of the
+    parameter it carries (:class:`shapedtx.ParameterError`, ``err.parameter``): ``renamed[name]``,
+    ``--name-with-dashes`` for the ``names`` listed, or the parameter itself when it is an option
+    already (``--rho0``). The option replaces the parameter's name where the message starts with
+    it (``width must be ...`` -> ``--width must be ...``), else it is put in front; an error
+    without a parameter, or whose parameter has no option here, keeps its message."""
     message = str(err).replace("\n", " ")
-    name = message.split(" ", 1)[0].split("=", 1)[0]
-    if renamed and name in renamed:
-        message = renamed[name] + message[len(name) :]
-    elif name in names:
-        message = "--" + name.replace("_", "-") + message[len(name) :]
-    return UsageError(message)
+    parameter = getattr(err, "parameter", None)
+    if not isinstance(parameter, str):
+        return UsageError(message)
+    if renamed and parameter in renamed:
+        option = renamed[parameter]
+    elif parameter in names:
+        option = "--" + parameter.replace("_", "-")
+    elif parameter.startswith("--"):
+        option = parameter
+    else:
+        return UsageError(message)
+    if re.match(re.escape(parameter) + r"(?!\w)", message):
+        return UsageError(option + message[len(parameter) :])
+    return UsageError(f"{option}: {message}")
 
 
 def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks") -> None:
@@ -165,7 +177,7 @@ def parse_device(text: str | None) -> torch.device:
     try:
         return check_device(text)
     except ValueError as err:
-        raise UsageError(f"--{err}") from None
+        raise option_error(err, ("device",)) from None
 
 
 def set_threads(threads: int | None, option: str = "--threads") -> None:
@@ -184,6 +196,7 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     """Validate the options of :func:`add_input_arguments` / :func:`add_run_arguments`:
     returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
     ``--threads``."""
+    from shapedtx._validation import check_tokens
     from shapedtx.covariance import check_correlation, equicorrelated
     from shapedtx.options import DTYPES, RunOptions
 
@@ -198,11 +211,13 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     try:
         check_correlation(args.rho0, args.tokens, "--rho0")
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise option_error(err) from None
     if not (args.scale > 0 and args.scale < float("inf")):
         raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
-    if args.tokens > config.width:
-        raise UsageError(f"--tokens must be <= --width = {config.width}, got {args.tokens}")
+    try:
+        check_tokens(args.tokens, config.width)
+    except ValueError as err:
+        raise option_error(err, ("tokens",)) from None
     set_threads(args.threads)
     device = parse_device(args.device)
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from shapedtx._validation import ParameterError
+
 from . import SUBCOMMANDS
 from ._common import (
     UsageError,
@@ -148,7 +150,10 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         flags = ("convergence_widths", "baseline_samples", "tokens", "rho0", "samples", "dt",
                  "threshold", "seed", "sde_method", "method")  # fmt: skip
         if "covariance SDE" in str(err):  # a vanilla model: its collapse report needs none
-            err = ValueError(f"{err}; or pass --no-sde for the rank-collapse report alone")
+            err = ParameterError(
+                getattr(err, "parameter", "config"),
+                f"{err}; or pass --no-sde for the rank-collapse report alone",
+            )
         raise option_error(err, flags) from None
 
 

@@ -20,6 +20,7 @@ from ._common import (
     add_config_arguments,
     check_output_folder,
     config_from_args,
+    option_error,
     parse_device,
     set_threads,
 )
@@ -131,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     set_threads(args.threads)
     settings = data_settings(args)
-    data = load_corpus(**settings)
+    try:
+        data = load_corpus(**settings)
+    except ValueError as err:  # its path is --data
+        raise option_error(err, settings, renamed={"path": "--data"}) from None
     out.mkdir(parents=True, exist_ok=True)
     write_json(settings, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
     if args.progress and _compiles(model_config, device, DTYPES[args.dtype]):
