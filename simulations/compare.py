@@ -29,7 +29,7 @@ import xarray as xr
 from scipy import stats
 
 from shapedtx import metrics
-from shapedtx._validation import check_number
+from shapedtx._validation import ParameterError, check_number
 from shapedtx.metrics import detect_collapse
 from shapedtx.results import rho as _rho
 
@@ -55,10 +55,10 @@ def quantiles_with_se(
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3 or x.shape[0] < 2:
-        raise ValueError(f"x must have shape (N, t, k) with N >= 2, got {x.shape}")
+        raise ParameterError("x", f"x must have shape (N, t, k) with N >= 2, got {x.shape}")
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 1 or not ((p > 0) & (p < 1)).all():
-        raise ValueError(f"probs must be a 1-d sequence in (0, 1), got {p}")
+        raise ParameterError("probs", f"probs must be a 1-d sequence in (0, 1), got {p}")
     N, nt, k = x.shape
     pooled = np.moveaxis(x, 1, 0).reshape(nt, N * k)
     q = np.quantile(pooled, p, axis=1).T  # (t, P)
@@ -72,13 +72,15 @@ def quantiles_with_se(
 
 
 def _check_quantiles(quantiles: Sequence[float]) -> None:
-    """ValueError naming ``quantiles`` unless it is a non-empty sequence of numbers in (0, 1)."""
+    """ParameterError naming ``quantiles`` unless it is a non-empty sequence in (0, 1)."""
     try:
         q = np.asarray(quantiles, dtype=np.float64)
     except (TypeError, ValueError):
         q = np.empty(0)
     if q.ndim != 1 or q.size == 0 or not np.all((q > 0) & (q < 1)):
-        raise ValueError(f"quantiles must be a non-empty sequence in (0, 1), got {quantiles!r}")
+        raise ParameterError(
+            "quantiles", f"quantiles must be a non-empty sequence in (0, 1), got {quantiles!r}"
+        )
 
 
 def _hall_sheather(n: int, probs: np.ndarray, alpha: float = 0.05) -> np.ndarray:
@@ -159,7 +161,7 @@ def align_times(
     """
     t_a, t_b = np.asarray(t_a, dtype=np.float64), np.asarray(t_b, dtype=np.float64)
     if t_a.ndim != 1 or t_b.ndim != 1 or t_a.size == 0 or t_b.size == 0:
-        raise ValueError("time grids must be non-empty 1-d arrays")
+        raise ParameterError("t_a", "time grids must be non-empty 1-d arrays")
     lo, hi = max(t_a.min(), t_b.min()), min(t_a.max(), t_b.max())
     eps = 1e-9 * max(1.0, abs(hi))
     in_a = np.flatnonzero((t_a >= lo - eps) & (t_a <= hi + eps))
@@ -167,9 +169,10 @@ def align_times(
     swap = in_b.size < in_a.size
     ref_t, other_t, ref_idx = (t_b, t_a, in_b) if swap else (t_a, t_b, in_a)
     if ref_idx.size == 0:
-        raise ValueError(
+        raise ParameterError(
+            "t_b",
             f"the time ranges do not overlap: [{t_a.min():.4g}, {t_a.max():.4g}] vs "
-            f"[{t_b.min():.4g}, {t_b.max():.4g}]"
+            f"[{t_b.min():.4g}, {t_b.max():.4g}]",
         )
     if tolerance is None:
         spacing = np.diff(np.sort(other_t)).max() if other_t.size > 1 else 0.0
@@ -183,7 +186,7 @@ def align_times(
     keep = gap <= tolerance
     keep &= np.r_[True, other_idx[1:] != other_idx[:-1]]  # one pair per time
     if not keep.any():
-        raise ValueError(f"no common times within tolerance {tolerance:.3g}")
+        raise ParameterError("tolerance", f"no common times within tolerance {tolerance:.3g}")
     ref_idx, other_idx = ref_idx[keep], other_idx[keep]
     return (other_idx, ref_idx) if swap else (ref_idx, other_idx)
 
@@ -236,27 +239,32 @@ def compare(
     """
     for name, ds in (("network", network), ("limit", limit)):
         if "V" not in ds or ds["V"].dims != ("sample", "t", "token_a", "token_b"):
-            raise ValueError(
-                f"{name} must be a covariance Dataset with V(sample, t, token_a, token_b)"
+            raise ParameterError(
+                name, f"{name} must be a covariance Dataset with V(sample, t, token_a, token_b)"
             )
     if network.sizes["token_a"] != limit.sizes["token_a"]:
-        raise ValueError(
+        raise ParameterError(
+            "limit",
             f"network and limit must have the same number of tokens, got "
-            f"{network.sizes['token_a']} and {limit.sizes['token_a']}"
+            f"{network.sizes['token_a']} and {limit.sizes['token_a']}",
         )
     if network.sizes["token_a"] < 2:
-        raise ValueError("need m >= 2 tokens")
+        raise ParameterError(
+            "network", f"network must have m >= 2 tokens, got m = {network.sizes['token_a']}"
+        )
     _check_quantiles(quantiles)
     if tolerance is not None:
         check_number("tolerance", tolerance, 0.0)
     ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
     parts = [network.isel(t=ia), limit.isel(t=ib)]
     counts = {}
-    for src, ds in zip(SOURCES, list(parts), strict=True):
+    for src, name, ds in zip(SOURCES, ("network", "limit"), list(parts), strict=True):
         ok = valid_samples(ds)
         counts[src] = (int(ok.sum()), int((~ok).sum()))
         if ok.sum() < 2:
-            raise ValueError(f"{src}: fewer than 2 usable samples ({int(ok.sum())} valid)")
+            raise ParameterError(
+                name, f"{src}: fewer than 2 usable samples ({int(ok.sum())} valid)"
+            )
     parts = [ds.isel(sample=valid_samples(ds)) for ds in parts]
     values = [token_values(ds) for ds in parts]
 
@@ -339,7 +347,9 @@ def token_pairs(
     pairs = causal_pairs(m) if pairs is None else list(pairs)
     for a, b in pairs:
         if not (1 <= a <= m and 1 <= b <= m and a != b):
-            raise ValueError(f"pairs must be distinct 1-based tokens <= {m}, got ({a}, {b})")
+            raise ParameterError(
+                "pairs", f"pairs must be distinct 1-based tokens <= {m}, got ({a}, {b})"
+            )
     ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
     means, ses, diags = [], [], []
     for ds, idx in ((network, ia), (limit, ib)):
@@ -381,7 +391,7 @@ def collapse_report(models: Mapping[str, xr.Dataset], threshold: float = 0.99) -
     ``layer`` coordinate, else ``t * width``.
     """
     if not models:
-        raise ValueError("models must name at least one Dataset")
+        raise ParameterError("models", "models must name at least one Dataset")
     rows: dict[str, list[float]] = {
         k: []
         for k in (

@@ -12,7 +12,7 @@ import xarray as xr
 from torch import Tensor
 
 from shapedtx import ModelConfig
-from shapedtx._validation import check_int
+from shapedtx._validation import ParameterError, check_int
 
 from .compare import compare, distances, token_values, valid_samples
 
@@ -26,12 +26,13 @@ def at_width(config: ModelConfig, width: int) -> ModelConfig:
     different ones are kept. Raises ValueError if ``T * width`` is not an integer.
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"widths must be integers >= 1, got {width!r}")
+        raise ParameterError("widths", f"widths must be integers >= 1, got {width!r}")
     depth = config.depth * width / config.width
     if abs(depth - round(depth)) > 1e-9 or round(depth) < 1:
-        raise ValueError(
+        raise ParameterError(
+            "widths",
             f"widths must make depth = T * width a positive integer (T = {config.T:g}), "
-            f"got width {width} (depth {depth:g})"
+            f"got width {width} (depth {depth:g})",
         )
     changes: dict = {"width": width, "depth": round(depth)}
     derived = config.width % config.heads == 0 and config.head_dim == config.width // config.heads
@@ -80,7 +81,9 @@ def convergence(
     """
     widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
     if len(widths) < 2 or len(set(widths)) != len(widths):
-        raise ValueError(f"widths must list at least 2 distinct widths, got {widths!r}")
+        raise ParameterError(
+            "widths", f"widths must list at least 2 distinct widths, got {widths!r}"
+        )
     check_int("samples", samples, 2)  # compare needs two per source: refused before any run
     configs = {w: at_width(config, w) for w in sorted(widths)}
     T = config.T
@@ -91,7 +94,9 @@ def convergence(
                       device=device, dtype=dtype, warn=False)  # fmt: skip  # compare drops them
     k_T = int(np.abs(limit["t"].values - T).argmin())
     if abs(limit["t"].values[k_T] - T) > 1e-6 * max(1.0, T):
-        raise ValueError(f"limit has no time at T = {T:g} (last time {limit['t'].values[-1]:g})")
+        raise ParameterError(
+            "limit", f"limit has no time at T = {T:g} (last time {limit['t'].values[-1]:g})"
+        )
     lim_T = limit.isel(t=[k_T])
 
     rows = []

@@ -124,7 +124,10 @@ class Experiment:
 
         sde_constants(self.config, self.tokens)  # the model needs an SDE limit
         for w in self.widths:
-            at_width(self.config, w)  # T * width must be an integer
+            try:
+                at_width(self.config, w)  # T * width must be an integer
+            except ParameterError as err:  # at_width's widths are the convergence_widths here
+                raise ParameterError("convergence_widths", str(err)) from None
 
     @property
     def dtype_torch(self) -> torch.dtype:
