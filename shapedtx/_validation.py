@@ -179,7 +179,6 @@ def check_tokens(tokens: int, width: int, name: str = "tokens") -> int:
     ``simulations.Experiment``, the command line)."""
     if tokens > width:
         raise ParameterError(
-            name, f"{name}: the number of tokens m must be <= width, got m = {tokens}, "
-            f"width = {width}"
-        )  # fmt: skip
+            name, f"{name}: width must be >= the number of tokens m = {tokens}, got width = {width}"
+        )
     return tokens
