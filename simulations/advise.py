@@ -64,11 +64,13 @@ from sde.solvers import _chunked_step, _Constants, gaussian_noise, integrate
 from sde.time_grid import MAX_STEPS
 from shapedtx import ModelConfig
 from shapedtx._validation import (
+    ParameterError,
     check_bool,
     check_choice,
     check_int,
     check_number,
     check_positive,
+    check_tokens,
 )
 from shapedtx.config import TAU0_RANGE
 from shapedtx.covariance import check_correlation, equicorrelated
@@ -562,12 +564,15 @@ def _check_grid(
     name: str, values: Sequence[float], low: float, high: float, low_open: bool = True
 ) -> tuple[float, ...]:
     if isinstance(values, str) or not hasattr(values, "__iter__"):
-        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}")
+        raise ParameterError(name, f"{name} must be a sequence of numbers, got {values!r}")
     values = tuple(values)
     if not values:
-        raise ValueError(f"{name} must not be empty")
+        raise ParameterError(name, f"{name} must not be empty")
     for v in values:
-        check_number(f"{name} values", v, low, high, low_open=low_open)
+        try:
+            check_number(f"{name} values", v, low, high, low_open=low_open)
+        except ParameterError as err:  # the parameter is the sequence
+            raise ParameterError(name, str(err)) from None
     return tuple(sorted(set(float(v) for v in values)))
 
 
@@ -682,17 +687,17 @@ def advise(
     if max_tokens is not None:
         max_tokens = check_int("max_tokens", max_tokens, 2)
     sim_tokens = tokens if max_tokens is None else min(tokens, max_tokens)
-    if width < tokens:
-        raise ValueError(f"width must be >= tokens, got width={width}, tokens={tokens}")
+    check_tokens(tokens, width)
     check_correlation(rho0, tokens)
     check_positive("spread_target", spread_target)
     gammas = _check_grid("gammas", gammas, 0.0, 1.0)
     tau0s = _check_grid("tau0s", tau0s, *TAU0_RANGE, low_open=False)
     T = depth / width
     if steps is None and 50 * T > MAX_STEPS:
-        raise ValueError(
+        raise ParameterError(
+            "depth",
             f"depth / width = {T:g} needs {50 * T:.3g} SDE steps (50 per unit time), more "
-            f"than {MAX_STEPS:.0e}: lower depth"
+            f"than {MAX_STEPS:.0e}: lower depth",
         )
     if steps is None:
         steps = max(50, math.ceil(50 * T))
