@@ -11,6 +11,7 @@ import xarray as xr
 from torch import Tensor
 
 from shapedtx._validation import (
+    ParameterError,
     check_bool,
     check_device,
     check_dtype,
@@ -92,14 +93,17 @@ def solve(
         )
     if isinstance(method, Solver):
         if dt is not None and dt != method.dt:
-            raise ValueError(f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one")
+            raise ParameterError(
+                "dt", f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one"
+            )
         solver = method
     elif isinstance(method, str) and method in SOLVERS:
         solver = SOLVERS[method](0.01 if dt is None else dt)
     else:
-        raise ValueError(
+        raise ParameterError(
+            "method",
             f"method must be one of {', '.join(map(repr, METHODS))} or a solver object "
-            f"(sde.FactoredEuler, ...), got {method!r}"
+            f"(sde.FactoredEuler, ...), got {method!r}",
         )
     method = solver.name
     check_config(config)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shapedtx._validation import check_int, check_positive
+from shapedtx._validation import ParameterError, check_int, check_positive
 from shapedtx.config import ModelConfig, check_config
 
 MAX_SAVED = 200
@@ -50,7 +50,7 @@ def time_grid(
 ) -> TimeGrid:
     """The SDE's time grid: ``steps = ceil(T / dt)`` (so the step ``T / steps`` is at most
     ``dt`` and the grid ends exactly at T), saving every ``save_every`` steps (default about
-    :data:`MAX_SAVED` times) and at T. ValueError names a bad argument."""
+    :data:`MAX_SAVED` times) and at T. ParameterError names a bad argument."""
     T = check_config(config).T if T is None else T
     check_positive("dt", dt)
     check_positive("T", T)
@@ -58,9 +58,10 @@ def time_grid(
         check_int("save_every", save_every, 1)
     steps = max(1, math.ceil(T / dt - 1e-9))
     if steps > MAX_STEPS:
-        raise ValueError(
+        raise ParameterError(
+            "dt",
             f"T / dt must be at most {MAX_STEPS:.0e} steps, got T = {T:g}, dt = {dt:g} "
-            f"({steps:.3g} steps): raise dt or lower T (T = depth / width)"
+            f"({steps:.3g} steps): raise dt or lower T (T = depth / width)",
         )
     every = save_every or max(1, steps // MAX_SAVED)
     return TimeGrid(float(T), steps, T / steps, every, tuple(save_steps(steps, every)))

@@ -15,7 +15,7 @@ import torch
 import torchsde
 from torch import Tensor
 
-from shapedtx._validation import check_int, check_positive
+from shapedtx._validation import ParameterError, check_int, check_positive
 from shapedtx.config import ModelConfig, check_config
 from shapedtx.covariance import check_covariance_batch
 
@@ -139,7 +139,8 @@ def _check_times(ts: Tensor) -> None:
     """ValueError unless ``ts`` is a 1-D tensor of at least two finite, increasing times."""
     ok = isinstance(ts, Tensor) and ts.dim() == 1 and ts.numel() >= 2 and ts.is_floating_point()
     if not (ok and bool(torch.isfinite(ts).all()) and bool((ts[1:] > ts[:-1]).all())):
-        raise ValueError(
+        raise ParameterError(
+            "ts",
             "ts must be a 1-D floating-point tensor of at least two finite, strictly "
-            f"increasing times, got {ts!r}"
+            f"increasing times, got {ts!r}",
         )
