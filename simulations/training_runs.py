@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from shapedtx._validation import ParameterError
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.training import TrainConfig
@@ -60,12 +61,16 @@ class TrainingRun:
         from shapedtx.training import horizon_configs
 
         if not isinstance(self.model, ModelConfig):
-            raise ValueError(f"model must be a ModelConfig, got {type(self.model).__name__}")
+            raise ParameterError(
+                "model", f"model must be a ModelConfig, got {type(self.model).__name__}"
+            )
         if not isinstance(self.train, TrainConfig):
-            raise ValueError(f"train must be a TrainConfig, got {type(self.train).__name__}")
+            raise ParameterError(
+                "train", f"train must be a TrainConfig, got {type(self.train).__name__}"
+            )
         object.__setattr__(self, "horizons", tuple(horizon_configs(self.train, self.horizons)))
         if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+            raise ParameterError("dtype", f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
 
     @property
     def result_path(self) -> Path:
@@ -172,7 +177,7 @@ def run_trainings(
     :func:`simulations.sweep.connect` to every round."""
     keys = [os.path.abspath(r.folder) for r in runs]
     if len(set(keys)) != len(keys):
-        raise ValueError("runs must have distinct folders")
+        raise ParameterError("runs", "runs must have distinct folders")
     todo = [r for r in runs if not r.result_path.exists()]
     summary: TaskSummary[dict[str, Any]] = TaskSummary()
     for r in runs:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import xarray as xr
 
+from .._validation import ParameterError
 from ..config import ModelConfig
 from ..results import load_dataset
 from .config import TrainConfig
@@ -39,24 +40,30 @@ def horizon_configs(config: TrainConfig, horizons: Sequence[int]) -> dict[int, T
     ``log_interval`` (a snapshot falls on a log row)."""
     values = list(horizons)
     if not values or any(isinstance(h, bool) or not isinstance(h, int) for h in values):
-        raise ValueError(f"horizons must be a non-empty sequence of ints, got {horizons!r}")
+        raise ParameterError(
+            "horizons", f"horizons must be a non-empty sequence of ints, got {horizons!r}"
+        )
     if len(set(values)) != len(values):
-        raise ValueError(f"horizons must be distinct, got {values}")
+        raise ParameterError("horizons", f"horizons must be distinct, got {values}")
     if config.schedule != "wsd" and len(values) > 1:
-        raise ValueError(
+        raise ParameterError(
+            "horizons",
             f"horizons: several horizons need schedule='wsd' (a cosine run has one), got "
-            f"{len(values)} with schedule={config.schedule!r}"
+            f"{len(values)} with schedule={config.schedule!r}",
         )
     out = {}
     for h in sorted(values):
         if h <= config.warmup_steps:
-            raise ValueError(f"horizons must be > warmup_steps={config.warmup_steps}, got {h}")
+            raise ParameterError(
+                "horizons", f"horizons must be > warmup_steps={config.warmup_steps}, got {h}"
+            )
         out[h] = config.replace(steps=h)
     for h, c in list(out.items())[:-1]:
         if c.cooldown_start % config.log_interval:
-            raise ValueError(
+            raise ParameterError(
+                "horizons",
                 f"horizons: horizon {h} starts its cooldown at step {c.cooldown_start}, not a "
-                f"multiple of log_interval={config.log_interval}"
+                f"multiple of log_interval={config.log_interval}",
             )
     return out
 
