@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._validation import ParameterError
 from .attention import _may_overwrite
 from .config import ModelConfig
 
@@ -37,7 +38,9 @@ def relu_slopes(config: ModelConfig) -> tuple[float, float, float]:
     if config.mlp == "relu":
         return 1.0, 0.0, 2.0
     if config.mlp != "shaped_relu":
-        raise ValueError(f"mlp must be 'shaped_relu' or 'relu' to have slopes, got {config.mlp!r}")
+        raise ParameterError(
+            "mlp", f"mlp must be 'shaped_relu' or 'relu' to have slopes, got {config.mlp!r}"
+        )
     root = math.sqrt(config.width)
     s_plus = 1.0 + config.c_plus / root
     s_minus = 1.0 + config.c_minus / root

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ._matmul import small_matmul
+from ._validation import ParameterError
 from .activation import relu_slopes, shaped_relu
 from .attention import (
     merge_heads,
@@ -102,8 +103,9 @@ def attention_from_logits(Y: Tensor, config: ModelConfig, *, overwrite: bool = F
         )
     if config.attention == "simplified":  # the gains at initialisation
         return simplified_attention_matrix(Y, config.key_dim, 1.0, 1.0, 1.0, causal=config.causal)
-    raise ValueError(
-        f"attention must be 'shaped', 'softmax' or 'simplified', got {config.attention!r}"
+    raise ParameterError(
+        "attention",
+        f"attention must be 'shaped', 'softmax' or 'simplified', got {config.attention!r}",
     )
 
 
@@ -170,7 +172,9 @@ def attention_branch(
     elif config.attention == "softmax":
         out = merge_heads(softmax_attention(q, k, v, causal=config.causal, key_dim=n_k))
     else:
-        raise ValueError(f"attention must be 'shaped' or 'softmax', got {config.attention!r}")
+        raise ParameterError(
+            "attention", f"attention must be 'shaped' or 'softmax', got {config.attention!r}"
+        )
     return linear(out, config.width, "out") if config.out_proj else out
 
 

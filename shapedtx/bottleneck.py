@@ -28,27 +28,31 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validation import check_int, check_positive
+from ._validation import ParameterError, check_int, check_positive
 from .attention import softmax_attention_matrix
 
 
 def _check_matrix(name: str, value: Tensor) -> None:
     if not isinstance(value, Tensor) or value.ndim < 2:
-        raise ValueError(f"{name} must be a tensor of shape (..., rows, cols)")
+        raise ParameterError(name, f"{name} must be a tensor of shape (..., rows, cols)")
     if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} must be finite")
+        raise ParameterError(name, f"{name} must be finite")
 
 
 def check_stochastic(P: Tensor, *, atol: float = 1e-10) -> None:
     """Raise ValueError unless P: (..., m, m) is positive and row-stochastic (rows sum to 1)."""
     _check_matrix("P", P)
     if P.shape[-1] != P.shape[-2]:
-        raise ValueError(f"P must be square (..., m, m), got shape {tuple(P.shape)}")
+        raise ParameterError("P", f"P must be square (..., m, m), got shape {tuple(P.shape)}")
     if not bool((P > 0).all()):
-        raise ValueError("P must have strictly positive entries (softmax outputs are positive)")
+        raise ParameterError(
+            "P", "P must have strictly positive entries (softmax outputs are positive)"
+        )
     err = (P.sum(-1) - 1).abs().max()
     if float(err) > atol:
-        raise ValueError(f"P must be row-stochastic: rows sum to 1 within {atol:g}, off by {err:g}")
+        raise ParameterError(
+            "P", f"P must be row-stochastic: rows sum to 1 within {atol:g}, off by {err:g}"
+        )
 
 
 def attention_of(X: Tensor, W_Q: Tensor, W_K: Tensor) -> Tensor:
@@ -76,18 +80,25 @@ def realise_attention(
     check_stochastic(P)
     m, n = X.shape[-2], X.shape[-1]
     if P.shape[-1] != m:
-        raise ValueError(f"P must be (m, m) with m = X.shape[-2] = {m}, got {tuple(P.shape)}")
+        raise ParameterError(
+            "P", f"P must be (m, m) with m = X.shape[-2] = {m}, got {tuple(P.shape)}"
+        )
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < m:
-        raise ValueError(
+        raise ParameterError(
+            "head_size",
             f"head_size must be an integer >= m = {m} (sequence length) for the exact "
-            f"construction, got {head_size!r}"
+            f"construction, got {head_size!r}",
         )
     if n < m or bool((torch.linalg.matrix_rank(X) < m).any()):
-        raise ValueError(f"X must have full row rank m = {m} (needs width n >= m, got n = {n})")
+        raise ParameterError(
+            "X", f"X must have full row rank m = {m} (needs width n >= m, got n = {n})"
+        )
     log_target = P.log()
     if row_scale is not None:
         if row_scale.shape[-1] != m or not bool((row_scale > 0).all()):
-            raise ValueError(f"row_scale must be a positive vector of length m = {m}")
+            raise ParameterError(
+                "row_scale", f"row_scale must be a positive vector of length m = {m}"
+            )
         log_target = log_target + row_scale.log().unsqueeze(-1)
     M = n * math.sqrt(head_size) * log_target
     X_pinv = torch.linalg.pinv(X)  # (..., n, m)
@@ -131,15 +142,20 @@ def realise_attention_low_rank(
     _check_matrix("X", X)
     m, n = X.shape[-2], X.shape[-1]
     if P.ndim < 2 or P.shape[-1] != m:
-        raise ValueError(f"P must be (m, m) with m = X.shape[-2] = {m}, got {tuple(P.shape)}")
+        raise ParameterError(
+            "P", f"P must be (m, m) with m = X.shape[-2] = {m}, got {tuple(P.shape)}"
+        )
     rank = int(logit_rank(P, rtol=rtol).max())
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < max(rank, 1):
-        raise ValueError(
+        raise ParameterError(
+            "head_size",
             f"head_size must be an integer >= logit_rank(P) = {rank} (no smaller head reaches "
-            f"P), got {head_size!r}"
+            f"P), got {head_size!r}",
         )
     if n < m or bool((torch.linalg.matrix_rank(X) < m).any()):
-        raise ValueError(f"X must have full row rank m = {m} (needs width n >= m, got n = {n})")
+        raise ParameterError(
+            "X", f"X must have full row rank m = {m} (needs width n >= m, got n = {n})"
+        )
     m_centre = torch.eye(m, dtype=P.dtype, device=P.device) - 1.0 / m
     U, S, Vh = torch.linalg.svd(P.log() @ m_centre)
     k = min(head_size, m)
@@ -197,7 +213,7 @@ def zero_token_distance(P: Tensor) -> Tensor:
     """
     check_stochastic(P)
     if P.shape[-1] != 2:
-        raise ValueError(f"P must be (..., 2, 2) for X = [[1], [0]], got {tuple(P.shape)}")
+        raise ParameterError("P", f"P must be (..., 2, 2) for X = [[1], [0]], got {tuple(P.shape)}")
     return torch.linalg.vector_norm(P[..., 1, :] - 0.5, dim=-1)
 
 
@@ -254,7 +270,9 @@ def fit_attention(
     _check_matrix("X", X)
     check_stochastic(P)
     if X.ndim != 2 or P.shape != (X.shape[0], X.shape[0]):
-        raise ValueError(f"X must be (m, n) and P (m, m); got {tuple(X.shape)}, {tuple(P.shape)}")
+        raise ParameterError(
+            "X", f"X must be (m, n) and P (m, m); got {tuple(X.shape)}, {tuple(P.shape)}"
+        )
     check_int("head_size", head_size)
     check_int("restarts", restarts)
     check_int("steps", steps, 0)

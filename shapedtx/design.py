@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from scipy.special import lambertw
 
-from ._validation import check_bool, check_int, check_number, check_positive
+from ._validation import ParameterError, check_bool, check_int, check_number, check_positive
 from .config import ModelConfig, check_config
 
 
@@ -119,7 +119,7 @@ def optimal_shape(
     w = lambertw(params * fit.b / (6.0 * math.exp(2.0 * fit.a)), 0)
     depth = float(w.real) / (2.0 * fit.b)
     if not (math.isfinite(depth) and depth > 0 and abs(w.imag) < 1e-12):
-        raise ValueError(f"params={params!r} gives no finite positive optimal depth")
+        raise ParameterError("params", f"params={params!r} gives no finite positive optimal depth")
     width = math.sqrt(params / (12.0 * depth))
     depth_rounded, width_rounded = _round_shape(params, depth, multiple)
     return Shape(params, depth, width, depth_rounded, width_rounded, multiple)
@@ -276,7 +276,9 @@ def head_size_report(config: ModelConfig, seq_len: int) -> HeadSizeReport:
     check_config(config)
     seq_len = check_int("seq_len", seq_len, 1)
     if config.attention == "none":
-        raise ValueError("config.attention must be 'shaped' or 'softmax' for a head-size report")
+        raise ParameterError(
+            "config", "config.attention must be 'shaped' or 'softmax' for a head-size report"
+        )
     n, h = config.width, config.heads
     return HeadSizeReport(
         width=n,

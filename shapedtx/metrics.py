@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import check_number
+from ._validation import ParameterError, check_number
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -49,9 +49,10 @@ def as_tensor(value: Any, name: str = "V") -> Tensor:
         return value
     if _is_dataset(value):
         if "V" not in value.data_vars:
-            raise ValueError(
+            raise ParameterError(
+                name,
                 f"{name}: a Dataset must hold the covariance variable 'V', got variables "
-                f"{sorted(map(str, value.data_vars))}"
+                f"{sorted(map(str, value.data_vars))}",
             )
         value = value["V"]
     if _is_dataarray(value):
@@ -59,9 +60,10 @@ def as_tensor(value: Any, name: str = "V") -> Tensor:
     try:
         return torch.from_numpy(np.ascontiguousarray(value))
     except (TypeError, ValueError, RuntimeError):
-        raise ValueError(
+        raise ParameterError(
+            name,
             f"{name} must be a tensor, array, xarray DataArray or covariance Dataset, "
-            f"got {type(value).__name__}"
+            f"got {type(value).__name__}",
         ) from None
 
 
@@ -205,7 +207,7 @@ def detect_collapse(V: Any, threshold: float = 0.99) -> Collapse:
     labelled = _as_dataarray(V)
     V = as_tensor(V)
     if V.dim() < 3 or V.shape[-1] != V.shape[-2]:
-        raise ValueError(f"V must have shape (..., t, m, m), got {tuple(V.shape)}")
+        raise ParameterError("V", f"V must have shape (..., t, m, m), got {tuple(V.shape)}")
     rho = mean_correlation(V)
     above = (rho > threshold) | ~torch.isfinite(rho)
     collapsed = above.any(dim=-1)

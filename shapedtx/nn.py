@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_bool
+from ._validation import ParameterError, check_bool
 from .activation import relu_slopes, shaped_relu
 from .attention import simplified_attention_matrix
 from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
@@ -71,8 +71,9 @@ class Attention(_Projected):
     ) -> None:
         super().__init__()
         if config.attention == "none":
-            raise ValueError(
-                "attention must be 'shaped', 'softmax' or 'simplified' for an Attention module"
+            raise ParameterError(
+                "attention",
+                "attention must be 'shaped', 'softmax' or 'simplified' for an Attention module",
             )
         check_bool("first", first)
         self.config, self.fused, self.first = config, fused, first
@@ -159,7 +160,9 @@ class MLP(_Projected):
     def __init__(self, config: ModelConfig, *, bias: bool | None = None) -> None:
         super().__init__()
         if config.mlp == "none":
-            raise ValueError("mlp must be 'shaped_relu', 'relu' or 'gelu' for an MLP module")
+            raise ParameterError(
+                "mlp", "mlp must be 'shaped_relu', 'relu' or 'gelu' for an MLP module"
+            )
         self.config = config
         bias = config.bias if bias is None else bias
         n, k = config.width, config.mlp_width

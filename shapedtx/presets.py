@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._validation import ParameterError
 from .config import ModelConfig
 
 _VANILLA: dict[str, Any] = {
@@ -89,5 +90,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     256
     """
     if name not in PRESETS:
-        raise ValueError(f"name must be one of {', '.join(map(repr, PRESETS))}, got {name!r}")
+        raise ParameterError(
+            "name", f"name must be one of {', '.join(map(repr, PRESETS))}, got {name!r}"
+        )
     return ModelConfig(**{**PRESETS[name], **overrides})

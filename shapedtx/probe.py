@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_bool, check_int
+from ._validation import ParameterError, check_bool, check_int
 from .config import ModelConfig, check_config
 from .metrics import covariance
 
@@ -71,7 +71,9 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.M
     ``model.named_modules()``, or one ``nn.ModuleList`` / ``nn.Sequential`` (or its name).
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise ParameterError(
+            "model", f"model must be a torch.nn.Module, got {type(model).__name__}"
+        )
     names = {module: name for name, module in model.named_modules()}
     modules = dict(model.named_modules())
     if blocks is None:
@@ -87,40 +89,45 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.M
         if len(stacks) == 1:  # torch's own stack, wherever it sits in the model
             return [(names[b], b) for b in stacks[0][1].layers]
         if stacks:
-            raise ValueError(
+            raise ParameterError(
+                "blocks",
                 f"{type(model).__name__} holds several torch Transformer stacks ("
                 f"{', '.join(name or '(the model)' for name, _ in stacks)}); pass blocks= one "
-                f"stack's layers, e.g. blocks={(stacks[0][0] + '.layers').lstrip('.')!r}"
+                f"stack's layers, e.g. blocks={(stacks[0][0] + '.layers').lstrip('.')!r}",
             )
-        raise ValueError(
+        raise ParameterError(
+            "blocks",
             f"no residual blocks found in {type(model).__name__} (looked for "
             f"{', '.join(BLOCK_PATHS)}); pass blocks=[...]: the block modules, or their "
-            f"names in model.named_modules(), in order"
+            f"names in model.named_modules(), in order",
         )
     if isinstance(blocks, str):
         if blocks not in modules:
-            raise ValueError(f"blocks: model has no submodule named {blocks!r}")
+            raise ParameterError("blocks", f"blocks: model has no submodule named {blocks!r}")
         blocks = modules[blocks]
     if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
         blocks = list(blocks)
     if isinstance(blocks, nn.Module) or not isinstance(blocks, Sequence):
-        raise ValueError(
+        raise ParameterError(
+            "blocks",
             "blocks must be a list of modules or module names, or a ModuleList/Sequential, "
-            f"got {type(blocks).__name__}"
+            f"got {type(blocks).__name__}",
         )
     if len(blocks) == 0:
-        raise ValueError("blocks must name at least one block")
+        raise ParameterError("blocks", "blocks must name at least one block")
     out = []
     for i, block in enumerate(blocks):
         if isinstance(block, str):
             if block not in modules:
-                raise ValueError(f"blocks[{i}]: model has no submodule named {block!r}")
+                raise ParameterError(
+                    "blocks", f"blocks[{i}]: model has no submodule named {block!r}"
+                )
             block = modules[block]
         if not isinstance(block, nn.Module) or block not in names:
-            raise ValueError(f"blocks[{i}] is not a submodule of model")
+            raise ParameterError("blocks", f"blocks[{i}] is not a submodule of model")
         out.append((names[block], block))
     if len({id(b) for _, b in out}) != len(out):
-        raise ValueError("blocks must not repeat a module")
+        raise ParameterError("blocks", "blocks must not repeat a module")
     return out
 
 
@@ -160,19 +167,22 @@ def _record(
 
     def store(index: int, where: str, x: Tensor | None, what: Any) -> None:
         if x is None:
-            raise ValueError(
+            raise ParameterError(
+                "blocks",
                 f"{where} is {type(what).__name__}, not a tensor (or a tuple starting with "
-                f"one): the probe records the residual stream, pass blocks= that return it"
+                f"one): the probe records the residual stream, pass blocks= that return it",
             )
         if x.dim() != 3 or x.shape[-2] < 2:
-            raise ValueError(
+            raise ParameterError(
+                "inputs",
                 f"{where} has shape {tuple(x.shape)}; the probe needs (batch, tokens, width) "
-                f"with at least 2 tokens: check the shape of inputs (a batch dimension?)"
+                f"with at least 2 tokens: check the shape of inputs (a batch dimension?)",
             )
         if "shape" in info and x.shape != info["shape"]:
-            raise ValueError(
+            raise ParameterError(
+                "blocks",
                 f"{where} has shape {tuple(x.shape)}, the block input "
-                f"{tuple(info['shape'])}: blocks must keep the residual stream's shape"
+                f"{tuple(info['shape'])}: blocks must keep the residual stream's shape",
             )
         info.setdefault("shape", x.shape)
         info.setdefault("dtype", x.dtype)
@@ -202,9 +212,10 @@ def _record(
             try:
                 _call(model, inputs)
             except (RuntimeError, TypeError) as err:
-                raise ValueError(
+                raise ParameterError(
+                    "inputs",
                     f"model(inputs) failed ({type(err).__name__}: {err}); check that inputs "
-                    f"has the type and shape the model expects"
+                    f"has the type and shape the model expects",
                 ) from err
     finally:
         for handle in handles:
@@ -213,9 +224,10 @@ def _record(
             module.training = mode
     for (name, _), count in zip(blocks, calls, strict=True):
         if count != 1:
-            raise ValueError(
+            raise ParameterError(
+                "blocks",
                 f"block {name!r} ran {count} times during model(inputs); the probe needs "
-                f"every block to run exactly once"
+                f"every block to run exactly once",
             )
     # every block ran once (checked above): each input and output was recorded
     V = torch.stack(cast(list[Tensor], covs), dim=1)
@@ -228,9 +240,10 @@ def _config(model: nn.Module, config: ModelConfig | None, width: int, depth: int
     if config is not None:
         check_config(config)
         if (config.width, config.depth) != (width, depth):
-            raise ValueError(
+            raise ParameterError(
+                "config",
                 f"config has width {config.width} and depth {config.depth}, the probed model "
-                f"width {width} and {depth} blocks"
+                f"width {width} and {depth} blocks",
             )
         return config, True
     own = getattr(model, "config", None)
@@ -360,7 +373,7 @@ class CovarianceProbe:
         if step % self.every:
             return False
         if self._steps and step <= self._steps[-1]:
-            raise ValueError(f"step must increase, got {step} after {self._steps[-1]}")
+            raise ParameterError("step", f"step must increase, got {step} after {self._steps[-1]}")
         V, self.width, self.stream_dtype = _record(self.model, self.inputs, self.blocks, self.eval)
         self._steps.append(step)
         self._pending.append(V)

@@ -20,6 +20,7 @@ import xarray as xr
 from torch import Tensor
 
 from . import metrics
+from ._validation import ParameterError
 from .config import ModelConfig, check_config
 from .files import atomic_path
 
@@ -52,10 +53,10 @@ def covariance_dataset(
     check_config(config)
     if not isinstance(V, Tensor) or V.dim() != 4 or V.shape[-1] != V.shape[-2]:
         got = tuple(V.shape) if isinstance(V, Tensor) else type(V).__name__
-        raise ValueError(f"V must be a tensor of shape (sample, t, m, m), got {got}")
+        raise ParameterError("V", f"V must be a tensor of shape (sample, t, m, m), got {got}")
     t = np.asarray(t.cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
     if t.shape != (V.shape[1],):
-        raise ValueError(f"t must have shape ({V.shape[1]},), got {t.shape}")
+        raise ParameterError("t", f"t must have shape ({V.shape[1]},), got {t.shape}")
     m = V.shape[-1]
     coords: dict[str, Any] = {
         "sample": np.arange(V.shape[0]),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sde import METHODS as SDE_METHODS
-from shapedtx._validation import check_choice
+from shapedtx._validation import ParameterError, check_choice
 from shapedtx.config import FIELD_TYPES, ModelConfig
 from shapedtx.covariance import equicorrelated
 
@@ -82,7 +82,7 @@ def _coerce(name: str, value: Any) -> Any:
         ok = isinstance(value, str)
     if not ok:
         what = {bool: "true/false", int: "integers", float: "finite numbers", str: "strings"}
-        raise ValueError(f"grid[{name!r}] values must be {what[kind]}, got {value!r}")
+        raise ParameterError("grid", f"grid[{name!r}] values must be {what[kind]}, got {value!r}")
     if name in _CHOICES:
         check_choice(f"grid[{name!r}]", value, _CHOICES[name]())
     return kind(value)
@@ -90,7 +90,9 @@ def _coerce(name: str, value: Any) -> Any:
 
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+        raise ParameterError(
+            "kind", f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -183,30 +185,37 @@ def make_grid(grid: Mapping[str, Any], kind: str = "network") -> Grid:
     """
     _check_kind(kind)
     if not isinstance(grid, Mapping) or not grid:
-        raise ValueError("grid must be a non-empty mapping of parameter names to values")
+        raise ParameterError(
+            "grid", "grid must be a non-empty mapping of parameter names to values"
+        )
     dims: dict[str, tuple[Any, ...]] = {}
     fixed: dict[str, Any] = {}
     for name, value in grid.items():
         if name not in _TYPES:
-            raise ValueError(
-                f"grid has unknown parameter {name!r}; accepted: {', '.join(sorted(_TYPES))}"
+            raise ParameterError(
+                "grid",
+                f"grid has unknown parameter {name!r}; accepted: {', '.join(sorted(_TYPES))}",
             )
         if isinstance(value, (list, tuple)):
             if not value:
-                raise ValueError(f"grid[{name!r}] must be a non-empty list")
+                raise ParameterError("grid", f"grid[{name!r}] must be a non-empty list")
             values = tuple(_coerce(name, v) for v in value)
             if len(set(values)) != len(values):
-                raise ValueError(f"grid[{name!r}] has repeated values: {list(values)}")
+                raise ParameterError("grid", f"grid[{name!r}] has repeated values: {list(values)}")
             dims[name] = values
         else:
             fixed[name] = _coerce(name, value)
     if "T" in grid and "depth" in grid:
-        raise ValueError("grid may set depth or T, not both (T gives depth = round(T * width))")
+        raise ParameterError(
+            "grid", "grid may set depth or T, not both (T gives depth = round(T * width))"
+        )
     for source, names in _ONLY.items():
         if source not in KINDS[kind]:
             for name in names:
                 if name in grid:
-                    raise ValueError(f"grid[{name!r}] is only used with kind={source!r}")
+                    raise ParameterError(
+                        "grid", f"grid[{name!r}] is only used with kind={source!r}"
+                    )
     return Grid(dims, fixed, kind)
 
 
@@ -232,11 +241,13 @@ def _plan(point: Point) -> Point:
         if "T" in p:
             kwargs["depth"] = round(p["T"] * p.get("width", ModelConfig.width))
             if kwargs["depth"] < 1:
-                raise ValueError(f"T * width must be >= 0.5 (depth >= 1), got T={p['T']}")
+                raise ParameterError(
+                    "grid", f"T * width must be >= 0.5 (depth >= 1), got T={p['T']}"
+                )
         config = ModelConfig(**kwargs)
         equicorrelated(p["tokens"], p["rho0"], p["scale"])
         if p["samples"] < 1:
-            raise ValueError(f"samples must be an integer >= 1, got {p['samples']}")
+            raise ParameterError("grid", f"samples must be an integer >= 1, got {p['samples']}")
         n_t = config.depth + 1 if point.source == "network" else _sde_times(config, p)
     except ValueError as err:
         return dataclasses.replace(point, error=f"ValueError: {err}")

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from shapedtx import metrics
+from shapedtx._validation import ParameterError
 from shapedtx.files import atomic_path
 
 from .compare import SOURCES, align_times, token_values, valid_samples
@@ -220,7 +221,9 @@ def plot_quantile_bands(
     probs = list(comparison["quantile"].values)
     need = {0.05, 0.25, 0.5, 0.75, 0.95}
     if not need <= {round(p, 6) for p in probs}:
-        raise ValueError(f"comparison must hold the quantiles {sorted(need)}, got {probs}")
+        raise ParameterError(
+            "comparison", f"comparison must hold the quantiles {sorted(need)}, got {probs}"
+        )
 
     def q(var: str, src: str, p: float) -> np.ndarray:
         return comparison[var].sel(source=src).sel(quantile=p, method="nearest").values
@@ -299,8 +302,10 @@ def plot_convergence(
     (line and 2-spread band), the power-law fit through the widths above the band only (or
     a note that none can be fitted) and an n^(-1/2) reference."""
     if statistic not in convergence:
-        raise ValueError(f"statistic must be a variable of the convergence Dataset, "
-                         f"got {statistic!r}")  # fmt: skip
+        raise ParameterError(
+            "statistic",
+            f"statistic must be a variable of the convergence Dataset, got {statistic!r}",
+        )
     fig, ax = _axes(ax)
     n = convergence["width"].values.astype(np.float64)
     d = convergence[statistic].values

@@ -22,6 +22,7 @@ import xarray as xr
 from torch import Tensor
 
 from .. import metrics
+from .._validation import ParameterError
 from ..config import ModelConfig
 from .config import TrainConfig
 
@@ -62,7 +63,7 @@ def log_dataset(
 ) -> xr.Dataset:
     """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset."""
     if not rows:
-        raise ValueError("rows must hold at least one logged step")
+        raise ParameterError("rows", "rows must hold at least one logged step")
     depth = model_config.depth
     data: dict[str, Any] = {}
     for name in ("train_loss", "val_loss", "lr", "grad_norm"):

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._validation import ParameterError
 from ..config import GPT2_STD, ModelConfig
 from ..nn import Transformer, init_linear, layer_norm_module
 from .data import VOCAB
@@ -28,7 +29,7 @@ class LanguageModel(nn.Module):
     def __init__(self, config: ModelConfig, max_len: int) -> None:
         super().__init__()
         if not config.causal:
-            raise ValueError("config.causal must be True for a causal language model")
+            raise ParameterError("config", "config.causal must be True for a causal language model")
         self.config = config
         n = config.width
         std = GPT2_STD if config.init == "gpt2" else math.sqrt(0.5)

@@ -14,11 +14,13 @@ import numpy as np
 import xarray as xr
 from matplotlib.figure import Figure
 
+from .._validation import ParameterError
+
 
 def plot_losses(logs: Mapping[str, xr.Dataset]) -> Figure:
     """Train (thin) and validation (markers) loss against step, one colour per labelled log."""
     if not logs:
-        raise ValueError("logs must hold at least one labelled training log")
+        raise ParameterError("logs", "logs must hold at least one labelled training log")
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.subplots()
     for i, (label, ds) in enumerate(logs.items()):
@@ -52,13 +54,15 @@ def plot_runs(
         runs = [runs]
     items = list(runs.items()) if isinstance(runs, Mapping) else [(None, r) for r in runs]
     if not items:
-        raise ValueError("runs must name at least one run folder or log.nc file")
+        raise ParameterError("runs", "runs must name at least one run folder or log.nc file")
     paths = []
     for i, (_, run) in enumerate(items):
         path = Path(run)
         log = path / "log.nc" if path.is_dir() else path
         if not log.is_file():
-            raise ValueError(f"runs[{i}]: {log} not found (give a training run folder or log.nc)")
+            raise ParameterError(
+                "runs", f"runs[{i}]: {log} not found (give a training run folder or log.nc)"
+            )
         paths.append(log)
     names = [p.parent.name or str(p.parent) for p in paths]
     if len(set(names)) < len(names):
@@ -68,9 +72,11 @@ def plot_runs(
         try:
             ds = load_dataset(log)
         except (OSError, ValueError) as err:
-            raise ValueError(f"runs: {log} is not a training log ({err})") from None
+            raise ParameterError("runs", f"runs: {log} is not a training log ({err})") from None
         if "train_loss" not in ds or "val_loss" not in ds:
-            raise ValueError(f"runs: {log} is not a training log (no train_loss / val_loss)")
+            raise ParameterError(
+                "runs", f"runs: {log} is not a training log (no train_loss / val_loss)"
+            )
         logs[str(label) if label is not None else name] = ds
     return plot_losses(logs)
 
@@ -81,7 +87,7 @@ def plot_collapse(ds: xr.Dataset, metric: str = "mean_rho") -> Figure:
     Left: heat map (step x layer); right: the last layer's value against step.
     """
     if metric not in ds:
-        raise ValueError(f"metric must be a variable of the log, got {metric!r}")
+        raise ParameterError("metric", f"metric must be a variable of the log, got {metric!r}")
     fig = Figure(figsize=(9.6, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2)
     value = ds[metric].values

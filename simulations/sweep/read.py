@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from shapedtx._validation import ParameterError
 from shapedtx.config import ModelConfig
 from shapedtx.results import covariance_dataset
 
@@ -57,24 +58,30 @@ def open_point(store: str | os.PathLike, *, source: str | None = None, **coords:
     sources = list(ds.indexes["source"])
     if source is None:
         if len(sources) > 1:
-            raise ValueError(f"source must be one of {sources} for this sweep")
+            raise ParameterError("source", f"source must be one of {sources} for this sweep")
         source = sources[0]
     if set(coords) != set(dims):
-        raise ValueError(f"give exactly the grid dimensions {dims}, got {sorted(coords)}")
+        raise ParameterError(
+            "coords", f"give exactly the grid dimensions {dims}, got {sorted(coords)}"
+        )
     try:
         index = (
             *(ds.indexes[d].get_loc(coords[d]) for d in dims),
             sources.index(source),
         )
     except (KeyError, ValueError):
-        raise ValueError(f"no point {coords} with source={source!r} in {str(path)!r}") from None
+        raise ParameterError(
+            "coords", f"no point {coords} with source={source!r} in {str(path)!r}"
+        ) from None
     key = "p" + "_".join(map(str, index))
     point = ds.isel(dict(zip([*dims, "source"], index, strict=True)))
     record = read_records(path).get(key, {})
     code = int(point["status"].values)
     if code != DONE:
         reason = f": {record.get('error')}" if code == FAILED else ""
-        raise ValueError(f"point {coords} source={source!r} is {STATUS[code]}{reason}")
+        raise ParameterError(
+            "coords", f"point {coords} source={source!r} is {STATUS[code]}{reason}"
+        )
     s, nt, m = record["params"]["samples"], record["n_t"], record["params"]["tokens"]
     attrs = record["attrs"]
     data_vars = None

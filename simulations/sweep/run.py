@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from shapedtx._validation import check_device, check_int, check_progress
+from shapedtx._validation import ParameterError, check_device, check_int, check_progress
 from shapedtx.options import DTYPES
 
 from ..grid import make_grid
@@ -57,7 +57,9 @@ def _check_workers(client: Any, workers: int | None, threads_per_worker: int) ->
     core count (more CPU-bound workers than cores only cost memory, a process each), and not
     given together with a ``client``."""
     if client is not None and workers is not None:
-        raise ValueError("workers sets the embedded cluster; do not pass it with client")
+        raise ParameterError(
+            "workers", "workers sets the embedded cluster; do not pass it with client"
+        )
     cores = os.cpu_count() or 1
     workers = min(2, cores) if workers is None else workers
     check_int("workers", workers, 1, cores)
@@ -142,7 +144,9 @@ def sweep(
 
     dtype_name = str(dtype).removeprefix("torch.")
     if dtype_name not in DTYPES:
-        raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype!r}")
+        raise ParameterError(
+            "dtype", f"dtype must be torch.float64 or torch.float32, got {dtype!r}"
+        )
     workers = _check_workers(client, workers, threads_per_worker)
     check_progress(progress)
     if device is not None and client is None:  # a given cluster's workers may differ
@@ -150,7 +154,9 @@ def sweep(
     g = make_grid(grid, kind)
     points = list(g.points())
     if all(p.error for p in points):
-        raise ValueError(f"every grid point is invalid, e.g. {points[0].label}: {points[0].error}")
+        raise ParameterError(
+            "grid", f"every grid point is invalid, e.g. {points[0].label}: {points[0].error}"
+        )
     # A value that is invalid at every point holding it is a typo in the grid, not a failing
     # combination: refuse it before any store exists (a corrected grid must not meet a stale
     # store). Invalid combinations (e.g. heads not dividing one width) are recorded as failed.
@@ -158,8 +164,9 @@ def sweep(
         for value in values:
             holding = [p for p in points if p.coords[name] == value]
             if all(p.error for p in holding):
-                raise ValueError(
-                    f"grid value {name} = {value!r} is invalid at every point: {holding[0].error}"
+                raise ParameterError(
+                    "grid",
+                    f"grid value {name} = {value!r} is invalid at every point: {holding[0].error}",
                 )
     path = Path(store).absolute()
     if overwrite:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from shapedtx._validation import ParameterError
 from shapedtx.files import write_json
 
 from ..grid import Grid, Point
@@ -122,9 +123,10 @@ def _remove_store(path: Path) -> None:
     except Exception:  # not a zarr group
         is_sweep = False
     if not is_sweep:
-        raise ValueError(
+        raise ParameterError(
+            "store",
             f"store {str(path)!r} exists and is not a sweep store; overwrite only replaces a "
-            "sweep store: choose another path"
+            "sweep store: choose another path",
         )
     old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex}")
     os.rename(path, old)  # the store disappears at once; then its files
@@ -162,15 +164,18 @@ def _open_store(path: Path, grid: Grid, points: list[Point], dtype: torch.dtype)
             raise TypeError("'V' is not an array")
         shape = V.shape
     except Exception as err:  # any unreadable store is the same user error
-        raise ValueError(f"store {str(path)!r} exists and is not a sweep store ({err})") from None
+        raise ParameterError(
+            "store", f"store {str(path)!r} exists and is not a sweep store ({err})"
+        ) from None
     keys = ("sweep.grid", "sweep.kind", "sweep.dtype", "sweep.layout")
     expected = {k: template.attrs[k] for k in keys}
     found = {k: attrs.get(k) for k in expected}
     if found != expected or tuple(shape) != template["V"].shape:
         diff = [k for k in expected if found[k] != expected[k]] or ["padded shape"]
-        raise ValueError(
+        raise ParameterError(
+            "store",
             f"store {str(path)!r} holds a different sweep ({', '.join(diff)} differ); "
-            f"use a new store path, or overwrite=True (CLI: --overwrite) to replace it"
+            f"use a new store path, or overwrite=True (CLI: --overwrite) to replace it",
         )
     return group
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from shapedtx._validation import check_progress
+from shapedtx._validation import ParameterError, check_progress
 
 from .run import _check_workers, _connect, _disable, _print_dashboard
 
@@ -95,9 +95,11 @@ def run_tasks(
     from tqdm.auto import tqdm
 
     if len(items) != len(keys):
-        raise ValueError(f"keys must have one entry per item, got {len(keys)} for {len(items)}")
+        raise ParameterError(
+            "keys", f"keys must have one entry per item, got {len(keys)} for {len(items)}"
+        )
     if len(set(keys)) != len(keys):
-        raise ValueError("keys must be unique")
+        raise ParameterError("keys", "keys must be unique")
     workers = _check_workers(client, workers, threads_per_worker)
     check_progress(progress)
     summary: TaskSummary[T] = TaskSummary()
