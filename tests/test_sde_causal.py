@@ -178,3 +178,27 @@ def test_multi_head_causal_diffusion_and_sample_noise_are_the_theory_s(name):
     xi = sde.sample_noise(config, V, torch.Generator().manual_seed(1))
     z = torch.randn((2, m, m), generator=torch.Generator().manual_seed(1), dtype=V.dtype)
     torch.testing.assert_close(xi, sde.sample_noise(config, V, normals=z), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_noise_increment_is_the_documented_function_of_the_normals(causal):
+    """sde.noise_increment, literally (module docstring of sde.noise): ``sqrt(k_lin / 2) L (N1
+    + N1^T) L^T + sqrt(k_att) (Y V + V Y^T)`` with ``Yh = L N2 L^T`` and ``Y = Yh P`` or, causal,
+    row a of Y ``Yh^{a,:} P_a / a``: the same normals give the same increment (the solvers
+    couple paths through them), not only the same law."""
+    m, k_lin, k_att = 4, 0.7, 0.3
+    V = random_V(m, (2,), seed=6)
+    L = torch.linalg.cholesky(V)
+    normals = torch.randn(2, 2, m, m, generator=torch.Generator().manual_seed(2), dtype=V.dtype)
+    for i in range(2):
+        N1, N2 = normals[i, 0], normals[i, 1]
+        Yh = L[i] @ N2 @ L[i].T
+        if causal:
+            Y = torch.stack([Yh[a] @ literal_P(a + 1, m) / (a + 1) for a in range(m)])
+        else:
+            Y = Yh @ literal_P(m, m)
+        expected = (k_lin / 2) ** 0.5 * L[i] @ (N1 + N1.T) @ L[i].T + k_att**0.5 * (
+            Y @ V[i] + V[i] @ Y.T
+        )
+        out = noise_increment(L, V, normals, k_lin, k_att, causal=causal)[i]
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-13)
