@@ -17,32 +17,27 @@ standard error is reported with each):
 - ``norm``: the 99th percentile of ``V^{aa}_T / V^{aa}_0`` over paths and tokens (token norms
   act as an inverse temperature of the attention), below 10.
 
-Ranking (:func:`rank_key`; the evidence is in ``examples/advise/README.md``): score =
-``rho_spread``, the standard deviation of the off-diagonal ``rho_T`` over
-paths and token pairs. A pilot (width 64, depth 16, causal byte LM, 300 steps, lr 1e-2, one
-seed) found less spread of ``rho_T`` at initialisation went with lower loss (Spearman +0.88 over
-12 configurations) and its smallest branch weight (gamma 0.15) trained best. Minimising the
-spread outright would always return the smallest gamma of the grid (gamma -> 0 is the identity
-network), which the pilot did not test; so the advisor picks the *largest* gamma whose spread
-stays within ``spread_target`` (default: the spread of the pilot's best configuration,
-gamma 0.15 at T = 0.25, :data:`DEFAULT_SPREAD_TARGET`), and among those tau0 with the smallest
-spread. Since the spread of every candidate grows with T, a deeper network gets a smaller or
-equal gamma (monotone in depth by construction, up to Monte Carlo error). If no safe candidate
-meets the target, the safe candidate with the smallest spread is chosen. Measured since
-(``examples/advise/predict.py``, one seed): ``rho_spread`` predicts the trained loss best of
-all init-time scores (Spearman 0.92 over 26 configurations at width 32, 0.97 over 13 at width
-64, depth 64); the advice was the best configuration at width 32 and within 1.8% of the best
-at width 64, depth 64, where a gamma below the default grid trained best.
+Ranking: :func:`rank_key` states the rule, once (score ``rho_spread``, the sd of the
+off-diagonal ``rho_T``, against ``spread_target``, :data:`DEFAULT_SPREAD_TARGET`). The evidence
+is in ``examples/advise/README.md``: a pilot (width 64, depth 16, causal byte LM, 300 steps,
+lr 1e-2, one seed) found less spread of ``rho_T`` at initialisation went with lower loss
+(Spearman +0.88 over 12 configurations) and its smallest branch weight (gamma 0.15) trained
+best. Measured since (``examples/advise/predict.py``, one seed): ``rho_spread`` predicts the
+trained loss best of all init-time scores (Spearman 0.92 over 26 configurations at width 32,
+0.97 over 13 at width 64, depth 64); the advice was the best configuration at width 32 and
+within 1.8% of the best at width 64, depth 64, where a gamma below the default grid trained
+best.
 
 Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only
 for a violation beyond 2 standard errors; others stay unresolved); candidates are then
 confirmed with ``samples`` fresh paths in ranking order until one passes (the confirmed numbers
-replace the screening ones). All candidates are integrated together as one batch (float32
-factored Euler, ``dt = min(T / 50, 0.02)``, causal by default as ``shapedtx train`` trains),
-so the cost is independent of the width; with more than :data:`DEFAULT_MAX_TOKENS` tokens the
-SDE is integrated with that many (the scores converge in m; the measurement is in the
-constant's docstring). The cost is estimated up front (``log``) from two short timed runs.
-An advice at the edge of the gamma or tau0 grid says so (``Advice.grid_edges`` and a note).
+replace the screening ones). All candidates are integrated together as one batch
+(:func:`sde.solve_batch`: float32 factored Euler, ``dt = min(T / 50, 0.02)``, causal by default
+as ``shapedtx train`` trains), so the cost is independent of the width; with more than
+:data:`DEFAULT_MAX_TOKENS` tokens the SDE is integrated with that many (the scores converge in
+m; the measurement is in the constant's docstring). The cost is estimated up front (``log``)
+from two short timed runs. An advice at the edge of the gamma or tau0 grid says so
+(``Advice.grid_edges`` and a note).
 """
 
 from __future__ import annotations
@@ -57,10 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import sde
-from sde.coefficients import sde_constants
+from sde import solve_batch
 from sde.solve import DEFAULT_BOUND
-from sde.solvers import _chunked_step, _Constants, gaussian_noise, integrate
 from sde.time_grid import MAX_STEPS
 from shapedtx import ModelConfig
 from shapedtx._validation import (
@@ -75,6 +68,9 @@ from shapedtx._validation import (
 from shapedtx.config import TAU0_RANGE
 from shapedtx.covariance import check_correlation, equicorrelated
 from shapedtx.design import allocation, depth_threshold, head_size_report, regime
+from shapedtx.files import json_safe
+
+from .ranking import rank_key, ranking_rule, ranking_score
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 DEFAULT_TAU0S: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
@@ -310,45 +306,22 @@ class Candidate:
         return ranking_score(self.measurement)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gamma": self.gamma,
-            "tau0": self.tau0,
-            "passed": self.passed,
-            "verdict": self.verdict,
-            "unresolved": list(self.unresolved),
-            "plausible": self.plausible,
-            "violations": list(self.violations),
-            "significant_violations": list(self.significant),
-            "score": _json_float(self.score),
-            "stage": self.stage,
-            **{k: _json_float(v) for k, v in asdict(self.measurement).items()},
-        }
-
-
-def ranking_score(m: Measurement) -> float:
-    """The score the ranking uses (lower is better): the spread (sd) of off-diagonal rho_T."""
-    return m.rho_spread
-
-
-def rank_key(c: Candidate, spread_target: float) -> tuple:
-    """Sort key of the ranking rule (smallest first; see the module docstring).
-
-    Plausibly safe candidates first (:attr:`Candidate.plausible`); among them those with
-    ``score <= spread_target`` (for screened candidates: within 2 standard errors of it, so
-    that confirmation decides), largest gamma
-    first, then smallest tau0 (the pilot: smaller tau0 helped a little; tau0 barely changes
-    the spread); then the other safe candidates by smallest score. Rejected
-    candidates last (fewest violations, then smallest score). Remaining ties: smaller gamma,
-    smaller tau0.
-    """
-    score = c.score if math.isfinite(c.score) else math.inf
-    if not c.plausible:
-        return (2, len(c.violations), score, c.gamma, c.tau0)
-    # a screened candidate within 2 SE of the target may meet it: confirmation decides
-    se = c.measurement.rho_spread_se if c.stage == "screen" else 0.0
-    if score - 2 * (se if math.isfinite(se) else 0.0) <= spread_target:
-        return (0, -c.gamma, c.tau0, score)
-    return (1, score, c.gamma, c.tau0)
+        """The candidate as JSON-ready data (non-finite numbers as None: ``json_safe``)."""
+        return json_safe(
+            {
+                "gamma": self.gamma,
+                "tau0": self.tau0,
+                "passed": self.passed,
+                "verdict": self.verdict,
+                "unresolved": list(self.unresolved),
+                "plausible": self.plausible,
+                "violations": list(self.violations),
+                "significant_violations": list(self.significant),
+                "score": self.score,
+                "stage": self.stage,
+                **asdict(self.measurement),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -424,43 +397,41 @@ class Advice:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gamma": self.gamma,
-            "tau0": self.tau0,
-            "T": self.T,
-            "width": self.width,
-            "depth": self.depth,
-            "tokens": self.tokens,
-            "heads": self.heads,
-            "mlp": self.mlp,
-            "causal": self.causal,
-            "rho0": self.rho0,
-            "criteria": asdict(self.criteria),
-            "ranking": {
-                "score": "rho_spread (sd of off-diagonal rho_T)",
-                "spread_target": self.spread_target,
-                "rule": "largest safe gamma with score <= spread_target (then smallest "
-                "tau0); else the safe candidate with the smallest score",
-            },
-            "candidates": [c.to_dict() for c in self.candidates],
-            "design": asdict(self.design),
-            "steps": self.steps,
-            "screen_samples": self.screen_samples,
-            "samples": self.samples,
-            "mc_se_at_thresholds": self.mc_se,
-            "seconds": self.seconds,
-            "estimated_seconds": _json_float(self.estimated_seconds),
-            "sim_tokens": self.sim_tokens,
-            "resolved": self.resolved,
-            "grid_edges": list(self.grid_edges),
-            "notes": list(self.notes),
-        }
-
-
-def _json_float(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
+        """The advice as JSON-ready data: non-finite numbers are None (null), the library's
+        convention (:func:`shapedtx.files.json_number`)."""
+        return json_safe(
+            {
+                "gamma": self.gamma,
+                "tau0": self.tau0,
+                "T": self.T,
+                "width": self.width,
+                "depth": self.depth,
+                "tokens": self.tokens,
+                "heads": self.heads,
+                "mlp": self.mlp,
+                "causal": self.causal,
+                "rho0": self.rho0,
+                "criteria": asdict(self.criteria),
+                "ranking": {
+                    "score": "rho_spread (sd of off-diagonal rho_T)",
+                    "spread_target": self.spread_target,
+                    "rule": ranking_rule(self.spread_target),
+                    "rule_function": "simulations.advise.rank_key",
+                },
+                "candidates": [c.to_dict() for c in self.candidates],
+                "design": asdict(self.design),
+                "steps": self.steps,
+                "screen_samples": self.screen_samples,
+                "samples": self.samples,
+                "mc_se_at_thresholds": self.mc_se,
+                "seconds": self.seconds,
+                "estimated_seconds": self.estimated_seconds,
+                "sim_tokens": self.sim_tokens,
+                "resolved": self.resolved,
+                "grid_edges": list(self.grid_edges),
+                "notes": list(self.notes),
+            }
+        )
 
 
 def _config(width, depth, heads, mlp, causal, gamma, tau0) -> ModelConfig:
@@ -475,89 +446,6 @@ def _config(width, depth, heads, mlp, causal, gamma, tau0) -> ModelConfig:
         gamma=gamma,
         tau0=tau0,
     )
-
-
-class _BatchedEuler:
-    """:class:`sde.FactoredEuler` with per-row constants: many configurations in one batch.
-
-    Row i of the batch belongs to configuration ``owner[i]``; the step is the same formula
-    (``sde.solvers._factored_euler_step``, causal or not) with the scalar constants replaced
-    by (B, 1, 1) tensors. All configurations share ``causal``.
-    """
-
-    def __init__(self, configs: Sequence[ModelConfig], counts: Sequence[int], m: int, dtype):
-        consts = [sde_constants(c, m) for c in configs]
-        causal = {k.causal for k in consts}
-        if len(causal) > 1:
-            raise ValueError("_BatchedEuler: the configurations must all be causal or none")
-
-        def col(name):
-            values = [
-                getattr(k, name) for k, n in zip(consts, counts, strict=True) for _ in range(n)
-            ]
-            return torch.tensor(values, dtype=dtype)[:, None, None]
-
-        k_lin, k_att, a_att, k_mlp = (col(n) for n in ("k_lin", "k_att", "a_att", "k_mlp"))
-        self.consts = _Constants(k_lin, k_att, a_att, k_mlp)
-        self.kw = {
-            "attention": bool((a_att > 0).any()),
-            "mlp": bool((k_mlp > 0).any()),
-            "causal": causal.pop(),
-        }
-        self.m = m
-
-    def init(self, V0: Tensor) -> tuple[Tensor, Tensor]:
-        return sde.psd_factor(V0)[0], V0
-
-    def step(self, state, normals: Tensor, dt: float) -> tuple[tuple[Tensor, Tensor], Tensor, None]:
-        new_state, new = _chunked_step(state, normals, dt, self.consts, False, self.kw)
-        return new_state, new, None
-
-
-def solve_batch(
-    configs: Sequence[ModelConfig],
-    V0: Tensor,
-    samples: int,
-    *,
-    T: float,
-    steps: int,
-    seed: int,
-    dtype: torch.dtype = torch.float32,
-    progress: bool | None = False,
-) -> list[tuple[Tensor, Tensor]]:
-    """``(V_T (samples, m, m), exploded (samples,))`` for every config, solved together.
-
-    The causal and the non-causal configurations are integrated as one batch each
-    (:class:`_BatchedEuler`, docs/theory.md#causal-sde for the causal SDE); ``progress``: a
-    tqdm bar over the steps of each batch.
-    """
-    m = V0.shape[-1]
-    out: list[tuple[Tensor, Tensor] | None] = [None] * len(configs)
-    for offset, causal in enumerate((False, True)):
-        batch = [i for i, c in enumerate(configs) if c.causal == causal]
-        if not batch:
-            continue
-        stepper = _BatchedEuler([configs[i] for i in batch], [samples] * len(batch), m, dtype)
-        B = samples * len(batch)
-        V0s = V0.to(dtype).expand(B, m, m).contiguous()
-        gen = torch.Generator().manual_seed(seed + offset)
-        sol = integrate(
-            stepper,
-            V0s,
-            steps=steps,
-            dt=T / steps,
-            save_every=steps,
-            noise=gaussian_noise((B, 2, m, m), gen, dtype, V0s.device),
-            bound=DEFAULT_BOUND,
-            progress=progress,
-        )
-        VT = sol.V[:, -1].reshape(len(batch), samples, m, m)
-        ex = sol.exploded.reshape(len(batch), samples)
-        for j, i in enumerate(batch):
-            out[i] = (VT[j], ex[j])
-    solved = [o for o in out if o is not None]
-    assert len(solved) == len(out)  # every configuration is in one of the two batches
-    return solved
 
 
 def _check_grid(

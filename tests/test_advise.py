@@ -271,10 +271,10 @@ def test_criteria_thresholds_are_open_intervals():
 
 
 def test_batched_euler_step_is_the_factored_euler_step_per_row():
-    """``_BatchedEuler``: the same step as :class:`sde.solvers.FactoredEulerStep` with each
-    row's own constants (same factor, same normals), causal and not."""
+    """``FactoredEulerStep(configs, m, paths=...)``: the same step as
+    :class:`sde.solvers.FactoredEulerStep` with each row's own constants (same factor, same
+    normals), causal and not."""
     from sde.solvers import FactoredEulerStep
-    from simulations.advise import _BatchedEuler
 
     gen = torch.Generator().manual_seed(0)
     V0 = equicorrelated(3, 0.3).double()
@@ -283,7 +283,7 @@ def test_batched_euler_step_is_the_factored_euler_step_per_row():
             ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.3, tau0=1.0, causal=causal),
             ModelConfig(width=32, depth=8, mlp=mlp, gamma=0.7, tau0=0.5, causal=causal),
         ]
-        batched = _BatchedEuler(configs, [2, 2], 3, torch.float64)
+        batched = FactoredEulerStep(configs, 3, paths=[2, 2])
         L, V = batched.init(V0.expand(4, 3, 3))
         normals = torch.randn((4, 2, 3, 3), generator=gen, dtype=torch.float64)
         (F, _), Vn, _ = batched.step((L, V), normals, 0.05)
@@ -453,3 +453,39 @@ def test_long_contexts_integrate_max_tokens_and_say_so():
     assert b.sim_tokens == 5 and not any("of the 5 tokens" in n for n in b.notes)
     with pytest.raises(ValueError, match="max_tokens"):
         advise(32, 4, 5, max_tokens=1)
+
+
+def test_the_ranking_rule_is_stated_once_by_rank_key(monkeypatch, capsys):
+    """The JSON, the report and ``--help`` take the rule from ``rank_key``'s docstring."""
+    from simulations.cli.advise import format_advice
+    from simulations.ranking import rank_key as stated
+    from simulations.ranking import ranking_rule, ranking_text
+
+    assert rank_key is stated
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, spread_target=0.1)
+    assert a.to_dict()["ranking"]["rule"] == ranking_rule(0.1)
+    assert ranking_rule(0.1) == (
+        "largest safe gamma with rho_spread <= 0.1, then smallest tau0; else smallest rho_spread"
+    )
+    assert f"ranking: {ranking_rule(0.1)}\n" in format_advice(a)
+    with pytest.raises(SystemExit):
+        main(["advise", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert " ".join(ranking_text().split()) in shown and ranking_rule() in shown
+
+
+def test_advice_json_writes_non_finite_numbers_as_null(monkeypatch):
+    """The library's JSON convention (``shapedtx.files.json_number``): an infinite norm
+    quantile (paths that blow up) is null, never the string "inf" or the non-standard
+    ``Infinity``; old "inf" strings still read as infinity."""
+    from shapedtx.files import read_json_number
+
+    a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, spread_target=0.1)
+    worst = a.candidates[-1]
+    blown = replace(worst, measurement=replace(worst.measurement, norm=math.inf, norm_se=math.inf))
+    a = replace(a, candidates=(*a.candidates[:-1], blown))
+    data = json.loads(json.dumps(a.to_dict(), allow_nan=False))
+    assert data["candidates"][-1]["norm"] is None and data["candidates"][-1]["norm_se"] is None
+    assert data["candidates"][0]["norm"] == a.candidates[0].measurement.norm
+    assert read_json_number(None) != read_json_number(None)  # NaN
+    assert read_json_number("inf") == math.inf and read_json_number(2.5) == 2.5

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from shapedtx.covariance import equicorrelated
+from shapedtx.files import json_safe
 from simulations import advise, measure_dataset, simulate
 
 HERE = Path(__file__).parent
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     for size in args.sizes:
         width, depth, tokens = (int(x) for x in size.split("x"))
         results.append(check(width, depth, tokens, args.samples, args.seed))
-    args.out.write_text(json.dumps({"results": results}, indent=1, default=str) + "\n")
+    text = json.dumps(json_safe({"results": results}), indent=1, default=str, allow_nan=False)
+    args.out.write_text(text + "\n")  # non-finite numbers as null (shapedtx.files.json_number)
     print(f"wrote {args.out}")
 
 

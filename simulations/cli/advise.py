@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
+
+from simulations.ranking import ranking_rule, ranking_text
 
 from . import SUBCOMMANDS
 from ._common import option_error
@@ -29,13 +32,10 @@ the width); each candidate's predicted law at T must meet the safety criteria:
             --max-norm (10): token norms act as an inverse attention temperature; heavy norm
             growth makes the softmax saturate.
 
-Ranking: the score is rho_spread, the sd of the off-diagonal rho_T (lower is better: less
-spread at init went with lower training loss, Spearman 0.92 over 26 trained configurations at
-width 32 and 0.97 over 13 at width 64, depth 64; examples/advise/README.md).
-The advice is the LARGEST safe gamma whose rho_spread is at most --spread-target (default:
-the spread of that best pilot configuration, gamma 0.15 at T = 0.25), with the smallest safe
-tau0 for it; if none meets the target, the safe candidate with the smallest spread. A deeper
-network therefore gets a smaller or equal gamma (roughly gamma^2 T constant).
+Ranking (simulations.advise.rank_key; spread_target is --spread-target, default 0.145):
+{ranking}
+Evidence for the score: Spearman 0.92 between rho_spread and the trained loss over 26
+configurations at width 32, 0.97 over 13 at width 64, depth 64 (examples/advise/README.md).
 
 Every candidate is screened with --screen-samples paths (rejected there only for a violation
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
@@ -56,7 +56,9 @@ The cost estimate is printed (to stderr) before the work starts, with a progress
 Causal attention is the default (what `shapedtx train` trains); --no-causal for the other.
 The [LW] depth/width check and the [BH] head-size check (key size per head >= m - 1) are
 printed alongside. Exit code 0 with an advice, 1 when no candidate passes, 2 on bad input.
-Example: shapedtx advise --width 1024 --depth 1024 --tokens 8"""
+Example: shapedtx advise --width 1024 --depth 1024 --tokens 8""".replace(
+    "{ranking}", textwrap.indent(f"{ranking_rule()}.\n\n{ranking_text()}", "  ")
+)  # the rule as rank_key's docstring states it
 
 
 def _floats(text: str) -> list[float]:
@@ -184,8 +186,7 @@ def format_advice(advice, *, every: bool = False) -> str:
     lines += [
         f"criteria: collapse P(max rho_T > {cr.rho_max:g}) < {cr.collapse:g}; exploded < "
         f"{cr.exploded:g}; q{100 * cr.norm_quantile:g}(V_T^aa/V_0^aa) < {cr.norm_ratio:g}",
-        f"ranking: largest safe gamma with rho_spread <= {advice.spread_target:g}, then "
-        "smallest tau0; else smallest rho_spread",
+        f"ranking: {ranking_rule(advice.spread_target)}",
         f"sampling: {advice.steps} Euler steps, screen {advice.screen_samples} paths, confirm "
         f"{advice.samples} paths, SDE with m = {advice.sim_tokens} tokens; "
         f"{advice.seconds:.1f} s (estimated {advice.estimated_seconds:.0f} s)",
@@ -302,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise option_error(err, _OPTIONS) from None
     if args.json:
-        print(json.dumps(advice.to_dict(), indent=1))
+        print(json.dumps(advice.to_dict(), indent=1, allow_nan=False))
     else:
         print(format_advice(advice, every=args.all))
     return 0 if advice.gamma is not None else 1
