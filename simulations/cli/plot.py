@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from . import SUBCOMMANDS
-from ._common import UsageError, check_output_file
+from ._common import UsageError, check_output_file, option_error
 
 FORMATS = (".png", ".pdf", ".svg")
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         figure = plot_runs(runs)
     except ValueError as err:
-        raise UsageError(str(err).replace("runs[", "RUN[").replace("runs: ", "")) from None
+        raise option_error(err, renamed={"runs": "RUN"}) from None  # runs[1] -> RUN[1]
     with atomic_path(out) as tmp:
         figure.savefig(tmp, format=out.suffix[1:], dpi=120)
     print(f"wrote {out}: {len(args.runs)} runs")
