@@ -66,9 +66,12 @@ def _compiled(kernel: Callable[..., None]) -> Callable[..., None]:
 
 def applies(x: Tensor, *others: Tensor) -> bool:
     """Whether the compiled kernels take x and the other operands: CPU tensors of x's dtype,
-    float32 or float64, (..., m, d)."""
+    float32 or float64, (..., m, d), outside ``torch.compile`` (which traces and fuses the
+    torch form instead; the check imports nothing, unlike ``torch.compiler.disable``, which
+    costs every import of shapedtx the 4 s of ``torch._dynamo``)."""
     return (
-        x.dtype in (torch.float32, torch.float64)
+        not torch.compiler.is_compiling()
+        and x.dtype in (torch.float32, torch.float64)
         and x.dim() >= 2
         and all(t.device.type == "cpu" and t.dtype == x.dtype for t in (x, *others))
     )
@@ -79,7 +82,6 @@ def _rows(x: Tensor) -> np.ndarray:
     return x.detach().contiguous().reshape(math.prod(x.shape[:-2]), *x.shape[-2:]).numpy()
 
 
-@torch.compiler.disable  # numba: torch.compile calls it as it is
 def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     """``(I - C) v + attended`` as a fresh contiguous tensor; v: (..., m, d), attended: any
     shape with v's number of elements that reshapes to v's (e.g. (..., m, h, d / h))."""
@@ -88,7 +90,6 @@ def causal_centred_sum(attended: Tensor, v: Tensor) -> Tensor:
     return out
 
 
-@torch.compiler.disable  # numba: torch.compile calls it as it is
 def causal_centring_transpose(g: Tensor) -> Tensor:
     """``(I - C)^T g`` as a fresh contiguous tensor; g: (..., m, d)."""
     out = torch.empty(g.shape, dtype=g.dtype, device=g.device)
