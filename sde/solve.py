@@ -212,13 +212,14 @@ def solve_batch(
     """
     configs = list(configs)
     if not configs:
-        raise ValueError("configs must not be empty")
+        raise ParameterError("configs", "configs must not be empty")
     if isinstance(samples, int):
         samples = [samples] * len(configs)
     counts = [check_int("samples", n, 1) for n in samples]
     if len(counts) != len(configs):
-        raise ValueError(
-            f"samples must be one int or one per configuration ({len(configs)}), got {len(counts)}"
+        raise ParameterError(
+            "samples",
+            f"samples must be one int or one per configuration ({len(configs)}), got {len(counts)}",
         )
     for config in configs:
         check_config(config)
