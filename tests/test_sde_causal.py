@@ -202,3 +202,18 @@ def test_noise_increment_is_the_documented_function_of_the_normals(causal):
         )
         out = noise_increment(L, V, normals, k_lin, k_att, causal=causal)[i]
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-13)
+
+
+def test_causal_coefficients_of_any_batch_shape():
+    """(..., m, m) -> (..., m, m) and (..., m, m, m, m): a (2, 3) batch of covariances gets,
+    entry by entry, the causal drift and diffusion of each one."""
+    config = VARIANTS["block"]
+    V = random_V(3, (2, 3), seed=7)
+    b, S = sde.drift(config, V), sde.diffusion(config, V)
+    assert b.shape == (2, 3, 3, 3) and S.shape == (2, 3, 3, 3, 3, 3)
+    for i in range(2):
+        for j in range(3):
+            torch.testing.assert_close(b[i, j], sde.drift(config, V[i, j]), rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(
+                S[i, j], sde.diffusion(config, V[i, j]), rtol=1e-12, atol=1e-14
+            )
