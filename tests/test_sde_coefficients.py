@@ -261,3 +261,48 @@ def test_constants_without_attention_are_not_causal():
     assert sde.sde_constants(mlp, 3).causal is False
     assert sde.sde_constants(ATT.replace(causal=True), 3).causal is True
     assert SDEConstants(k_lin=1.0, k_att=0.0, a_att=0.0, k_mlp=0.5, heads=1).causal is False
+
+
+CONSTANT_CASES = {
+    "attention, 1 head": {},
+    "attention, 4 heads, W^O": {"heads": 4, "out_proj": True},
+    "attention, 2 heads of 32, W^O": {"heads": 2, "head_dim": 32, "out_proj": True},
+    "MLP": {"attention": "none", "mlp": "shaped_relu", "c_plus": 0.4, "c_minus": -1.1},
+    "block, 2 heads": {"heads": 2, "mlp": "shaped_relu", "c_plus": -0.2, "c_minus": -1.5},
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTANT_CASES))
+@pytest.mark.parametrize("m", [None, 2, 5])
+def test_all_four_constants_are_docs_theory_s(name, m):
+    """docs/theory.md#sde-heads, literally: k_lin = 2 lam^2 gamma^2 + gamma^4 (n / (n_h d_p) +
+    1[W^O]) (attention) + 2 gamma^2 (MLP), k_att = gamma^4 / (tau0^2 m^2 n_h) (0 without m or
+    attention), a_att = gamma^2 / tau0^2, k_mlp = gamma^2 (c_+ - c_-)^2 / 4; heads = n_h."""
+    cfg = ModelConfig(width=128, gamma=0.6, tau0=1.7, **CONSTANT_CASES[name])
+    g2, lam2 = 0.36, 0.64
+    att, mlp = cfg.attention == "shaped", cfg.mlp == "shaped_relu"
+    k_lin = (2 * lam2 * g2 + g2**2 * (128 / (cfg.heads * cfg.head_dim) + cfg.out_proj)) * att
+    k_lin += 2 * g2 * mlp
+    k_att = g2**2 / (1.7**2 * m**2 * cfg.heads) if att and m else 0.0
+    a_att = g2 / 1.7**2 * att
+    k_mlp = g2 * (cfg.c_plus - cfg.c_minus) ** 2 / 4 * mlp
+    const = sde.sde_constants(cfg, m)
+    got = (const.k_lin, const.k_att, const.a_att, const.k_mlp)
+    assert got == pytest.approx((k_lin, k_att, a_att, k_mlp), rel=1e-14, abs=0)
+    assert const.heads == cfg.heads and const.causal is False
+
+
+def test_one_or_two_unsupported_fields_are_refused_as_documented():
+    """One unsupported field: its own reason, as is. Two: both named at once, counted."""
+    with pytest.raises(ValueError) as one:
+        sde.sde_constants(ModelConfig(norm="pre"))
+    assert str(one.value).startswith("norm='pre' has no derived covariance SDE")
+    with pytest.raises(ValueError) as two:
+        sde.sde_constants(ModelConfig(norm="pre", mlp="gelu"))
+    message = str(two.value)
+    assert message.startswith("2 fields have no derived covariance SDE (mlp='gelu', norm='pre')")
+    assert "(1) mlp='gelu'" in message and "(2) norm='pre'" in message
+    for m in (1, 0):
+        with pytest.raises(ValueError, match="m"):
+            sde.sde_constants(ATT, m)
+    assert sde.sde_constants(ATT, 2).k_att > 0
