@@ -308,3 +308,50 @@ def test_option_error():
     # no parameter, or one without an option: the message as it is (never parsed)
     assert str(option_error(ValueError("width must be > 0"), names)) == "width must be > 0"
     assert str(option_error(ParameterError("depth", "depth must be"), names)) == "depth must be"
+
+
+@pytest.mark.parametrize(
+    ("parameter", "changes"),
+    [
+        ("config", dict(config="shaped")),
+        ("name", dict(name=3)),
+        ("description", dict(description=None)),
+        ("tokens", dict(tokens=1)),
+        ("tokens", dict(tokens=9)),  # more tokens than the width 8
+        ("rho0", dict(rho0=1.0)),
+        ("samples", dict(samples=1)),
+        ("baseline_samples", dict(baseline_samples=1)),
+        ("device", dict(device="tpu")),
+        ("convergence_widths", dict(convergence_widths=(0,))),
+        ("convergence_widths", dict(convergence_widths=(3,))),  # T * 3 is not an integer
+        ("method", dict(method="gaussian")),
+        ("sde_method", dict(sde_method="rk4")),
+        ("dt", dict(dt=0.0)),
+        ("threshold", dict(threshold=1.0)),
+        ("seed", dict(seed=-1)),
+        ("dtype", dict(dtype="float16")),
+        ("sde", dict(sde=1)),
+        ("attention", dict(config=ModelConfig(width=8, depth=2, attention="softmax"))),
+    ],
+)
+def test_experiment_names_its_fields(parameter, changes):
+    from simulations import Experiment
+
+    args = {**dict(config=ModelConfig(width=8, depth=2, mlp="shaped_relu")), **changes}
+    _raises(parameter, Experiment, **args)
+
+
+@pytest.mark.parametrize(
+    ("parameter", "changes"),
+    [
+        ("seed", dict(seed=-1)),
+        ("device", dict(device="tpu")),
+        ("dtype", dict(dtype=torch.float16)),
+        ("progress", dict(progress="yes")),
+        ("chunk_size", dict(chunk_size=0)),
+    ],
+)
+def test_run_options_name_their_fields(parameter, changes):
+    from simulations import RunOptions
+
+    _raises(parameter, RunOptions, **changes)
