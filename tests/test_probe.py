@@ -446,3 +446,24 @@ def test_find_blocks_takes_the_first_non_empty_path_even_of_one_block():
     ds = probe(_Blocks(1), torch.randn(2, 3, 8))
     assert ds.attrs["seed"] == -1 and ds.attrs["source"] == "network"  # documented attrs
     assert ds.attrs["model"] == "_Blocks" and ds.attrs["blocks"] == "blocks.0"
+
+
+def test_probe_stores_a_given_config_and_refuses_one_of_another_size():
+    """config=: stored (config_known 1) when its width and depth are the probed model's;
+    a config of another width or depth is refused, naming both."""
+    model, X = _Toy(_TupleBlock), torch.randn(2, 3, 8)
+    config = shapedtx.ModelConfig(width=8, depth=2, heads=2)
+    ds = probe(model, X, blocks="stack", config=config)
+    assert ds.attrs["config_known"] == 1 and shapedtx.config_of(ds) == config
+    for wrong in (config.replace(depth=3), shapedtx.ModelConfig(width=16, depth=2, heads=2)):
+        with pytest.raises(ValueError, match="config has width"):
+            probe(model, X, blocks="stack", config=wrong)
+
+
+def test_two_tokens_and_a_batch_of_one_are_enough():
+    """The stream needs (batch, tokens, width) with at least 2 tokens; one sequence is fine."""
+    model = _Toy(_TupleBlock)
+    ds = probe(model, torch.randn(1, 2, 8), blocks="stack")
+    assert ds.sizes == {"sample": 1, "t": 3, "token_a": 2, "token_b": 2}
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        probe(model, torch.randn(3, 1, 8), blocks="stack")
