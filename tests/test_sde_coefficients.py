@@ -306,3 +306,14 @@ def test_one_or_two_unsupported_fields_are_refused_as_documented():
         with pytest.raises(ValueError, match="m"):
             sde.sde_constants(ATT, m)
     assert sde.sde_constants(ATT, 2).k_att > 0
+
+
+def test_covariances_of_any_batch_shape_and_at_least_two_tokens():
+    """V: (..., m, m) with m >= 2: a (2, 1) batch is accepted (the middle size is not m), one
+    token or a non-square V is refused."""
+    V = random_V(3, (2, 1), seed=8)
+    torch.testing.assert_close(sde.drift(ATT, V)[1, 0], sde.drift(ATT, V[1, 0]))
+    assert sde.diffusion(ATT, V).shape == (2, 1, 3, 3, 3, 3)
+    for bad in (torch.ones(1, 1, dtype=torch.float64), torch.ones(2, 3, 2, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="V must have shape"):
+            sde.diffusion(ATT, bad)
