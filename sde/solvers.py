@@ -359,7 +359,7 @@ class FactoredEulerStep:
                 "paths must give the number of paths of each configuration (one int each)"
             )
         for n in paths:
-            check_int("paths", n, 0)
+            check_int("paths", n, 1)
         consts = [sde_constants(c, m) for c in configs]
         causal = {k.causal for k in consts}
         if len(causal) > 1:

@@ -472,6 +472,9 @@ def test_the_ranking_rule_is_stated_once_by_rank_key(monkeypatch, capsys):
         main(["advise", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert " ".join(ranking_text().split()) in shown and ranking_rule() in shown
+    # the help shows the rule's prose: not the one-line rule twice, not the parameter note
+    assert ranking_text().startswith("The score is rho_spread")
+    assert ranking_text().endswith("smaller tau0 helped a little.")
 
 
 def test_advice_json_writes_non_finite_numbers_as_null(monkeypatch):
@@ -489,3 +492,25 @@ def test_advice_json_writes_non_finite_numbers_as_null(monkeypatch):
     assert data["candidates"][0]["norm"] == a.candidates[0].measurement.norm
     assert read_json_number(None) != read_json_number(None)  # NaN
     assert read_json_number("inf") == math.inf and read_json_number(2.5) == 2.5
+
+
+def test_rank_key_groups_by_hand():
+    """A screened candidate 1.5 SE above the target is in group 0 (confirmation decides), the
+    same numbers confirmed are in group 1, 2.5 SE above is group 1; a candidate with an
+    infinite SE is judged on its score; rejected candidates are group 2, fewest violations
+    first."""
+    V0, VT, exploded = _known_law()
+    base = replace(measure(V0, VT[:30], exploded[:30]), rho_spread_se=0.01)
+
+    def cand(spread, stage="screen", violations=(), se=0.01, g=0.2):
+        m = replace(base, rho_spread=spread, rho_spread_se=se)
+        return Candidate(g, 1.0, m, violations, stage, violations if stage == "screen" else ())
+
+    assert rank_key(cand(0.115), 0.1) == (0, -0.2, 1.0, 0.115)
+    assert rank_key(cand(0.115, "confirmed"), 0.1)[0] == 1
+    assert rank_key(cand(0.125), 0.1) == (1, 0.125, 0.2, 1.0)
+    assert rank_key(cand(0.1), 0.1)[0] == 0 and rank_key(cand(0.1, "confirmed"), 0.1)[0] == 0
+    assert rank_key(cand(0.101, se=math.inf), 0.1)[0] == 1
+    assert rank_key(cand(0.099, se=math.inf), 0.1)[0] == 0
+    assert rank_key(cand(0.05, violations=("a", "b")), 0.1) == (2, 2, 0.05, 0.2, 1.0)
+    assert rank_key(cand(math.nan, violations=("a",)), 0.1) == (2, 1, math.inf, 0.2, 1.0)

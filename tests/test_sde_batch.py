@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sde
-from sde.solve import DEFAULT_BOUND
+from sde.solve import DEFAULT_BOUND, SEED_MAX
 from sde.solvers import FactoredEulerStep, gaussian_noise, integrate
 from shapedtx import ModelConfig
 from shapedtx.covariance import equicorrelated
@@ -118,6 +118,8 @@ def test_batched_stepper_and_solve_batch_validate():
         FactoredEulerStep([causal, causal], M)
     with pytest.raises(ValueError, match="paths"):
         FactoredEulerStep(causal, M, paths=[1])
+    with pytest.raises(ValueError, match="paths"):
+        FactoredEulerStep([causal, causal], M, paths=[1, 0])
     with pytest.raises(ValueError, match="samples"):
         sde.solve_batch([causal, plain], equicorrelated(M, 0.2), [4], T=T, steps=STEPS)
     with pytest.raises(ValueError, match="configs"):
@@ -145,3 +147,18 @@ def test_batched_factored_euler_step_has_no_host_sync(causal):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(new).all()
+
+
+def test_solve_batch_bounds_and_defaults():
+    """One path and one step are allowed, zero are not; the default seed is 0; the largest
+    seed leaves room for the causal batch's ``seed + 1``."""
+    config, V0 = _configs(False)[0], equicorrelated(M, 0.2)
+    ((VT, ex),) = sde.solve_batch([config], V0, 1, T=T, steps=1)
+    assert VT.shape == (1, M, M) and ex.shape == (1,)
+    ((again, _),) = sde.solve_batch([config], V0, 1, T=T, steps=1, seed=0)
+    assert torch.equal(VT, again)
+    for bad in ({"steps": 0}, {"samples": 0}, {"seed": SEED_MAX}):
+        kw = {"samples": 1, "T": T, "steps": 1} | bad
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sde.solve_batch([config], V0, **kw)
+    sde.solve_batch([config], V0, 1, T=T, steps=1, seed=SEED_MAX - 1)
