@@ -15,7 +15,6 @@ given, writes every Dataset, ``summary.json`` and the figures there (each file a
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from shapedtx._validation import (
 )
 from shapedtx.config import check_config
 from shapedtx.covariance import check_correlation
-from shapedtx.files import write_json
+from shapedtx.files import json_number, write_json
 from shapedtx.metrics import NEVER
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
@@ -423,9 +422,9 @@ def write_figures(result: Comparison, folder: Path) -> list[Path]:
 
 # Summary ---------------------------------------------------------------------------------------
 def _num(x: Any) -> float | None:
-    """A JSON number: finite float, else None (null)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+    """A JSON number: a finite float, else None (null), the library's convention
+    (:func:`shapedtx.files.json_number`)."""
+    return json_number(float(x))
 
 
 def _nums(x: Any) -> list[float | None]:
