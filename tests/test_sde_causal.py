@@ -205,14 +205,14 @@ def test_noise_increment_is_the_documented_function_of_the_normals(causal):
 
 
 def test_causal_coefficients_of_any_batch_shape():
-    """(..., m, m) -> (..., m, m) and (..., m, m, m, m): a (2, 3) batch of covariances gets,
-    entry by entry, the causal drift and diffusion of each one."""
+    """(..., m, m) -> (..., m, m) and (..., m, m, m, m): a (3, 2) batch of covariances gets,
+    entry by entry, the causal drift and diffusion of each one (m = 3: no batch size is m)."""
     config = VARIANTS["block"]
-    V = random_V(3, (2, 3), seed=7)
+    V = random_V(3, (3, 2), seed=7)
     b, S = sde.drift(config, V), sde.diffusion(config, V)
-    assert b.shape == (2, 3, 3, 3) and S.shape == (2, 3, 3, 3, 3, 3)
-    for i in range(2):
-        for j in range(3):
+    assert b.shape == (3, 2, 3, 3) and S.shape == (3, 2, 3, 3, 3, 3)
+    for i in range(3):
+        for j in range(2):
             torch.testing.assert_close(b[i, j], sde.drift(config, V[i, j]), rtol=1e-12, atol=1e-14)
             torch.testing.assert_close(
                 S[i, j], sde.diffusion(config, V[i, j]), rtol=1e-12, atol=1e-14
