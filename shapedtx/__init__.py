@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
     from .bottleneck import fit_attention, realise_attention
     from .config import ModelConfig, check_config
+    from .coord_check import coord_check, plot_coord_check
     from .covariance import (
         check_covariance,
         check_covariance_batch,
@@ -93,6 +94,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("fit_attention", "realise_attention"), "bottleneck"),
     **dict.fromkeys(("ModelConfig", "check_config"), "config"),
+    **dict.fromkeys(("coord_check", "plot_coord_check"), "coord_check"),
     "ParameterError": "_validation",
     **dict.fromkeys(
         ("check_covariance", "check_covariance_batch", "equicorrelated", "initial_tokens"),
@@ -197,6 +199,7 @@ __all__ = [
     "check_covariance",
     "check_covariance_batch",
     "config_of",
+    "coord_check",
     "covariance_dataset",
     "depth_threshold",
     "design",
@@ -218,6 +221,7 @@ __all__ = [
     "optimal_width",
     "param_count",
     "plot_collapse",
+    "plot_coord_check",
     "plot_losses",
     "plot_runs",
     "preset",
