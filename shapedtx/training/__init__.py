@@ -5,17 +5,50 @@
 rank collapse over training.
 """
 
-from typing import TYPE_CHECKING
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from .config import TrainConfig
-from .data import ByteCorpus, load_corpus, unigram_baseline
-from .horizons import horizon_configs, train_horizons
-from .log import final_val_loss, log_dataset
-from .model import LanguageModel
-from .trainer import ResumeMismatch, TrainingDiverged, TrainResult, configs_of, lr_factor, train
-
-if TYPE_CHECKING:  # at run time __getattr__ imports them (and matplotlib) on first use
+if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
+    from .config import TrainConfig
+    from .data import ByteCorpus, load_corpus, unigram_baseline
+    from .horizons import horizon_configs, train_horizons
+    from .log import final_val_loss, log_dataset
+    from .model import LanguageModel
     from .plots import plot_collapse, plot_losses
+    from .trainer import (
+        ResumeMismatch,
+        TrainingDiverged,
+        TrainResult,
+        configs_of,
+        lr_factor,
+        train,
+    )
+
+# Every public name is loaded on first use, so that ``from shapedtx.training import TrainConfig``
+# costs no torch (the command line's ``train --help`` and argument errors stay fast; torch loads
+# with the corpus, the model or the trainer; matplotlib with the plots): public name -> module.
+_LAZY: dict[str, str] = {
+    "TrainConfig": "config",
+    **dict.fromkeys(("ByteCorpus", "load_corpus", "unigram_baseline"), "data"),
+    **dict.fromkeys(("horizon_configs", "train_horizons"), "horizons"),
+    **dict.fromkeys(("final_val_loss", "log_dataset"), "log"),
+    "LanguageModel": "model",
+    **dict.fromkeys(("plot_collapse", "plot_losses"), "plots"),
+    **dict.fromkeys(
+        ("ResumeMismatch", "TrainingDiverged", "TrainResult", "configs_of", "lr_factor", "train"),
+        "trainer",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ByteCorpus",
@@ -36,12 +69,3 @@ __all__ = [
     "train_horizons",
     "unigram_baseline",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # plots import matplotlib: load them only when asked for
-    if name in ("plot_collapse", "plot_losses"):
-        from . import plots
-
-        return getattr(plots, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
