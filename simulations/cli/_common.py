@@ -22,6 +22,17 @@ if TYPE_CHECKING:  # torch loads with the command that runs, not for --help or a
     from shapedtx.options import RunOptions
 
 
+# The names the parsers offer, as plain data: building a parser must not import torch (the
+# libraries' tables hold torch dtypes and solver classes). tests/test_cli_imports.py checks
+# that they are the libraries' names.
+DTYPE_NAMES: tuple[str, ...] = ("float64", "float32")
+"""The keys of :data:`shapedtx.options.DTYPES` (simulation and SDE dtypes)."""
+SAMPLER_METHODS: tuple[str, ...] = ("auto", "exact", "weights", "gram")
+"""The ``method`` names of :func:`simulations.samplers.method_names` (the built-in samplers)."""
+SDE_METHODS: tuple[str, ...] = ("euler", "em", "torchsde")
+"""The solver names of :data:`sde.METHODS`."""
+
+
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit code 2."""
 
@@ -144,12 +155,10 @@ def add_input_arguments(group: argparse._ArgumentGroup, *, what: str = "networks
 
 def add_method_argument(group: argparse._ArgumentGroup) -> None:
     """``--method``: the finite-network sampler, ``auto`` (the library's default) or a name of
-    :data:`simulations.SAMPLERS` (:func:`simulations.samplers.method_names`)."""
-    from simulations.samplers import method_names
-
+    :data:`simulations.SAMPLERS` (:data:`SAMPLER_METHODS`)."""
     group.add_argument(
         "--method",
-        choices=method_names(),
+        choices=SAMPLER_METHODS,
         default="auto",
         help="finite-network sampler; auto (default): 'gram' where it applies (no LayerNorm; "
         "one head, or any heads with W^O), else 'exact'. All are exact in distribution",
@@ -160,9 +169,7 @@ def add_run_arguments(group: argparse._ArgumentGroup) -> None:
     """``--seed --device --dtype --threads --out --no-progress``."""
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--device", default=None, help="torch device (default cpu)")
-    from shapedtx.options import DTYPES
-
-    group.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    group.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
     group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     group.add_argument("--out", default=None, help="write the Dataset to this .nc file")
     group.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
@@ -197,10 +204,8 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
     ``--threads``."""
     from shapedtx._validation import check_tokens
-    from shapedtx.covariance import check_correlation, equicorrelated
-    from shapedtx.options import DTYPES, RunOptions
 
-    config = config_from_args(args)
+    config = config_from_args(args)  # torch-free checks first: a usage error loads no torch
     if args.out is not None:
         if Path(args.out).suffix != ".nc":
             raise UsageError(f"--out must be a .nc file, got {args.out!r}")
@@ -208,16 +213,19 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     for name, minimum in (("tokens", 2), ("samples", 1)):
         if getattr(args, name) < minimum:
             raise UsageError(f"--{name} must be an integer >= {minimum}, got {getattr(args, name)}")
-    try:
-        check_correlation(args.rho0, args.tokens, "--rho0")
-    except ValueError as err:
-        raise option_error(err) from None
     if not (args.scale > 0 and args.scale < float("inf")):
         raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
     try:
         check_tokens(args.tokens, config.width)
     except ValueError as err:
         raise option_error(err, ("tokens",)) from None
+    from shapedtx.covariance import check_correlation, equicorrelated
+    from shapedtx.options import DTYPES, RunOptions
+
+    try:
+        check_correlation(args.rho0, args.tokens, "--rho0")
+    except ValueError as err:
+        raise option_error(err) from None
     set_threads(args.threads)
     device = parse_device(args.device)
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from shapedtx._validation import ParameterError
 
 from . import SUBCOMMANDS
 from ._common import (
+    DTYPE_NAMES,
+    SDE_METHODS,
     UsageError,
     add_config_arguments,
     add_method_argument,
@@ -37,8 +37,7 @@ from ._common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from sde import METHODS as SDE_METHODS
-    from simulations.presets import PRESETS
+    from simulations.presets import PRESET_MODELS  # plain data: no torch for --help
 
     parser = subparsers.add_parser(
         "compare",
@@ -48,15 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "convergence in the width at fixed T = depth/width, and contrast with standard "
         "attention (no norm, pre-LN), which rank-collapses. Writes network.nc, sde.nc, "
         "comparison.nc, collapse.nc, convergence.nc, summary.json and figures/ to --out. "
-        f"Presets: {', '.join(f'{k} ({p.description})' for k, p in PRESETS.items())}. "
+        f"Presets: {', '.join(f'{k} ({d})' for k, (_, d) in PRESET_MODELS.items())}. "
         "Model options below override the preset.",
     )
     parser.add_argument("--out", required=True, help="output folder (created if needed)")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="block")
+    parser.add_argument("--preset", choices=tuple(PRESET_MODELS), default="block")
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (width 32, 256 samples): a smoke test"
     )
-    add_config_arguments(parser, PRESETS["block"].config)
+    add_config_arguments(parser, PRESET_MODELS["block"][0])
     g = parser.add_argument_group("experiment (defaults from the preset)")
     g.add_argument("--tokens", type=int, default=None, help="m, number of tokens (4)")
     g.add_argument("--rho0", type=float, default=None, help="initial correlation (0.2)")
@@ -76,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
     g.add_argument(
         "--threads",
         type=int,
@@ -105,16 +104,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def experiment_from_args(args: argparse.Namespace) -> Any:
     """The :class:`simulations.Experiment` of the options: the preset, ``--quick`` sizes, then
     the explicit options; a UsageError (one line, exit 2) names a bad option."""
-    from simulations.presets import PRESETS, QUICK
+    from simulations.presets import PRESET_MODELS, QUICK
 
-    preset = PRESETS[args.preset]
     s: dict[str, Any] = {}  # the preset's fields that the options replace
     if args.quick:
         for key in ("width", "depth"):  # explicit options still win
             if getattr(args, key) is None:
                 setattr(args, key, QUICK[key])
         s.update({k: QUICK[k] for k in ("samples", "baseline_samples", "convergence_widths")})
-    config = config_from_args(args, preset.config)
+    config = config_from_args(args, PRESET_MODELS[args.preset][0])  # torch-free
     for key in ("tokens", "rho0", "samples", "baseline_samples"):
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)
@@ -131,6 +129,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             ) from None
     if args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    from simulations.presets import PRESETS  # the checks above load no torch; these do
+
+    preset = PRESETS[args.preset]
     device = parse_device(args.device)
     try:
         return dataclasses.replace(
@@ -158,17 +159,19 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    experiment = experiment_from_args(args)  # usage errors first, most before torch loads
+    import torch
+
     threads = torch.get_num_threads()
     try:
-        return _run(args)
+        return _run(args, experiment)
     finally:
         torch.set_num_threads(threads)  # --threads is for this command only
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, experiment: Any) -> int:
     from simulations import format_summary, run_comparison
 
-    experiment = experiment_from_args(args)
     out = Path(args.out)
     check_output_folder(out, args.overwrite)  # before any computation
     set_threads(args.threads)

@@ -6,12 +6,16 @@ import argparse
 import math
 
 from . import SUBCOMMANDS
-from ._common import add_config_arguments, add_input_arguments, add_run_arguments, run_setup
+from ._common import (
+    SDE_METHODS,
+    add_config_arguments,
+    add_input_arguments,
+    add_run_arguments,
+    run_setup,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from sde import METHODS
-
     parser = subparsers.add_parser(
         "sde",
         help=SUBCOMMANDS["sde"],
@@ -24,17 +28,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(g, what="paths")
     g.add_argument("--T", type=float, default=None, help="time horizon (default depth/width)")
     g.add_argument("--dt", type=float, default=0.01, help="step size (default 0.01)")
-    g.add_argument("--method", choices=METHODS, default="euler")
+    g.add_argument("--method", choices=SDE_METHODS, default="euler")
     g.add_argument("--bound", type=float, default=1e8, help="explosion bound x max V0^aa")
     add_run_arguments(g)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    config, V0, options = run_setup(args)  # a usage error is raised before torch loads
     from sde import solve
     from shapedtx.results import save_dataset, with_metrics
 
-    config, V0, options = run_setup(args)
     ds = solve(
         config, V0, args.samples, T=args.T, dt=args.dt, method=args.method, bound=args.bound,
         options=options, warn=False,  # the exploded fraction is printed below

@@ -31,10 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    config, V0, options = run_setup(args)  # a usage error is raised before torch loads
     from shapedtx.results import save_dataset, with_metrics
     from simulations import simulate
 
-    config, V0, options = run_setup(args)
     ds = simulate(config, V0, args.samples, method=args.method, options=options)
     mean_rho = with_metrics(ds)["mean_rho"].mean("sample")
     depth = config.depth

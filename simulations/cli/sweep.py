@@ -15,10 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from shapedtx.options import DTYPES
-
 from . import SUBCOMMANDS
-from ._common import UsageError, check_output_folder, parse_device
+from ._common import DTYPE_NAMES, UsageError, check_output_folder, parse_device
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=int, default=None, help="embedded cluster worker processes (default 2)"
     )
     parser.add_argument("--threads-per-worker", type=int, default=1)
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float64")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
     parser.add_argument("--device", default=None, help="torch device on the workers (cpu)")
     parser.add_argument(
         "--no-retry-failed", action="store_true", help="do not rerun points that failed before"
@@ -157,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from shapedtx.options import DTYPES
     from simulations import sweep
 
     grid, file_kind = _read_grid(args.grid)

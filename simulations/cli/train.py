@@ -6,16 +6,14 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
-from shapedtx.options import DTYPES as SIM_DTYPES
 
 from . import SUBCOMMANDS
 from ._common import (
+    DTYPE_NAMES,
     UsageError,
     add_config_arguments,
     check_output_folder,
@@ -25,7 +23,10 @@ from ._common import (
     set_threads,
 )
 
-DTYPES = {**SIM_DTYPES, "bfloat16": torch.bfloat16}  # training also runs in bfloat16
+if TYPE_CHECKING:  # torch loads when the command runs, not for --help or a usage error
+    import torch
+
+DTYPES: tuple[str, ...] = (*DTYPE_NAMES, "bfloat16")  # training also runs in bfloat16
 MODEL_DEFAULTS = ModelConfig(
     width=64, depth=4, attention="shaped", mlp="shaped_relu", heads=4, out_proj=True, causal=True
 )
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--val-fraction", type=float, default=0.1, help="(default %(default)s)")
     g.add_argument("--out", default="runs/train", help="output folder (default %(default)s)")
     g.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
-    g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument(
@@ -93,9 +94,18 @@ WARM_UP_NOTE = (
 )
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``--dtype`` name (:data:`DTYPES`); imports torch."""
+    import torch
+
+    return getattr(torch, name)
+
+
 def _compiles(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether training runs the numba-compiled causal centring (shaped attention on CPU in
     float32/float64: ``shapedtx._compiled_centring.applies``), whose first calls compile."""
+    import torch
+
     return (
         config.attention == "shaped"
         and device.type == "cpu"
@@ -104,9 +114,15 @@ def _compiles(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    from shapedtx.training import TrainConfig
+
+    # the configs first (torch-free): a usage error is reported before torch loads
+    model_config = config_from_args(args)
+    train_config = TrainConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    )
     from shapedtx.training import (
         ResumeMismatch,
-        TrainConfig,
         TrainingDiverged,
         load_corpus,
         plot_collapse,
@@ -125,10 +141,6 @@ def run(args: argparse.Namespace) -> int:
             "over it, or resume it (drop --no-resume)"
         )
     check_output_folder(out, overwrite=True)  # writable; its content is the run's to manage
-    model_config = config_from_args(args)
-    train_config = TrainConfig(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    )
     device = parse_device(args.device)
     set_threads(args.threads)
     settings = data_settings(args)
@@ -138,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         raise option_error(err, settings, renamed={"path": "--data"}) from None
     out.mkdir(parents=True, exist_ok=True)
     write_json(settings, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
-    if args.progress and _compiles(model_config, device, DTYPES[args.dtype]):
+    dtype = torch_dtype(args.dtype)
+    if args.progress and _compiles(model_config, device, dtype):
         sys.stderr.write(f"shapedtx train: {WARM_UP_NOTE}\n")
     try:
         result = train_model(
@@ -147,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             train_config,
             out_dir=out,
             device=device,
-            dtype=DTYPES[args.dtype],
+            dtype=dtype,
             resume=args.resume,
             progress=args.progress,
         )
