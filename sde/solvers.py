@@ -38,6 +38,7 @@ from shapedtx.config import ModelConfig
 from shapedtx.covariance import check_covariance_batch
 
 from .coefficients import (
+    SDEConstants,
     arccos_kernel,
     attention_auxiliaries,
     attention_drift_factor,
@@ -344,6 +345,9 @@ class FactoredEulerStep:
         paths: Sequence[int] | None = None,
     ) -> None:
         self.m, self.canonical = m, canonical
+        self.config: ModelConfig | tuple[ModelConfig, ...]
+        self.const: SDEConstants | None  # None for a batch of configurations
+        self._consts: _Constants | None  # floats of one configuration; None for a batch
         if isinstance(config, ModelConfig):
             if paths is not None:
                 raise ValueError("paths is for a sequence of configurations, not one config")
