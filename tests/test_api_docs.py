@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import sys
 import types
 from pathlib import Path
@@ -79,3 +80,29 @@ def test_api_pages_are_in_the_nav():
     config = (ROOT / "mkdocs.yml").read_text()
     for package in PACKAGES:
         assert f"api/{package}.md" in config
+
+
+def test_no_sphinx_role_reaches_the_api_pages():
+    """The griffe extension of the docs build turns every Sphinx role of the docstrings into a
+    cross-reference to a rendered object, or plain code: none is printed literally, and every
+    link it makes points at an object the API pages render (so the strict build resolves it)."""
+    sys.path.insert(0, str(ROOT / "docs" / "_tools"))
+    try:
+        roles = importlib.import_module("sphinx_roles")
+    finally:
+        sys.path.pop(0)
+    extension = roles.SphinxRoles()
+    link = re.compile(r"\[`[^`]+`\]\[(?P<path>[\w.]+)\]")
+    links = 0
+    for package in PACKAGES:
+        loader = griffe.GriffeLoader(
+            search_paths=[str(ROOT)], extensions=griffe.load_extensions(extension)
+        )
+        pkg = loader.load(package)
+        for obj in roles._walk(pkg):
+            text = obj.docstring.value if obj.docstring else ""
+            assert not roles.ROLE.search(text), (obj.path, roles.ROLE.search(text)[0])
+            for match in link.finditer(text):
+                assert extension.is_rendered(match["path"], loader), (obj.path, match[0])
+                links += 1
+    assert links >= 50  # the docstrings cite each other: most roles do become links
