@@ -21,7 +21,7 @@ from shapedtx._validation import (
 )
 from shapedtx.config import ModelConfig, check_config
 from shapedtx.covariance import check_covariance
-from shapedtx.options import RunOptions
+from shapedtx.options import RunOptions, run_settings
 from shapedtx.results import covariance_dataset
 
 from .coefficients import sde_constants
@@ -74,7 +74,8 @@ def solve(
         bound: a path exceeding ``bound * max_a V0^{aa}`` (or non-finite) is frozen and flagged.
         progress: tqdm progress bar (None: automatic, False: off).
         options: a :class:`shapedtx.options.RunOptions` (seed, device, dtype, progress)
-            replacing those keyword arguments.
+            instead of those keyword arguments (not beside them; its ``chunk_size`` must be
+            None: the solver has no chunking).
         warn: a RuntimeWarning with the number of exploded paths, if any (False for callers
             that report them themselves, e.g. :func:`simulations.run_comparison`).
 
@@ -84,13 +85,10 @@ def solve(
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
         ``steps``, ``bound`` and ``exploded_fraction``.
     """
-    if options is not None:
-        seed, device, dtype, progress = (
-            options.seed,
-            options.device,
-            options.dtype,
-            options.progress,
-        )
+    run = run_settings(
+        options, chunking=False, seed=seed, device=device, dtype=dtype, progress=progress
+    )
+    seed, device, dtype, progress = run["seed"], run["device"], run["dtype"], run["progress"]
     if isinstance(method, Solver):
         if dt is not None and dt != method.dt:
             raise ParameterError(

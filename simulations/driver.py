@@ -33,8 +33,8 @@ from shapedtx._validation import (
     check_tokens,
 )
 from shapedtx.config import check_config
+from shapedtx.options import RunOptions, run_settings
 
-from .options import RunOptions
 from .options import Sampler as SamplerChoice
 from .rng import GroupedNormal, run_parallel
 from .samplers import SAMPLERS, Sampler, TokenSampler, method_names
@@ -253,8 +253,9 @@ def simulate(
         memory_budget: approximate working memory of one chunk, in bytes.
         progress: tqdm progress bar; ``None`` shows it only when stderr is a terminal.
         options: a :class:`simulations.RunOptions` (seed, device, dtype, progress,
-            chunk_size) replacing those keyword arguments. ``method`` may also be a sampler
-            object (:class:`simulations.Exact`, ``Weights()``, ``Gram()``, ``Auto()``).
+            chunk_size) instead of those keyword arguments (not beside them). ``method`` may
+            also be a sampler object (:class:`simulations.Exact`, ``Weights()``, ``Gram()``,
+            ``Auto()``).
 
     Returns:
         The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
@@ -265,9 +266,11 @@ def simulate(
     """
     if isinstance(method, SamplerChoice):
         method = method.name
-    if options is not None:
-        seed, device, dtype = options.seed, options.device, options.dtype
-        progress, chunk_size = options.progress, options.chunk_size
+    run = run_settings(
+        options, seed=seed, device=device, dtype=dtype, progress=progress, chunk_size=chunk_size
+    )
+    seed, device, dtype = run["seed"], run["device"], run["dtype"]
+    progress, chunk_size = run["progress"], run["chunk_size"]
     _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
     check_progress(progress)
     requested = "auto" if method is None else method

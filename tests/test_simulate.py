@@ -281,6 +281,32 @@ def test_sampler_objects_and_run_options_equal_the_keywords():
             RunOptions(**bad)
 
 
+def test_run_settings_are_given_one_way():
+    """A keyword beside ``options`` is refused, not silently overridden; ``sde.solve``
+    refuses an ``options.chunk_size`` instead of dropping it."""
+    import sde
+    from shapedtx import ParameterError
+    from simulations import RunOptions
+
+    config = ModelConfig(width=16, depth=3)
+    V0 = equicorrelated(3, 0.2)
+    calls = [
+        lambda: simulate(config, V0, 4, seed=3, options=RunOptions(seed=2)),
+        lambda: simulate(config, V0, 4, chunk_size=2, options=RunOptions()),
+        lambda: sde.solve(config, V0, 4, dtype=torch.float32, options=RunOptions()),
+        lambda: sde.solve(config, V0, 4, progress=False, options=RunOptions()),
+        lambda: sde.solve(config, V0, 4, options=RunOptions(chunk_size=2)),
+        lambda: sde.solve(config, V0, 4, options={"seed": 1}),
+    ]
+    for call in calls:
+        with pytest.raises(ParameterError, match="options") as err:
+            call()
+        assert err.value.parameter == "options"
+    # the defaults beside options are not a clash
+    ds = sde.solve(config, V0, 4, seed=0, options=RunOptions(seed=4), progress=None)
+    assert ds.attrs["seed"] == 4
+
+
 def test_weights_sampler_is_the_library_block_with_each_groups_generator():
     """``method="weights"``: a block is :func:`shapedtx.block` with
     :func:`shapedtx.gaussian_linear` on each group's own generator (explicit matrices, the
