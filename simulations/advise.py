@@ -159,7 +159,7 @@ class Measurement:
         )
         for name, value, threshold in fractions:
             se = _binomial_se(threshold, self.samples)
-            if value < threshold <= value + z * se:
+            if value < threshold < value + z * se:  # passes by less than z SE
                 out.append(
                     f"{name} {value:.3g} < {threshold:g} by less than {z:g} SE ({se:.2g}); "
                     f"resolving it needs about {_samples_to_resolve(value, threshold, z)} paths"
