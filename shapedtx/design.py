@@ -196,45 +196,48 @@ def allocation(
 class ParamCount:
     """Non-embedding parameters of ``Transformer(config)`` and the ``12 L d^2`` convention.
 
-    ``attention`` and ``mlp`` are totals over all blocks. Note that the shapedtx MLP is
-    ``n -> n -> n`` (2 n^2 weights), whereas the convention assumes d_ff = 4 d (8 d^2) and
-    ``4 d^2`` attention weights, so ``total`` and ``convention`` differ by design.
+    ``attention`` and ``mlp`` are totals over all blocks of the two branches' parameters
+    (for He & Hofmann's blocks, the attention's trainable alpha, beta, gamma too), ``other``
+    the rest (normalisation weights, the skipless blocks' scalar gains). The convention
+    assumes ``4 d^2`` attention and ``8 d^2`` MLP weights (d_ff = 4 d), so ``total`` and
+    ``convention`` differ where a model differs from that (``mlp_ratio`` 1, no W^O, ...).
     """
 
     attention: int
     mlp: int
     convention: int
+    other: int = 0
 
     @property
     def total(self) -> int:
-        return self.attention + self.mlp
-
-
-def _attention_params_per_block(config: ModelConfig, bias: bool) -> int:
-    if config.attention == "none":
-        return 0
-    n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
-    count = 2 * n * keys + n * values + (2 * keys + values if bias else 0)
-    if config.out_proj:
-        count += values * n + (n if bias else 0)
-    return count
+        return self.attention + self.mlp + self.other
 
 
 def param_count(config: ModelConfig, *, bias: bool = False) -> ParamCount:
-    """Parameter count of ``shapedtx.Transformer(config, bias=bias)`` (no embeddings).
-
-    Per block: query and key ``n x (n_h n_k)``, value ``n x (n_h d_p)``, output
-    ``(n_h d_p) x n`` if ``out_proj``; MLP ``2 n^2``; plus biases if ``bias``.
+    """Parameter count of ``shapedtx.Transformer(config, bias=bias)`` (no embeddings),
+    counted on the module itself, so every preset, ``mlp_ratio``, norm and gain is counted as
+    the model has it: the first two blocks are built on PyTorch's ``meta`` device (shapes
+    only, no memory) and every block after the first has the second's parameters (only the
+    first block can differ: He & Hofmann's value map and input norm), so the cost does not
+    grow with the depth.
     """
     check_config(config)
     check_bool("bias", bias)
+    import torch
+
+    from .nn import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config.replace(depth=min(config.depth, 2)), bias=bias)
+    counts = {"attention": 0, "mlp": 0, "other": 0}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        in_block = len(parts) > 2 and parts[0] == "blocks"
+        branch = parts[2] if in_block and parts[2] in counts else "other"
+        copies = config.depth - 1 if in_block and parts[1] == "1" else 1
+        counts[branch] += copies * p.numel()
     n, depth = config.width, config.depth
-    mlp = 0 if config.mlp == "none" else 2 * n * n + (2 * n if bias else 0)
-    return ParamCount(
-        attention=depth * _attention_params_per_block(config, bias),
-        mlp=depth * mlp,
-        convention=12 * depth * n * n,
-    )
+    return ParamCount(convention=12 * depth * n * n, **counts)
 
 
 # Head size ------------------------------------------------------------------------------------
@@ -289,7 +292,7 @@ def head_size_report(config: ModelConfig, seq_len: int) -> HeadSizeReport:
         bottleneck=config.key_dim < seq_len,
         max_logit_rank=min(config.key_dim, seq_len, n),
         max_unbottlenecked_heads=n // seq_len,
-        params_actual=_attention_params_per_block(config, bias=False),
+        params_actual=param_count(config).attention // config.depth,
         params_standard=4 * n * n,
         params_fixed=4 * h * seq_len * n,
     )

@@ -337,3 +337,21 @@ def test_python_and_cli_recommend_one_width(capsys):
     assert main(["design", "--params", "175e9"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "rounded (" in line)
     assert row.split()[-3:-1] == [str(shape.depth_rounded), str(shape.width_rounded)]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_param_count_is_the_models_own_count_for_every_preset(bias):
+    """Every preset (MLP width ratio, norms, He & Hofmann's gains and first-block value map),
+    counted by hand from the module's parameters, branch by branch."""
+    from shapedtx import PRESETS, Transformer, preset
+
+    for name in PRESETS:
+        config = preset(name, width=16, depth=3, heads=4, causal=True)
+        params = dict(Transformer(config, bias=bias).named_parameters())
+        counted = param_count(config, bias=bias)
+        mlp = sum(p.numel() for k, p in params.items() if ".mlp." in k)
+        attention = sum(p.numel() for k, p in params.items() if ".attention." in k)
+        assert (counted.mlp, counted.attention) == (mlp, attention), name
+        assert counted.total == sum(p.numel() for p in params.values()), name
+        hidden = config.mlp_ratio * 16
+        assert counted.mlp == 3 * (2 * 16 * hidden + (hidden + 16 if bias else 0)), name
