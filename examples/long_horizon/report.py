@@ -114,13 +114,16 @@ def baseline(setup: Setup, results: list[dict[str, Any]]) -> dict[str, float] | 
     if this machine's default corpus is theirs (same training-split size; the default corpus
     is the local Python's standard library), else None."""
     recorded = [r["unigram_baseline"] for r in results if "unigram_baseline" in r]
-    if recorded:
-        same = all(b == recorded[0] for b in recorded) and len(recorded) == len(results)
-        return recorded[0] if same else None
+    if any(b != recorded[0] for b in recorded):
+        return None
+    if recorded and len(recorded) == len(results):
+        return recorded[0]
+    # runs from before results recorded it: this machine's corpus if it is theirs
     data = load_corpus(max_bytes=setup.max_bytes)
     if any(r["train_bytes"] != data.train.numel() for r in results):
         return None
-    return unigram_baseline(data)
+    local = unigram_baseline(data)
+    return local if not recorded or recorded[0] == local else None
 
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
