@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     )
     from .training import TrainConfig, TrainingDiverged, load_corpus, train
     from .training.plots import plot_collapse, plot_losses, plot_runs
+    from .transfer import lr_multipliers, lr_rule
 
 # Every public name is loaded on first use, so that ``import shapedtx`` costs nothing (the
 # command line's --help and argument errors stay fast; torch loads with the first layer,
@@ -142,6 +143,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
     **dict.fromkeys(("plot_collapse", "plot_losses", "plot_runs"), "training.plots"),
+    **dict.fromkeys(("lr_multipliers", "lr_rule"), "transfer"),
 }
 
 
@@ -215,6 +217,8 @@ __all__ = [
     "layer_norm",
     "load_corpus",
     "load_dataset",
+    "lr_multipliers",
+    "lr_rule",
     "metrics",
     "mlp_branch",
     "optimal_shape",

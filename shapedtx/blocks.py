@@ -194,9 +194,11 @@ def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear) -> Tensor:
 
 
 def residual(X: Tensor, branch: Tensor, config: ModelConfig) -> Tensor:
-    """``lambda X + gamma branch`` (``residual="scaled"``) or ``X + branch`` (``"unit"``)."""
+    """``lambda X + gamma branch`` (``residual="scaled"``) or ``X + m branch`` (``"unit"``,
+    ``m = (depth / base_depth)^(-depth_alpha)``, 1 by default; docs/theory.md#transfer)."""
     if config.residual == "unit":
-        return X + branch
+        m = config.depth_multiplier
+        return X + branch if m == 1.0 else torch.add(X, branch, alpha=m)
     return torch.add(config.lam * X, branch, alpha=config.gamma)  # two passes, not three
 
 

@@ -99,6 +99,18 @@ class ModelConfig:
         gamma: branch weight; the skip weight is lambda = sqrt(1 - gamma^2).
         c_plus, c_minus: shaped-ReLU slopes s_pm = 1 + c_pm / sqrt(n); in [-1e6, 1e6].
         causal: causal mask (and causal uniform centring for shaped attention).
+        gamma_t: the shaped model's depth rule (``residual="scaled"``): if > 0, ``gamma`` is
+            derived as ``sqrt(gamma_t * width / depth)``, so that ``gamma^2 d / n = gamma_t``
+            at every depth and width (the law of the covariance SDE at the network's end
+            depends on gamma and T = d / n through gamma^2 T, docs/theory.md#transfer); a
+            given ``gamma`` is then replaced. ``0`` (default): ``gamma`` as given. In [0, 1e6];
+            the derived gamma must be at most 1.
+        depth_alpha: residual-branch multiplier of ``residual="unit"``: ``X + (depth /
+            base_depth)^(-depth_alpha) f(X)``. ``0`` (default): ``X + f(X)``; ``0.5``:
+            depth-muP (Yang et al. 2023, Tensor Programs VI; Bordelon et al. 2023); ``1``:
+            CompleteP (Dey et al. 2025). In [0, 1] (docs/theory.md#transfer).
+        base_depth: the depth at which the ``depth_alpha`` multiplier is 1 (default 1: the
+            multiplier is ``depth^(-depth_alpha)``).
     """
 
     width: int = 200
@@ -125,6 +137,9 @@ class ModelConfig:
     c_plus: float = 0.0
     c_minus: float = -1.0
     causal: bool = False
+    gamma_t: float = 0.0
+    depth_alpha: float = 0.0
+    base_depth: int = 1
 
     def __post_init__(self) -> None:
         check_int("width", self.width, 1)
@@ -170,6 +185,7 @@ class ModelConfig:
         object.__setattr__(
             self, "gamma", check_number("gamma", self.gamma, 0.0, 1.0, low_open=True)
         )
+        self._check_depth_rules()
         for name in ("c_plus", "c_minus"):
             object.__setattr__(self, name, check_number(name, getattr(self, name), *C_RANGE))
         if self.mlp == "shaped_relu":
@@ -181,6 +197,36 @@ class ModelConfig:
                         f"(the slope 1 + {name}/sqrt(width) must be non-negative), "
                         f"got {getattr(self, name)!r}",
                     )
+
+    def _check_depth_rules(self) -> None:
+        """``gamma_t`` (derives gamma) and ``depth_alpha`` / ``base_depth`` (branch multiplier)."""
+        object.__setattr__(self, "gamma_t", check_number("gamma_t", self.gamma_t, 0.0, 1e6))
+        object.__setattr__(
+            self, "depth_alpha", check_number("depth_alpha", self.depth_alpha, 0.0, 1.0)
+        )
+        check_int("base_depth", self.base_depth, 1)
+        if self.gamma_t > 0:
+            if self.residual != "scaled":
+                raise ParameterError(
+                    "gamma_t",
+                    f"gamma_t > 0 requires residual='scaled' (it sets the branch weight gamma), "
+                    f"got residual={self.residual!r}",
+                )
+            gamma = math.sqrt(self.gamma_t * self.width / self.depth)
+            if gamma > 1.0:
+                raise ParameterError(
+                    "gamma_t",
+                    f"gamma_t must give gamma = sqrt(gamma_t * width / depth) <= 1, i.e. "
+                    f"gamma_t <= depth / width = {self.depth / self.width:.4g}, got "
+                    f"gamma_t={self.gamma_t!r} (gamma = {gamma:.4g})",
+                )
+            object.__setattr__(self, "gamma", gamma)
+        if self.depth_alpha > 0 and self.residual != "unit":
+            raise ParameterError(
+                "depth_alpha",
+                f"depth_alpha > 0 requires residual='unit' (X + m f(X)), got "
+                f"residual={self.residual!r}",
+            )
 
     def _check_simplified(self) -> None:
         """The rules of the simplified (He & Hofmann) attention, residual and layout."""
@@ -223,8 +269,15 @@ class ModelConfig:
 
     @property
     def branch_weight(self) -> float:
-        """Branch weight: gamma (``residual="scaled"``), 1 (``"unit"``)."""
-        return 1.0 if self.residual == "unit" else self.gamma
+        """Branch weight: gamma (``residual="scaled"``), ``(depth / base_depth)^(-depth_alpha)``
+        (``"unit"``: 1 unless ``depth_alpha`` is set)."""
+        return self.depth_multiplier if self.residual == "unit" else self.gamma
+
+    @property
+    def depth_multiplier(self) -> float:
+        """``(depth / base_depth)^(-depth_alpha)``: the residual-branch multiplier of
+        ``residual="unit"`` (1 when ``depth_alpha`` is 0; docs/theory.md#transfer)."""
+        return float((self.depth / self.base_depth) ** (-self.depth_alpha))
 
     @property
     def mlp_width(self) -> int:
@@ -269,6 +322,10 @@ class ModelConfig:
                 unused[name] = f"mlp={self.mlp!r} (c_+ and c_- shape the shaped-ReLU MLP)"
         if self.residual == "unit":
             unused["gamma"] = "residual='unit' (X + f(X) has no branch weight)"
+        if self.gamma_t > 0:
+            unused["gamma"] = "gamma_t > 0 (gamma = sqrt(gamma_t * width / depth))"
+        if self.depth_alpha == 0:
+            unused["base_depth"] = "depth_alpha=0 (base_depth sets the depth_alpha multiplier)"
         if self.residual == "skipless":
             unused["gamma"] = "residual='skipless' (its branch gains are trainable parameters)"
         if self.residual != "skipless" or self.mlp == "none":

@@ -12,6 +12,9 @@ field overridden (width, depth, ...). On the command line: ``--model NAME``.
 | sas       | simplified | ReLU 4n     | pre RMS | skipless, sequential | gpt2 | no | yes      |
 | sas_p     | simplified | ReLU 4n     | pre RMS | skipless, parallel | gpt2 | no  | yes      |
 | sas_p_no_norm | simplified | ReLU 4n | none | skipless, parallel | gpt2   | no   | yes      |
+| shaped_t  | shaped (tau0 1/4) | shaped ReLU n | none | gamma^2 d/n = 0.005625 | fan_in | no | no |
+| pre_ln_depth_mup | softmax | GELU 4n   | pre  | X + f / sqrt(d)  | fan_in | yes  | yes      |
+| pre_ln_completep | softmax | GELU 4n   | pre  | X + f / d        | fan_in | yes  | yes      |
 
 All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block,
 ``post_ln`` the original Transformer's. ``sas`` and ``sas_p`` are He & Hofmann's simplified
@@ -19,6 +22,15 @@ blocks ("Simplifying Transformer Blocks", ICLR 2024; their code's ``skipless`` a
 ``skipless-parallel`` configs, with ``norm_type=none`` for ``sas_p_no_norm``): shaped attention
 with trainable gains and identity value/output maps, no attention skip, trainable branch
 gains (MLP 0.1), every weight N(0, 0.02^2) (docs/theory.md#simplified).
+
+The last three are the parametrisations of learning-rate transfer (docs/guide/transfer.md,
+:func:`shapedtx.lr_multipliers`): ``shaped_t`` holds ``gamma^2 d / n`` at
+:data:`SHAPED_T_GAMMA_T` (``ModelConfig.gamma_t``), the value of ``shapedtx advise`` at width
+64, depth 16 (gamma 0.15, tau0 0.25); ``pre_ln_depth_mup`` (Yang et al. 2023, Tensor Programs
+VI; Bordelon et al. 2023) and ``pre_ln_completep`` (Dey et al. 2025) are the pre-LN block with
+the branch multiplier ``depth^(-1/2)`` or ``depth^(-1)`` (``ModelConfig.depth_alpha``) and
+muP's ``1/fan_in`` weight variance instead of GPT-2's init (whose ``1/sqrt(2 depth)`` would
+count depth twice).
 """
 
 from __future__ import annotations
@@ -51,6 +63,12 @@ _SIMPLIFIED: dict[str, Any] = {
     "final_norm": True,
 }
 
+SHAPED_T_GAMMA_T = 0.15**2 * 16 / 64
+"""``gamma^2 d / n`` of the ``shaped_t`` preset: ``shapedtx advise`` at width 64, depth 16,
+8 causal tokens, 4 heads (gamma 0.15, examples/long_horizon/advice.json)."""
+
+_TRANSFER_PRE_LN: dict[str, Any] = {**_VANILLA, "norm": "pre", "init": "fan_in", "final_norm": True}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "shaped": {
         "attention": "shaped",
@@ -67,6 +85,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "sas": {**_SIMPLIFIED, "layout": "sequential", "norm": "pre", "norm_kind": "rms"},
     "sas_p": {**_SIMPLIFIED, "layout": "parallel", "norm": "pre", "norm_kind": "rms"},
     "sas_p_no_norm": {**_SIMPLIFIED, "layout": "parallel", "norm": "none"},
+    "shaped_t": {
+        "attention": "shaped",
+        "mlp": "shaped_relu",
+        "norm": "none",
+        "residual": "scaled",
+        "init": "fan_in",
+        "heads": 4,
+        "out_proj": True,
+        "tau0": 0.25,
+        "gamma_t": SHAPED_T_GAMMA_T,
+    },
+    "pre_ln_depth_mup": {**_TRANSFER_PRE_LN, "depth_alpha": 0.5},
+    "pre_ln_completep": {**_TRANSFER_PRE_LN, "depth_alpha": 1.0},
 }
 """Preset name -> the ModelConfig fields it sets (everything else keeps its default)."""
 
@@ -80,6 +111,9 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "sas_p": "He & Hofmann's parallel SAS-P block: simplified attention and ReLU 4n MLP in "
     "parallel, no skips, pre-RMSNorm, trainable gains",
     "sas_p_no_norm": "SAS-P without normalisation (a LayerNorm on the first block's input only)",
+    "shaped_t": "shaped, tau0 0.25, gamma from T: gamma^2 depth / width held at 0.005625",
+    "pre_ln_depth_mup": "pre-LN with branch multiplier 1/sqrt(depth) and 1/fan_in init (depth-muP)",
+    "pre_ln_completep": "pre-LN with branch multiplier 1/depth and 1/fan_in init (CompleteP)",
 }
 
 

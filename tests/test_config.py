@@ -76,9 +76,13 @@ def test_tau0_and_relu_constants_accept_their_whole_range():
 
 
 def test_unused_fields_are_exactly_the_ones_without_effect():
-    unused_by_default = {"mlp_gain", "norm_kind"}  # of the skipless residual, of a norm
+    # of the skipless residual, of a norm, of the depth_alpha multiplier
+    unused_by_default = {"mlp_gain", "norm_kind", "base_depth"}
     assert set(ModelConfig(mlp="shaped_relu").unused_fields()) == unused_by_default
-    assert ModelConfig(mlp="shaped_relu", norm="pre").unused_fields() == {"mlp_gain": ANY}
+    assert ModelConfig(mlp="shaped_relu", norm="pre").unused_fields() == {
+        "mlp_gain": ANY,
+        "base_depth": ANY,
+    }
     unused = ModelConfig(attention="softmax", mlp="relu", residual="unit").unused_fields()
     assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"} | unused_by_default
     assert "softmax" in unused["tau0"] and "'relu'" in unused["c_plus"]
@@ -87,10 +91,10 @@ def test_unused_fields_are_exactly_the_ones_without_effect():
         "heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"
     } | unused_by_default  # fmt: skip
     assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"} | {
-        "mlp_gain", "norm_kind"
+        "mlp_gain", "norm_kind", "base_depth"
     }  # fmt: skip
     sas = ModelConfig(attention="simplified", residual="skipless", mlp="relu", norm="pre")
-    assert set(sas.unused_fields()) == {"tau0", "gamma", "c_plus", "c_minus"}
+    assert set(sas.unused_fields()) == {"tau0", "gamma", "c_plus", "c_minus", "base_depth"}
 
 
 def test_empty_block_rejected():

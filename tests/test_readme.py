@@ -48,6 +48,7 @@ def test_readme_states_the_default_weight_decay():
 PRESET_CELLS = {
     "attention": {
         "shaped (tau0 = 1)": {"attention": "shaped", "tau0": 1.0},
+        "shaped (tau0 = 0.25)": {"attention": "shaped", "tau0": 0.25},
         "softmax": {"attention": "softmax"},
         "simplified": {"attention": "simplified"},
     },
@@ -65,7 +66,10 @@ PRESET_CELLS = {
     },
     "residual": {
         "`lambda X + gamma f`": {"residual": "scaled"},
-        "`X + f`": {"residual": "unit"},
+        "`X + f`": {"residual": "unit", "depth_alpha": 0.0},
+        "`lambda X + gamma f`, gamma^2 d/n = 0.005625": {"residual": "scaled", "gamma_t": 0.005625},
+        "`X + f / sqrt(d)`": {"residual": "unit", "depth_alpha": 0.5},
+        "`X + f / d`": {"residual": "unit", "depth_alpha": 1.0},
         "skipless, sequential": {"residual": "skipless", "layout": "sequential"},
         "skipless, parallel": {"residual": "skipless", "layout": "parallel"},
     },
@@ -103,7 +107,7 @@ def test_readme_preset_table_is_what_preset_builds():
     assert list(table)[:4] == ["shaped", "pre_ln", "post_ln", "no_norm"]
     for name, row in table.items():
         config = preset(name, width=64, depth=6)
-        expected = {"heads": 4, "out_proj": name in ("shaped", "pre_ln", "post_ln", "no_norm")}
+        expected = {"heads": 4, "out_proj": not name.startswith("sas")}
         for column, cell in row.items():
             expected.update(PRESET_CELLS[column][cell])
         for field, value in expected.items():

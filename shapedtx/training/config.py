@@ -43,12 +43,16 @@ class TrainConfig:
         checkpoint_interval: steps between checkpoints (a multiple of ``log_interval``;
             ``0``: only at the end).
         seed: seeds the initialisation and the data order.
+        lr_proxy_width, lr_proxy_depth: the proxy at which ``lr`` was tuned: when both are
+            set, each parameter group trains at ``lr`` times the factor its parametrisation's
+            transfer rule gives from the proxy to the model (:func:`shapedtx.lr_multipliers`,
+            docs/guide/transfer.md). ``0`` (default, both): ``lr`` for every parameter.
 
     Defaults: ``steps=1000, batch_size=16, seq_len=64, lr=1e-3, min_lr_ratio=0.1,
     warmup_steps=None, schedule="cosine", cooldown_fraction=0.2, weight_decay=0.0, beta1=0.9,
     beta2=0.99, eps=1e-8, grad_clip=1.0,
     log_interval=10, eval_interval=50, eval_batches=4, metrics_batch=4,
-    checkpoint_interval=100, seed=0``.
+    checkpoint_interval=100, seed=0, lr_proxy_width=0, lr_proxy_depth=0``.
 
     The architecture, the readout LayerNorm included (``ModelConfig.final_norm``), is the
     ``ModelConfig``.
@@ -74,6 +78,8 @@ class TrainConfig:
     metrics_batch: int = 4
     checkpoint_interval: int = 100
     seed: int = 0
+    lr_proxy_width: int = 0
+    lr_proxy_depth: int = 0
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, 1)
@@ -90,6 +96,8 @@ class TrainConfig:
             ("metrics_batch", 1),
             ("checkpoint_interval", 0),
             ("seed", 0),
+            ("lr_proxy_width", 0),
+            ("lr_proxy_depth", 0),
         ):
             check_int(name, getattr(self, name), minimum)
         # stored as the checked Python floats (NumPy scalars would leak into the optimiser)
@@ -110,6 +118,12 @@ class TrainConfig:
                 "warmup_steps",
                 f"warmup_steps must be < steps, got warmup_steps={self.warmup_steps}, "
                 f"steps={self.steps}",
+            )
+        if (self.lr_proxy_width == 0) != (self.lr_proxy_depth == 0):
+            raise ParameterError(
+                "lr_proxy_width",
+                f"lr_proxy_width and lr_proxy_depth must both be set (> 0) or both be 0, got "
+                f"{self.lr_proxy_width} and {self.lr_proxy_depth}",
             )
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "wsd" and self.cooldown_start < self.warmup_steps:

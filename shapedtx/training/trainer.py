@@ -29,6 +29,7 @@ from ..config import ModelConfig, check_config
 from ..design import param_count
 from ..files import atomic_path
 from ..results import save_dataset
+from ..transfer import lr_multipliers, parameter_group, proxy_config
 from .config import TrainConfig
 from .data import VOCAB, ByteCorpus, fixed_windows, sample_batch
 from .log import covariance_metrics, log_dataset
@@ -115,15 +116,32 @@ def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ad
     # weight matrices only: the linear maps and the token embedding; not the biases, gains
     # or the position embeddings (a (max_len, n) table, but not a map between features)
     decayed = {name for name, p in model.named_parameters() if p.dim() >= 2} - {"position"}
-    matrices = [p for name, p in model.named_parameters() if name in decayed]
-    others = [p for name, p in model.named_parameters() if name not in decayed]
-    groups = [
-        {"params": matrices, "weight_decay": config.weight_decay},
-        {"params": others, "weight_decay": 0.0},
-    ]
+    factors = _lr_factors(model.config, config)
+    groups = []
+    for decay in (True, False):
+        # the token embedding (factor 1) first: the log's lr is group 0's, the base lr
+        for group, factor in sorted(factors.items(), key=lambda kv: kv[0] != "embedding"):
+            params = [
+                p
+                for name, p in model.named_parameters()
+                if (name in decayed) == decay and (factor is None or parameter_group(name) == group)
+            ]
+            if params:
+                lr = config.lr * (factor or 1.0)
+                wd = config.weight_decay if decay else 0.0
+                groups.append({"params": params, "weight_decay": wd, "lr": lr})
     return torch.optim.AdamW(
         groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps
     )
+
+
+def _lr_factors(model_config: ModelConfig, config: TrainConfig) -> dict[str, float | None]:
+    """Parameter group -> lr factor (:func:`shapedtx.lr_multipliers` from the proxy of
+    ``config.lr_proxy_width``/``lr_proxy_depth``); ``{"all": None}`` without a proxy."""
+    if not config.lr_proxy_width:
+        return {"all": None}
+    proxy = proxy_config(model_config, config.lr_proxy_width, config.lr_proxy_depth)
+    return dict(lr_multipliers(model_config, proxy))
 
 
 def _device_memory(device: torch.device) -> int | None:
