@@ -336,8 +336,8 @@ def token_pairs(
     *,
     tolerance: float | None = None,
 ) -> xr.Dataset:
-    """Mean correlation of individual token pairs over time, network vs SDE (docs/theory.md section
-    3b: under a causal mask the pairs are not exchangeable).
+    """Mean correlation of individual token pairs over time, network vs SDE
+    (docs/theory.md#causal-sde: under a causal mask the pairs are not exchangeable).
 
     ``pairs``: 1-based token pairs (default :func:`causal_pairs`). Times are aligned and
     samples excluded as in :func:`compare`. Returns ``mean_rho``, ``mean_rho_se`` (source,
