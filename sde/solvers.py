@@ -580,8 +580,9 @@ def gaussian_noise(
     """Fresh iid N(0, 1) normals of ``shape`` = (B, 2, m, m) at every step.
 
     On the CPU (float32 or float64) from numpy's SFC64 ziggurat, seeded by one draw from
-    ``generator``: 2.4x the speed of ``torch.randn`` in float64 at m = 128, where the normals
-    were 22-30% of a step (benchmarks/RESULTS.md); elsewhere ``torch.randn`` with ``generator``.
+    ``generator``: faster than ``torch.randn`` in float64, where the normals are a large part of
+    a step (the figures: benchmarks/RESULTS.md, issue #39 section 1); elsewhere ``torch.randn``
+    with ``generator``.
     Either way the stream is a function of the generator's state.
     """
     device = torch.device(device)

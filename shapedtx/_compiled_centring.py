@@ -4,9 +4,9 @@ On CPU, in float32 and float64, :class:`shapedtx.attention._CentredSum` computes
 ``(I - C) v + attended`` and its backward ``(I - C)^T g`` (C the causal uniform matrix,
 ``C_ij = 1 / (i + 1)`` for ``j <= i``) with these kernels: one running sum over tokens per
 feature, each input read once or twice and the result written once, instead of torch's
-batched block products and elementwise passes. One thread: 3x faster than the torch form at
-the size of ``benchmarks/bench_centring.py``, 3-5x at (32, 512, 256)
-(``benchmarks/bench_kernels.py``). The running sums are kept in float64 whatever the input's
+batched block products and elementwise passes, faster than the torch form on one thread (the
+ratio, from ``benchmarks/bench_kernels.py``: benchmarks/RESULTS.md, "Shaped attention in
+training: fused centring"). The running sums are kept in float64 whatever the input's
 precision, so float32 results are rounded once. The kernels run on the calling thread.
 """
 
@@ -40,8 +40,8 @@ def _centred_sum(x: np.ndarray, a: np.ndarray, out: np.ndarray) -> None:
 def _centring_transpose(g: np.ndarray, out: np.ndarray) -> None:
     """``out[s] = (I - C)^T g[s]``, i.e. ``out_i = g_i - sum_{j >= i} g_j / (j + 1)``;
     g, out: (S, m, d). Two ascending passes (the weighted total, then subtracting the
-    terms already passed): memory read in descending order was 2-4x slower above the
-    caches."""
+    terms already passed): memory read in descending order was slower above the caches
+    (benchmarks/HISTORY.md, issue #18 section 4)."""
     S, m, d = g.shape
     after = np.empty(d, np.float64)
     for s in range(S):

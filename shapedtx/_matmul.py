@@ -1,8 +1,8 @@
 """Batched products of many small matrices (the simulators' hot loop).
 
-On CPU, ``torch.bmm`` on a batch of small float64 matrices calls BLAS once per matrix (about
-4 us per 4 x 4 by 4 x 200 product on the 2-core benchmark machine), while numpy's stacked
-``matmul`` is about 6x faster; :func:`small_matmul` uses numpy there when no gradient is
+On CPU, ``torch.bmm`` on a batch of small float64 matrices calls BLAS once per matrix, while
+numpy's stacked ``matmul`` is several times faster (benchmarks/HISTORY.md, issue #18 section
+1, has the figures); :func:`small_matmul` uses numpy there when no gradient is
 needed and torch otherwise (GPU, autograd, other dtypes). Same values up to rounding.
 """
 
@@ -37,7 +37,8 @@ def small_matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
 
 def transpose_into(x: Tensor, out: Tensor) -> Tensor:
     """``out = x^T`` (the last two dimensions) for x: (..., r, c), out: (..., c, r); through
-    numpy on CPU (about 25% faster than torch's strided copy for stacks of 8 x 8 matrices)."""
+    numpy on CPU (faster than torch's strided copy for stacks of 8 x 8 matrices;
+    benchmarks/HISTORY.md, issue #18 section 3, fifth pass)."""
     if x.device.type == "cpu" and out.device.type == "cpu" and x.dtype in _NUMPY_DTYPES:
         np.copyto(out.numpy(), x.detach().numpy().swapaxes(-1, -2))
         return out
@@ -46,8 +47,9 @@ def transpose_into(x: Tensor, out: Tensor) -> Tensor:
 
 TRANSPOSED_DIRECT = 2**12
 """Transposed (F-contiguous) matrices of at least this many entries go to numpy's matmul as
-they are (its BLAS call with a transpose flag, or syrk for ``x @ x^T``: about 2x faster than
-a copy for an 8 x 1024 factor); smaller ones are copied first (2-3x faster at 8 x 8)."""
+they are (its BLAS call with a transpose flag, or syrk for ``x @ x^T``: faster than a copy
+for an 8 x 1024 factor); smaller ones are copied first (faster at 8 x 8; the figures:
+benchmarks/HISTORY.md, issue #18 section 3)."""
 
 
 def _blasable(x: np.ndarray) -> np.ndarray:

@@ -16,8 +16,9 @@ from .config import ModelConfig
 def shaped_relu(x: Tensor, s_plus: float, s_minus: float, *, overwrite: bool = False) -> Tensor:
     """phi(x) = s_+ max(x, 0) + s_- min(x, 0), elementwise; x: (...). Slopes must be >= 0.
 
-    Computed as ``s_+ leaky_relu(x, s_- / s_+)``: one fused kernel (about 15x faster than
-    the two-clamp form in forward + backward on CPU). ``overwrite=True`` computes phi in x's
+    Computed as ``s_+ leaky_relu(x, s_- / s_+)``: one fused kernel, faster than the two-clamp
+    form in forward + backward on CPU (benchmarks/HISTORY.md, "Training throughput").
+    ``overwrite=True`` computes phi in x's
     memory (ignored when autograd needs x, as for the attention matrices).
     """
     if _may_overwrite(x, overwrite):

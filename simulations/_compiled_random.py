@@ -8,9 +8,10 @@ written out in :func:`_fill`; numba's port of numpy's sampler for shapes up to 1
 state) of one ``gen.standard_normal(out=a)`` per array in turn, then ``2
 gen.standard_gamma(half, out=chi)`` (numpy's ``chisquare(2 half)``). It draws in one
 compiled call with the GIL released: several threads fill their own generators' arrays at
-once. Normals 3.3 instead of 7.5 ns each, chi-square variables 12 instead of 20 ns
-(``benchmarks/bench_kernels.py``). Only float64 normals are compiled (numba's float32
-sampler is slower than numpy's here); other arrays go to numpy.
+once, faster than numpy per normal and per chi-square variable (the times, from
+``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, issue #18 section 3). Only float64
+normals are compiled (numba's float32 sampler is slower than numpy's here); other arrays go to
+numpy.
 """
 
 from __future__ import annotations

@@ -19,14 +19,10 @@ standard error is reported with each):
 
 Ranking: :func:`rank_key` states the rule, once (score ``rho_spread``, the sd of the
 off-diagonal ``rho_T``, against ``spread_target``, :data:`DEFAULT_SPREAD_TARGET`). The evidence
-is in ``examples/advise/README.md``: a pilot (width 64, depth 16, causal byte LM, 300 steps,
-lr 1e-2, one seed) found less spread of ``rho_T`` at initialisation went with lower loss
-(Spearman +0.88 over 12 configurations) and its smallest branch weight (gamma 0.15) trained
-best. Measured since (``examples/advise/predict.py``, one seed): ``rho_spread`` predicts the
-trained loss best of all init-time scores (Spearman 0.92 over 26 configurations at width 32,
-0.97 over 13 at width 64, depth 64); the advice was the best configuration at width 32 and
-within 1.8% of the best at width 64, depth 64, where a gamma below the default grid trained
-best.
+for this score (a pilot training study, then ``examples/advise/predict.py``: the rank
+correlation of each init-time score with the trained loss, and how far the advice was from the
+best trained configuration) is reported in ``examples/advise/README.md`` and summarised in the
+advise guide (``docs/guide/advise.md``), with its scope (widths, depths, seeds).
 
 Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only
 for a violation beyond 2 standard errors; others stay unresolved); candidates are then
@@ -83,12 +79,12 @@ itself is accepted despite Monte Carlo error."""
 SPREAD_BATCHES = 8
 
 DEFAULT_MAX_TOKENS = 16
-"""The number of tokens advise integrates the SDE with when more are asked for. Measured
-(benchmarks/RESULTS.md, issue #39 section 2: causal block, width 512, depth 96, m = 8 ... 128):
-from m = 16 to 32 rho_spread moves by at most 1% for gamma <= 0.3 and 3.6% above, and the
-fractions and norm quantile agree within about 2 SE or are larger (stricter) at m = 16; at
-m >= 64 advise's 50-step solution is itself biased (the factored scheme's error grows like
-(dt m)^2), so m = 16 is also the more accurate; the cost grows as m^3."""
+"""The number of tokens advise integrates the SDE with when more are asked for. Chosen from
+the measurement of the scores against m in benchmarks/RESULTS.md (issue #39, section 2: causal
+block, m = 8 ... 128; the figures are there): from m = 16 on rho_spread changes little and the
+fractions and norm quantile agree within their SEs or are stricter at m = 16, while at large m
+advise's 50-step solution is itself biased (the factored scheme's error grows like
+(dt m)^2); the cost grows as m^3."""
 
 
 @dataclass(frozen=True)

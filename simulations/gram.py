@@ -153,8 +153,9 @@ def residual_update(
 
     ``V' = M M^T`` with ``M = [P, s B F]``, ``P = lambda L + s B G`` (``= lambda^2 V + lambda
     s (B G L^T + L G^T B^T) + s^2 B (G G^T + F F^T) B^T``); L' is the Cholesky factor of V' (batched
-    m x m, about 15x cheaper than a QR on CPU), and for the samples whose V' is numerically
-    singular ``R^T`` from the QR ``M^T = Q R`` (exact also for singular V').
+    m x m, much cheaper than a QR on CPU: benchmarks/HISTORY.md, issue #18 section 3), and for
+    the samples whose V' is numerically singular ``R^T`` from the QR ``M^T = Q R`` (exact also
+    for singular V').
     """
     work = work or Workspace(keep=False)
     m = L.shape[-1]
@@ -181,10 +182,11 @@ def gram_factor(M: Tensor) -> Tensor:
 def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(L, bad): the lower Cholesky factor of V: (..., m, m), C-contiguous (into ``out`` if
     given), and where it failed (bool, (...)). On CPU for m <= 32 compiled
-    (:mod:`simulations._compiled_cholesky`, up to 2x faster than LAPACK's batched call);
+    (:mod:`simulations._compiled_cholesky`, faster than LAPACK's batched call there);
     otherwise computed as the upper factor ``U = L^T`` into the transposed view of L:
-    LAPACK's column-major output is then L row by row, so torch copies nothing (about 30%
-    faster than asking for L on CPU, and numpy's products take L without a copy)."""
+    LAPACK's column-major output is then L row by row, so torch copies nothing (faster than
+    asking for L on CPU, benchmarks/HISTORY.md, issue #18 section 3; and numpy's products take
+    L without a copy)."""
     if out is None:
         out = V.new_empty(V.shape)
     if compiled_cholesky.applies(V):

@@ -7,10 +7,10 @@ the same random numbers whatever the chunking (and whatever the number of sample
 Each group has a torch generator (:attr:`GroupedNormal.generators`) and, for bulk normals,
 a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit generator with
 its ziggurat normal sampler, seeded from ``(seed, g, 1)``, float64 normals drawn by a compiled
-copy of that sampler (:mod:`simulations._compiled_random`: numpy's numbers, about 2.3x
-faster than numpy's own call and 5x faster than float64 ``torch.randn``; chi-square
-variables likewise, 1.7x faster; ``benchmarks/bench_kernels.py``); on other devices the
-group's torch generator.
+copy of that sampler (:mod:`simulations._compiled_random`: numpy's numbers, faster than
+numpy's own call and than float64 ``torch.randn``; chi-square variables likewise; the
+figures, from ``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, issue #18 section 3);
+on other devices the group's torch generator.
 
 On CPU the groups of a bulk draw can be filled by several threads at once (``workers``;
 the fills release the GIL). Each group still draws from its own stream
