@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         WeightsSampler,
         method_names,
     )
+    from .stability import plot_stability_map, stability_map
     from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
     from .training_runs import TrainingRun, run_training, run_trainings
     from .wishart import wishart, wishart_factor
@@ -106,6 +107,8 @@ _LAZY: dict[str, str] = {
     "TokenSampler": ".samplers",
     "WeightsSampler": ".samplers",
     "method_names": ".samplers",
+    "plot_stability_map": ".stability",
+    "stability_map": ".stability",
     "SweepSummary": ".sweep",
     "open_point": ".sweep",
     "open_sweep": ".sweep",
@@ -191,6 +194,7 @@ __all__ = [
     "plot_mean_correlation",
     "plot_quantile_bands",
     "plot_rho_density",
+    "plot_stability_map",
     "plot_token_pairs",
     "resolve_method",
     "run_collapse",
@@ -201,6 +205,7 @@ __all__ = [
     "run_trainings",
     "save_figure",
     "simulate",
+    "stability_map",
     "summarise",
     "sweep",
     "token_pairs",
