@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
         regime,
     )
     from .metrics import detect_collapse
+    from .monitor import Monitor, plot_monitor
     from .nn import (
         MLP,
         Attention,
@@ -127,6 +128,7 @@ _LAZY: dict[str, str] = {
         ),
         "nn",
     ),
+    **dict.fromkeys(("Monitor", "plot_monitor"), "monitor"),
     "layer_norm": "norm",
     **dict.fromkeys(("PRESETS", "preset"), "presets"),
     **dict.fromkeys(("CovarianceProbe", "find_blocks", "probe"), "probe"),
@@ -184,6 +186,7 @@ __all__ = [
     "Block",
     "CovarianceProbe",
     "ModelConfig",
+    "Monitor",
     "ParameterError",
     "ShapedAttention",
     "ShapedReLU",
@@ -227,6 +230,7 @@ __all__ = [
     "plot_collapse",
     "plot_coord_check",
     "plot_losses",
+    "plot_monitor",
     "plot_runs",
     "preset",
     "probe",

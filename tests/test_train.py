@@ -223,7 +223,7 @@ def test_log_contents_save_and_plots(corpus, tmp_path):
     result = train(MODEL.replace(depth=3), corpus, TRAIN, out_dir=tmp_path, progress=False)
     log = load_dataset(tmp_path / "log.nc")
     xr.testing.assert_allclose(log, result.log)
-    assert log.sizes == {"step": 7, "block": 3, "layer": 4}
+    assert log.sizes == {"step": 7, "block": 3, "layer": 4, "head": 2, "weight": 6}
     assert log["grad_norm_block"].dims == ("step", "block")
     assert np.isfinite(log["grad_norm_block"].values[1:]).all()
     assert (log["grad_norm_block"].values[1:] > 0).all()

@@ -6,7 +6,11 @@ rows without evaluation), ``lr``, ``grad_norm`` (global, before clipping) and
 measured on a fixed validation batch after every block (docs/theory.md#rank-collapse):
 ``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``centred_stable_rank(step,
 layer)``, ``eigenvalue_ratio(step, layer)``,
-``residual(step, layer)`` (layer 0 = embedding output). Step 0 is the initialisation.
+``residual(step, layer)`` (layer 0 = embedding output), and the monitor's metrics of the same
+batch (``shapedtx.Monitor``, docs/guide/monitor.md): ``activation_rms(step, layer)``,
+``kurtosis(step, layer)``, ``attention_entropy(step, block, head)``, ``max_logit(step, block,
+head)``, ``entropy_reference(step, block)`` and ``update_size(step, block, weight)`` (relative
+change of each weight matrix since the previous row). Step 0 is the initialisation.
 ``attrs`` hold the model config (``config.*``), the training config (``train.*``), the corpus,
 seed, device, dtype, version and ``status`` (``"running"``, ``"finished"``, ``"diverged"``).
 """
@@ -60,8 +64,13 @@ def log_dataset(
     model_config: ModelConfig,
     train_config: TrainConfig,
     attrs: Mapping[str, Any] | None = None,
+    *,
+    weights: Sequence[str] = (),
 ) -> xr.Dataset:
-    """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset."""
+    """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset;
+    ``weights``: the names of the ``weight`` coordinate of ``update_size`` (the monitor's)."""
+    from ..monitor import monitor_variables
+
     if not rows:
         raise ParameterError("rows", "rows must hold at least one logged step")
     depth = model_config.depth
@@ -74,7 +83,10 @@ def log_dataset(
     )
     for name in METRICS:
         data[name] = (("step", "layer"), np.stack([r[name] for r in rows]).astype(np.float64))
+    extra, extra_coords = monitor_variables(rows, weights, depth)
+    data.update(extra)
     coords = {
+        **extra_coords,
         "step": np.array([r["step"] for r in rows], dtype=np.int64),
         "block": np.arange(depth),
         "layer": np.arange(depth + 1),

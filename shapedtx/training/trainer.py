@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,12 @@ from .._validation import ParameterError, check_bool, check_device
 from ..config import ModelConfig, check_config
 from ..design import param_count
 from ..files import atomic_path
+from ..monitor import Monitor
 from ..results import save_dataset
 from ..transfer import lr_multipliers, parameter_group, proxy_config
 from .config import TrainConfig
 from .data import VOCAB, ByteCorpus, fixed_windows, sample_batch
-from .log import covariance_metrics, log_dataset
+from .log import log_dataset
 from .model import LanguageModel
 
 CHECKPOINT = "checkpoint.pt"
@@ -283,6 +285,9 @@ def train(
         )
     )
     metric_tokens = fixed_windows(val_data, config.metrics_batch, config.seq_len)[:, :-1]
+    with warnings.catch_warnings():  # a model without attention: the note goes into the log
+        warnings.simplefilter("ignore", RuntimeWarning)
+        monitor = Monitor(model, metric_tokens)
     attrs = {
         "corpus": data.source,
         "corpus_fingerprint": data.fingerprint(),
@@ -318,11 +323,14 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         generator.set_state(state["generator"])
         rows, step = _rows_from_plain(state["rows"]), int(state["step"])
+        monitor.remember_weights()  # a checkpoint's step is a logged step: update_size continues
         saved_step[0] = step if resuming else None
     attrs.update(origin)
 
     def build_log(status: str, **extra: Any) -> xr.Dataset:
-        return log_dataset(rows, model_config, config, {**attrs, "status": status, **extra})
+        notes = {"monitor_missing": monitor.note} if monitor.note else {}
+        all_attrs = {**attrs, **notes, "status": status, **extra}
+        return log_dataset(rows, model_config, config, all_attrs, weights=monitor.weight_names)
 
     def checkpoint() -> None:
         if out is None or ckpt_path is None:
@@ -376,10 +384,7 @@ def train(
             row["val_loss"] = evaluate(model, val_batches).item()
             if not math.isfinite(row["val_loss"]):
                 raise diverged(step, "validation loss")
-        was_training = model.training
-        model.eval()
-        row.update(covariance_metrics(model.hidden_states(metric_tokens)))
-        model.train(was_training)
+        row.update(monitor.measure())  # covariance, activation, attention, update metrics
         rows.append(row)
 
     if step == 0 and not rows:  # not again when resuming from the step-0 checkpoint
