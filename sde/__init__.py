@@ -10,13 +10,12 @@ integrates many paths into the shared covariance Dataset (``shapedtx.results``);
 from .coefficients import SDEConstants, arccos_kernel, diffusion, drift, nu, sde_constants
 from .noise import psd_factor, sample_noise
 from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
-from .solve import METHODS, solve, solve_batch
+from .solve import solve, solve_batch
 from .solvers import integrate
 from .time_grid import TimeGrid, time_grid
 from .torchsde_solver import CovarianceSDE, solve_torchsde
 
 __all__ = [
-    "METHODS",
     "SOLVERS",
     "CovarianceSDE",
     "EulerMaruyama",

@@ -1,6 +1,12 @@
-"""Solver choices as objects (as diffrax does): ``solve(config, V0, samples,
-method=FactoredEuler(dt=0.01))``. Each carries its step size; the string names
-(``"euler"``, ``"em"``, ``"torchsde"``) remain accepted and mean the defaults below.
+"""Solver objects (as diffrax does): a solver is its algorithm.
+
+``solve(config, V0, samples, method=FactoredEuler(dt=0.01))``: each object carries its largest
+step ``dt`` and integrates the paths itself (:meth:`Solver.paths`; the explicit schemes through
+the stepper they build for a model, :meth:`Solver.stepper`, and :func:`sde.integrate`), so
+:func:`sde.solve` and :func:`sde.solve_batch` dispatch on nothing. A name (``"euler"``,
+``"em"``, ``"torchsde"``) means the class of that ``name`` in :data:`SOLVERS`, the one table.
+A new solver is one subclass here (its stepper in :mod:`sde.solvers`) added to
+:data:`SOLVERS`.
 
 Blow-up bookkeeping is the same for every solver: a path is flagged ``exploded`` at the first
 step whose state is non-finite, exceeds the bound or (EM) leaves the PSD cone, and
@@ -9,16 +15,28 @@ step whose state is non-finite, exceeds the bound or (EM) leaves the PSD cone, a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shapedtx._validation import check_positive
+import torch
+from torch import Tensor
+
+from shapedtx._validation import ParameterError, check_positive
+from shapedtx.config import ModelConfig
+
+from .solvers import EulerMaruyamaStep, FactoredEulerStep, Stepper, gaussian_noise, integrate
+from .time_grid import TimeGrid
+from .torchsde_solver import solve_torchsde
+
+Configs = ModelConfig | Sequence[ModelConfig]
+"""One configuration, or several integrated as one batch (:class:`FactoredEulerStep`)."""
 
 
 @dataclass(frozen=True)
 class Solver:
     """Base of the solver objects: ``dt`` is the largest step (the grid is
-    :func:`sde.time_grid`)."""
+    :func:`sde.time_grid`); ``name`` is its key in :data:`SOLVERS`."""
 
     dt: float = 0.01
     name: ClassVar[str] = ""
@@ -26,27 +44,117 @@ class Solver:
     def __post_init__(self) -> None:
         check_positive("dt", self.dt)
 
+    def stepper(self, config: Configs, m: int, *, paths: Sequence[int] | None = None) -> Stepper:
+        """The stepper that :func:`sde.integrate` advances for ``config`` and ``m`` tokens
+        (a sequence of configurations with ``paths`` rows each: one batch, where the scheme
+        allows it). ParameterError (``method``) for a solver without one."""
+        raise ParameterError(
+            "method", f"method {self.name!r} has no stepper for sde.integrate (use sde.solve)"
+        )
+
+    def paths(
+        self,
+        config: ModelConfig,
+        V0: Tensor,
+        grid: TimeGrid,
+        *,
+        seed: int,
+        bound: float,
+        progress: bool | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(V (B, S, m, m) at grid.saved, exploded (B,), t_explode (B,))`` from
+        ``V0: (B, m, m)`` (validated by the caller, :func:`sde.solve`): the stepper over
+        ``grid``, driven by normals from a generator seeded with ``seed``
+        (:func:`sde.solvers.gaussian_noise`)."""
+        B, _, m = V0.shape
+        generator = torch.Generator(device=V0.device).manual_seed(seed)
+        sol = integrate(
+            self.stepper(config, m),
+            V0,
+            steps=grid.steps,
+            dt=grid.dt,
+            save_every=grid.save_every,
+            noise=gaussian_noise((B, 2, m, m), generator, V0.dtype, V0.device),
+            bound=bound,
+            progress=progress,
+        )
+        return sol.V, sol.exploded, sol.t_explode
+
 
 @dataclass(frozen=True)
 class FactoredEuler(Solver):
-    """``V' = F F^T``: positive semi-definite by construction, weak order 1 (the default)."""
+    """``V' = F F^T``: positive semi-definite by construction, weak order 1 (the default;
+    :class:`sde.solvers.FactoredEulerStep`, which also steps a batch of configurations)."""
 
     name: ClassVar[str] = "euler"
+
+    def stepper(
+        self, config: Configs, m: int, *, paths: Sequence[int] | None = None
+    ) -> FactoredEulerStep:
+        return FactoredEulerStep(config, m, paths=paths)
 
 
 @dataclass(frozen=True)
 class EulerMaruyama(Solver):
-    """Plain Euler-Maruyama on V; a step that leaves the PSD cone flags the path."""
+    """Plain Euler-Maruyama on V; a step that leaves the PSD cone flags the path
+    (:class:`sde.solvers.EulerMaruyamaStep`, one configuration)."""
 
     name: ClassVar[str] = "em"
+
+    def stepper(
+        self, config: Configs, m: int, *, paths: Sequence[int] | None = None
+    ) -> EulerMaruyamaStep:
+        if not isinstance(config, ModelConfig) or paths is not None:
+            raise ParameterError(
+                "method", "method 'em' steps one configuration; a batch needs 'euler'"
+            )
+        return EulerMaruyamaStep(config, m)
 
 
 @dataclass(frozen=True)
 class TorchSDE(Solver):
-    """The same SDE through ``torchsde.sdeint`` (Euler-Maruyama; a reference solver)."""
+    """The same SDE through ``torchsde.sdeint`` (Euler-Maruyama; a reference solver,
+    :func:`sde.solve_torchsde`; no stepper)."""
 
     name: ClassVar[str] = "torchsde"
 
+    def paths(
+        self,
+        config: ModelConfig,
+        V0: Tensor,
+        grid: TimeGrid,
+        *,
+        seed: int,
+        bound: float,
+        progress: bool | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        # every step is evaluated (blow-ups are dated on the step grid, as for the other
+        # solvers); the saved steps are kept. torchsde draws no progress bar.
+        times = torch.arange(grid.steps + 1, dtype=V0.dtype, device=V0.device) * grid.dt
+        V, exploded, t_explode = solve_torchsde(
+            config, V0, times, dt=grid.dt, bound=bound, seed=seed
+        )
+        return V[:, list(grid.saved)], exploded, t_explode
+
 
 SOLVERS: dict[str, type[Solver]] = {s.name: s for s in (FactoredEuler, EulerMaruyama, TorchSDE)}
-"""Solver classes by name."""
+"""Solver classes by name: the one table of the names :func:`sde.solve` accepts."""
+
+
+def as_solver(method: str | Solver, dt: float | None = None) -> Solver:
+    """The solver object of ``method``: itself (``dt``, if given, must be its own) or, for a
+    name of :data:`SOLVERS`, that class with ``dt`` (default 0.01). ParameterError
+    (``method``, listing the names; or ``dt``) otherwise."""
+    if isinstance(method, Solver):
+        if dt is not None and dt != method.dt:
+            raise ParameterError(
+                "dt", f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one"
+            )
+        return method
+    if isinstance(method, str) and method in SOLVERS:
+        return SOLVERS[method]() if dt is None else SOLVERS[method](dt)
+    raise ParameterError(
+        "method",
+        f"method must be one of {', '.join(map(repr, SOLVERS))} or a solver object "
+        f"(sde.FactoredEuler, ...), got {method!r}",
+    )

@@ -25,13 +25,10 @@ from shapedtx.options import RunOptions, run_settings
 from shapedtx.results import covariance_dataset
 
 from .coefficients import sde_constants
-from .options import SOLVERS, Solver
-from .solvers import STEPPERS, FactoredEulerStep, gaussian_noise, integrate
+from .options import FactoredEuler, Solver, as_solver
+from .solvers import gaussian_noise, integrate
 from .time_grid import time_grid
-from .torchsde_solver import solve_torchsde
 
-METHODS: tuple[str, ...] = tuple(SOLVERS)
-"""Solver names accepted by :func:`solve` (see :mod:`sde.options`)."""
 SEED_MAX = 2**64 - 1
 """Largest seed (torch generators take an unsigned 64-bit seed)."""
 DEFAULT_BOUND = 1e8
@@ -85,24 +82,9 @@ def solve(
         ``t_explode (sample)`` (NaN where not exploded); attrs include ``dt``, ``solver``,
         ``steps``, ``bound`` and ``exploded_fraction``.
     """
-    run = run_settings(
-        options, chunking=False, seed=seed, device=device, dtype=dtype, progress=progress
-    )
+    run = run_settings(options, seed=seed, device=device, dtype=dtype, progress=progress)
     seed, device, dtype, progress = run["seed"], run["device"], run["dtype"], run["progress"]
-    if isinstance(method, Solver):
-        if dt is not None and dt != method.dt:
-            raise ParameterError(
-                "dt", f"dt={dt!r} conflicts with the solver's dt={method.dt!r}; give one"
-            )
-        solver = method
-    elif isinstance(method, str) and method in SOLVERS:
-        solver = SOLVERS[method](0.01 if dt is None else dt)
-    else:
-        raise ParameterError(
-            "method",
-            f"method must be one of {', '.join(map(repr, METHODS))} or a solver object "
-            f"(sde.FactoredEuler, ...), got {method!r}",
-        )
+    solver = as_solver(method, dt)
     method = solver.name
     check_config(config)
     check_int("samples", samples, 1)
@@ -113,34 +95,15 @@ def solve(
     check_dtype(dtype)
     device = check_device(device) if device is not None else None
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)
-    T, steps, step, every, saved = grid.T, grid.steps, grid.dt, grid.save_every, grid.saved
+    T, steps, step, every = grid.T, grid.steps, grid.dt, grid.save_every
     V0 = check_covariance(V0).to(dtype=dtype, device=device)
     m = V0.shape[-1]
     sde_constants(config, m)  # raises for configurations without an SDE limit
     times = torch.as_tensor(grid.times, dtype=dtype)
     V0s = V0.expand(samples, m, m).contiguous()
-    if method == "torchsde":
-        # every step is evaluated (blow-ups are dated on the step grid, as for the other
-        # solvers); the saved steps are kept
-        all_times = torch.arange(steps + 1, dtype=dtype, device=V0.device) * step
-        V, exploded, t_explode = solve_torchsde(
-            config, V0s, all_times, dt=step, bound=bound, seed=seed
-        )
-        V = V[:, list(saved)]
-    else:
-        generator = torch.Generator(device=V0.device).manual_seed(seed)
-        noise = gaussian_noise((samples, 2, m, m), generator, dtype, V0.device)
-        sol = integrate(
-            STEPPERS[method](config, m),
-            V0s,
-            steps=steps,
-            dt=step,
-            save_every=every,
-            noise=noise,
-            bound=bound,
-            progress=progress,
-        )
-        V, exploded, t_explode = sol.V, sol.exploded, sol.t_explode
+    V, exploded, t_explode = solver.paths(
+        config, V0s, grid, seed=seed, bound=bound, progress=progress
+    )
     exploded_np = exploded.cpu().numpy()
     fraction = float(exploded_np.mean())
     if fraction and warn:
@@ -234,7 +197,7 @@ def solve_batch(
         if not batch:
             continue
         rows = [counts[i] for i in batch]
-        stepper = FactoredEulerStep([configs[i] for i in batch], m, paths=rows)
+        stepper = FactoredEuler().stepper([configs[i] for i in batch], m, paths=rows)
         B = sum(rows)
         V0s = V0.expand(B, m, m).contiguous()
         generator = torch.Generator(device=V0.device).manual_seed(seed + offset)

@@ -1,8 +1,9 @@
 """Time stepping for the covariance SDE: one stepping loop, two explicit schemes.
 
-- :class:`FactoredEuler` (``method="euler"``, the default): PSD-safe Euler scheme. The MLP
-  drift is a convex combination ``V + w (J(V) - V)`` with ``J`` the (PSD) arc-cosine kernel,
-  ``w = 1 - exp(-k_mlp dt)``; then ``V' = F F^T`` with ``F = (I + H dt + G) L (I + eps N1)``,
+- :class:`FactoredEulerStep` (the stepper of :class:`sde.FactoredEuler`, ``method="euler"``,
+  the default): PSD-safe Euler scheme. The MLP drift is a convex combination
+  ``V + w (J(V) - V)`` with ``J`` the (PSD) arc-cosine kernel, ``w = 1 - exp(-k_mlp dt)``;
+  then ``V' = F F^T`` with ``F = (I + H dt + G) L (I + eps N1)``,
   ``L L^T = V``, ``eps = sqrt(k_lin dt / 2)``, ``G = sqrt(k_att dt) L N2 L^T P`` and ``H`` the
   attention drift factor (``H V + V H^T = b_att``) minus the Ito corrections
   ``(eps^2 m + k_att dt Q) / (2 dt) I``. Every step is PSD by construction; mean and covariance
@@ -13,8 +14,9 @@
   ``(a_att - k_att) dt (M o V)`` (``E[G V G^T] = k_att dt M o V``; ``a_att >= k_att`` since
   ``gamma^2 <= n_h``), added after the factored step: ``V' = F F^T + (a_att - k_att) dt M o V``,
   then re-factored (jittered Cholesky, no synchronisation). Still PSD by construction.
-- :class:`EulerMaruyama` (``method="em"``): plain ``V + b dt + Sigma^{1/2} dB``, symmetrised;
-  can leave the PSD cone (such paths are flagged), kept as a reference.
+- :class:`EulerMaruyamaStep` (of :class:`sde.EulerMaruyama`, ``method="em"``): plain
+  ``V + b dt + Sigma^{1/2} dB``, symmetrised; can leave the PSD cone (such paths are
+  flagged), kept as a reference.
 
 :func:`integrate` freezes and flags paths whose next state is non-finite, exceeds
 ``bound * max_a V0^{aa}`` in absolute value, or (EM only) is not PSD. All checks are masks on
@@ -322,7 +324,7 @@ class FactoredEulerStep:
     Gaussians), so attention-only configurations need no eigendecomposition. The solution has
     the same law as with the canonical factor ``V^{1/2}``, but is a different pathwise coupling
     with the driving noise; ``canonical=True`` re-factors every step with ``V^{1/2}`` (as
-    :class:`EulerMaruyama` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
+    :class:`EulerMaruyamaStep` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
     or a causal step always re-factors (by default with a jittered Cholesky factor: no
     eigendecomposition, no GPU synchronisation).
 
@@ -333,8 +335,6 @@ class FactoredEulerStep:
     stays free of host synchronisation); the configurations must be all causal or all
     non-causal. :func:`sde.solve_batch` integrates such a batch.
     """
-
-    name = "euler"
 
     def __init__(
         self,
@@ -422,12 +422,10 @@ class _ReferenceFactoredEulerStep:
     Gaussians), so attention-only configurations need no eigendecomposition. The solution has
     the same law as with the canonical factor ``V^{1/2}``, but is a different pathwise coupling
     with the driving noise; ``canonical=True`` re-factors every step with ``V^{1/2}`` (as
-    :class:`EulerMaruyama` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
+    :class:`EulerMaruyamaStep` and torchsde do) for pathwise (strong) comparisons. An MLP drift step
     always re-factors (by default with a jittered Cholesky factor: no eigendecomposition, no
     GPU synchronisation).
     """
-
-    name = "euler-reference"
 
     def __init__(self, config: ModelConfig, m: int, *, canonical: bool = False) -> None:
         self.config, self.m, self.canonical = config, m, canonical
@@ -483,8 +481,6 @@ class _ReferenceFactoredEulerStep:
 class EulerMaruyamaStep:
     """Plain Euler-Maruyama step ``V + b dt + sqrt(dt) Sigma^{1/2} xi`` (not PSD-safe)."""
 
-    name = "em"
-
     def __init__(self, config: ModelConfig, m: int) -> None:
         self.config, self.m = config, m
         self.const = sde_constants(config, m)
@@ -504,9 +500,6 @@ class EulerMaruyamaStep:
         evals = torch.linalg.eigvalsh(torch.where(finite[:, None, None], new, eye))
         ok = evals[:, 0] >= -PSD_TOLERANCE * evals.abs().amax(-1)
         return new, new, ok
-
-
-STEPPERS = {"euler": FactoredEulerStep, "em": EulerMaruyamaStep}
 
 
 class Solution(NamedTuple):

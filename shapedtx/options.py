@@ -41,14 +41,13 @@ class RunOptions:
             check_int("chunk_size", self.chunk_size, 1)
 
 
-def run_settings(
-    options: RunOptions | None, *, chunking: bool = True, **given: Any
-) -> dict[str, Any]:
+def run_settings(options: RunOptions | None, **given: Any) -> dict[str, Any]:
     """The run settings of a call that takes both keyword arguments and ``options``: the
-    keywords ``given`` (by name) when ``options`` is None, else ``options``'s values of the
-    same names. One way only: a keyword that differs from its default beside ``options`` is
-    refused, and so is an ``options.chunk_size`` where the call has no chunking
-    (``chunking=False``), instead of either being silently dropped."""
+    keywords ``given`` (by name: the settings the call honours) when ``options`` is None, else
+    ``options``'s values of the same names. One way only, nothing dropped: a keyword that
+    differs from its default beside ``options`` is refused, and so is an ``options`` field the
+    call does not honour (not among ``given``, e.g. ``chunk_size`` for ``sde.solve``, which
+    has no chunking) unless it is at its default (ParameterError naming ``options``)."""
     if options is None:
         return given
     if not isinstance(options, RunOptions):
@@ -63,10 +62,12 @@ def run_settings(
             f"{', '.join(clash)} given both as a keyword and through options: pass the run "
             "settings one way",
         )
-    if not chunking and options.chunk_size is not None:
-        raise ParameterError(
-            "options",
-            f"options.chunk_size must be None here (this call has no chunking), got "
-            f"{options.chunk_size}",
-        )
+    for name, default in defaults.items():
+        value = getattr(options, name)
+        if name not in given and not (value is default or value == default):
+            raise ParameterError(
+                "options",
+                f"options.{name} must be {default!r} here (this call does not use it), got "
+                f"{value!r}",
+            )
     return {k: getattr(options, k) for k in given}

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         summarise,
     )
     from .gram import GramSampler
-    from .options import Auto, Exact, Gram, RunOptions, Weights
+    from .options import SAMPLERS, Auto, Exact, Gram, RunOptions, SamplerChoice, Weights
     from .plots import (
         plot_collapse_metrics,
         plot_convergence,
@@ -41,14 +41,7 @@ if TYPE_CHECKING:
     )
     from .presets import PRESETS
     from .rng import GroupedNormal, group_seed
-    from .samplers import (
-        SAMPLERS,
-        ExactSampler,
-        Sampler,
-        TokenSampler,
-        WeightsSampler,
-        method_names,
-    )
+    from .samplers import ExactSampler, Sampler, TokenSampler, WeightsSampler
     from .stability import plot_stability_map, stability_map
     from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
     from .training_runs import TrainingRun, run_training, run_trainings
@@ -90,6 +83,8 @@ _LAZY: dict[str, str] = {
     "Exact": ".options",
     "Gram": ".options",
     "RunOptions": ".options",
+    "SAMPLERS": ".options",
+    "SamplerChoice": ".options",
     "Weights": ".options",
     "plot_collapse_metrics": ".plots",
     "plot_convergence": ".plots",
@@ -101,12 +96,10 @@ _LAZY: dict[str, str] = {
     "PRESETS": ".presets",
     "GroupedNormal": ".rng",
     "group_seed": ".rng",
-    "SAMPLERS": ".samplers",
     "ExactSampler": ".samplers",
     "Sampler": ".samplers",
     "TokenSampler": ".samplers",
     "WeightsSampler": ".samplers",
-    "method_names": ".samplers",
     "plot_stability_map": ".stability",
     "stability_map": ".stability",
     "SweepSummary": ".sweep",
@@ -166,6 +159,7 @@ __all__ = [
     "Measurement",
     "RunOptions",
     "Sampler",
+    "SamplerChoice",
     "SweepSummary",
     "TaskSummary",
     "TokenSampler",
@@ -186,7 +180,6 @@ __all__ = [
     "group_seed",
     "measure",
     "measure_dataset",
-    "method_names",
     "open_point",
     "open_sweep",
     "plot_collapse_metrics",

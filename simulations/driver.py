@@ -25,7 +25,6 @@ from shapedtx import ModelConfig, check_covariance, covariance_dataset
 from shapedtx._memory import empty
 from shapedtx._validation import (
     ParameterError,
-    check_choice,
     check_device,
     check_dtype,
     check_int,
@@ -35,19 +34,17 @@ from shapedtx._validation import (
 from shapedtx.config import check_config
 from shapedtx.options import RunOptions, run_settings
 
-from .options import Sampler as SamplerChoice
+from .options import SamplerChoice, as_sampler
 from .rng import GroupedNormal, run_parallel
-from .samplers import SAMPLERS, Sampler, TokenSampler, method_names
+from .samplers import Sampler, TokenSampler
 
 DEFAULT_MEMORY_BUDGET = 2**30
 """Default working-memory budget of one chunk, in bytes (1 GiB)."""
 
 
-def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget) -> None:
+def _check_arguments(config, samples, seed, dtype, chunk_size, memory_budget) -> None:
     check_config(config)
     check_int("samples", samples)
-    if method is not None:
-        check_choice("method", method, method_names())
     check_int("seed", seed, 0)
     check_dtype(dtype)
     if chunk_size is not None:
@@ -62,28 +59,12 @@ def _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_bu
         )
 
 
-AUTO = (None, "auto")
-"""``method`` values that pick the method: :func:`resolve_method`."""
-
-AUTO_ORDER = ("gram", "exact")
-"""Exact-in-law methods, fastest first, tried by :func:`resolve_method`."""
-
-
-def resolve_method(config: ModelConfig, method: str | None = None) -> str:
-    """The sampler name for ``method``: itself, or for ``None``/``"auto"`` the fastest
-    exact-in-law method whose ``check`` accepts ``config`` ("gram" where it applies, else
-    "exact", which simulates every configuration)."""
-    if method not in AUTO:
-        return check_choice("method", method, method_names())
-    for name in AUTO_ORDER:
-        if name not in SAMPLERS:
-            continue
-        try:
-            SAMPLERS[name].check(config)
-        except ValueError:
-            continue
-        return name
-    return "exact"
+def resolve_method(config: ModelConfig, method: str | SamplerChoice | None = None) -> str:
+    """The sampler name for ``method`` (a name of :data:`simulations.SAMPLERS` or a choice
+    object): itself, or for ``None``/``"auto"`` the fastest exact-in-law method whose sampler
+    accepts ``config`` (:class:`simulations.Auto`: "gram" where it applies, else "exact",
+    which simulates every configuration)."""
+    return as_sampler(method).resolve(config).name
 
 
 def _chunk_groups(
@@ -240,11 +221,12 @@ def simulate(
         V0: (m, m) symmetric positive-definite input covariance, m >= 2; every sample starts
             from X_0 with ``X_0 X_0^T / n = V0`` exactly.
         samples: number of independent networks (weights and inputs drawn afresh).
-        method: ``None`` or ``"auto"`` (default): the fastest exact-in-law method for the
-            config (:func:`resolve_method`: ``"gram"`` where it applies, else ``"exact"``);
-            ``"exact"`` (docs/theory.md#samplers), ``"weights"`` (explicit matrices) or ``"gram"``
-            (width-independent chain on V, supported configs only);
-            see :data:`simulations.samplers.SAMPLERS`.
+        method: a sampler object (:class:`simulations.Auto`, ``Exact()``, ``Weights()``,
+            ``Gram()``) or its name (:data:`simulations.SAMPLERS`). ``None`` or ``"auto"``
+            (default): the fastest exact-in-law method for the config
+            (:func:`resolve_method`: ``"gram"`` where it applies, else ``"exact"``);
+            ``"exact"`` (docs/theory.md#samplers), ``"weights"`` (explicit matrices) or
+            ``"gram"`` (width-independent chain on V, supported configs only).
         seed: integer >= 0; the same seed gives the same numbers on the same device.
         device: where to compute (default: V0's device).
         dtype: torch.float64 (default) or torch.float32.
@@ -253,9 +235,7 @@ def simulate(
         memory_budget: approximate working memory of one chunk, in bytes.
         progress: tqdm progress bar; ``None`` shows it only when stderr is a terminal.
         options: a :class:`simulations.RunOptions` (seed, device, dtype, progress,
-            chunk_size) instead of those keyword arguments (not beside them). ``method`` may
-            also be a sampler object (:class:`simulations.Exact`, ``Weights()``, ``Gram()``,
-            ``Auto()``).
+            chunk_size) instead of those keyword arguments (not beside them).
 
     Returns:
         The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
@@ -264,18 +244,17 @@ def simulate(
         ``"auto"`` for None), ``group_size`` and ``nonfinite`` (number of samples whose
         covariance became non-finite; a RuntimeWarning is issued when > 0).
     """
-    if isinstance(method, SamplerChoice):
-        method = method.name
     run = run_settings(
         options, seed=seed, device=device, dtype=dtype, progress=progress, chunk_size=chunk_size
     )
     seed, device, dtype = run["seed"], run["device"], run["dtype"]
     progress, chunk_size = run["progress"], run["chunk_size"]
-    _check_arguments(config, samples, method, seed, dtype, chunk_size, memory_budget)
+    _check_arguments(config, samples, seed, dtype, chunk_size, memory_budget)
+    choice = as_sampler(method)
     check_progress(progress)
-    requested = "auto" if method is None else method
-    method = resolve_method(config, method)
-    sampler_cls = SAMPLERS[method]
+    requested = choice.name
+    choice = choice.resolve(config)
+    method, sampler_cls = choice.name, choice.sampler_class
     sampler_cls.check(config)
     V0 = check_covariance(V0)
     device = check_device(device) if device is not None else V0.device

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from sde import METHODS
+from sde import SOLVERS
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
     ParameterError,
@@ -49,7 +49,7 @@ from shapedtx.results import save_dataset
 from .baselines import baselines, model_label
 from .compare import collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
-from .samplers import method_names
+from .options import SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,10 @@ class Experiment:
         baseline_samples: networks per standard baseline of the collapse report.
         convergence_widths: widths of the convergence study at fixed ``T`` besides
             ``config.width`` (``()`` skips it); ``T * width`` must be an integer.
-        method: finite-network sampler, ``"auto"`` (the fastest exact one that applies) or a
-            name of :data:`simulations.SAMPLERS`.
-        sde_method: SDE solver (``"euler"``, ``"em"``, ``"torchsde"``); ``dt`` its step.
+        method: finite-network sampler, a name of :data:`simulations.SAMPLERS` (``"auto"``:
+            the fastest exact one that applies).
+        sde_method: SDE solver, a name of :data:`sde.SOLVERS` (``"euler"``, ``"em"``,
+            ``"torchsde"``); ``dt`` its step.
         threshold: rank collapse is a mean correlation above it.
         seed: base seed (network ``seed``, SDE ``seed + 1``, baseline k ``seed + 2 + k``).
         device, dtype: where and in which precision (``"float64"`` or ``"float32"``).
@@ -110,8 +111,8 @@ class Experiment:
         object.__setattr__(self, "convergence_widths", tuple(self.convergence_widths))
         for w in self.convergence_widths:
             check_int("convergence_widths", w, 1)
-        check_choice("method", self.method, method_names())
-        check_choice("sde_method", self.sde_method, METHODS)
+        check_choice("method", self.method, tuple(SAMPLERS))
+        check_choice("sde_method", self.sde_method, tuple(SOLVERS))
         check_positive("dt", self.dt)
         check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
         check_int("seed", self.seed, 0)

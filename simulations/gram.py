@@ -93,7 +93,7 @@ from shapedtx.blocks import attention_from_logits
 
 from . import _compiled_cholesky as compiled_cholesky
 from .rng import GroupedNormal
-from .samplers import SAMPLERS, Sampler
+from .samplers import Sampler
 from .wishart import bartlett_dof
 
 HIDDEN_ELEMENTS = 2**22
@@ -424,7 +424,5 @@ class GramSampler(Sampler):
         s = cfg.branch_weight * math.sqrt(c / n)
         return residual_update(L, B, Z["G"][:, 0], Z["F"][:, 0], cfg.lam, s, work)
 
-
-SAMPLERS["gram"] = GramSampler
 
 __all__ = ["HIDDEN_ELEMENTS", "GramSampler", "Workspace", "gram_factor", "residual_update"]

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from sde import METHODS as SDE_METHODS
+from sde import SOLVERS
 from shapedtx._validation import ParameterError, check_choice
 from shapedtx.config import FIELD_TYPES, ModelConfig
 from shapedtx.covariance import equicorrelated
 
-from .samplers import method_names
+from .options import SAMPLERS
 
 RUN_PARAMS: dict[str, type] = {
     "T": float,  # SDE horizon / network depth time (replaces depth)
@@ -62,8 +62,8 @@ KINDS: dict[str, tuple[str, ...]] = {
 """``kind`` -> the sources computed at every grid point."""
 
 _ONLY = {"network": ("method",), "sde": ("sde_method", "dt", "save_every")}
-_CHOICES = {"method": method_names, "sde_method": lambda: SDE_METHODS}
-"""The accepted values of run parameters that name a method, read when a grid is checked."""
+_CHOICES = {"method": tuple(SAMPLERS), "sde_method": tuple(SOLVERS)}
+"""The accepted values of run parameters that name a method."""
 _TYPES = {**FIELD_TYPES, **RUN_PARAMS}
 _SEED_EXCLUDED = ("seed", "samples", *_ONLY["network"], *_ONLY["sde"])
 
@@ -84,7 +84,7 @@ def _coerce(name: str, value: Any) -> Any:
         what = {bool: "true/false", int: "integers", float: "finite numbers", str: "strings"}
         raise ParameterError("grid", f"grid[{name!r}] values must be {what[kind]}, got {value!r}")
     if name in _CHOICES:
-        check_choice(f"grid[{name!r}]", value, _CHOICES[name]())
+        check_choice(f"grid[{name!r}]", value, _CHOICES[name])
     return kind(value)
 
 

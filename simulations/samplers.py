@@ -14,7 +14,8 @@ applied:
   no n x n matrix; queries and keys as m x m Bartlett products with the same logits in law,
   and every draw of a block from one bulk fill per generator group (:class:`ExactSampler`).
 
-A new method is one :class:`Sampler` subclass plus one entry in :data:`SAMPLERS`.
+A new method is one :class:`Sampler` subclass plus the choice object that names it
+(:mod:`simulations.options`, listed in :data:`simulations.SAMPLERS`).
 """
 
 from __future__ import annotations
@@ -345,19 +346,3 @@ class ExactSampler(TokenSampler):
             raise RuntimeError(f"linear {name!r}: {out_features} outputs, drew {Z.shape[-1]}")
         # the weight scale on the small factor (m, k), not on the (m, out) product
         return small_matmul(scale_standard(R, self.config, name, x.shape[-1]), Z)
-
-
-SAMPLERS: dict[str, type[Sampler]] = {"exact": ExactSampler, "weights": WeightsSampler}
-"""Simulation methods by name."""
-
-
-def method_names() -> tuple[str, ...]:
-    """The ``method`` names :func:`simulations.simulate` accepts: ``"auto"`` and those of
-    :data:`SAMPLERS` (read when called: a sampler module registers itself on import)."""
-    return ("auto", *SAMPLERS)
-
-
-# The built-in sampler modules register themselves on import: load them with this module, so
-# that "gram" is a method wherever SAMPLERS is read (the package no longer imports every
-# module eagerly).
-from . import gram as _gram  # noqa: E402, F401  # registers SAMPLERS["gram"]

@@ -83,10 +83,11 @@ TESTS: dict[str, list[str]] = {
     "simulations/experiment.py": ["tests/test_compare_cli.py", "tests/test_compare.py"],
     "simulations/advise.py": ["tests/test_advise.py"],
     "simulations/plots.py": ["tests/test_compare.py"],
-    "simulations/options.py": ["tests/test_simulate.py"],
+    "simulations/options.py": ["tests/test_options.py", "tests/test_simulate.py"],
+    "shapedtx/options.py": ["tests/test_options.py", "tests/test_simulate.py"],
     "shapedtx/training/plots.py": ["tests/test_train.py"],
     "sde/time_grid.py": ["tests/test_sde_solvers.py"],
-    "sde/options.py": ["tests/test_sde_solvers.py"],
+    "sde/options.py": ["tests/test_options.py", "tests/test_sde_solvers.py"],
 }
 
 _BINOP_SWAP = {

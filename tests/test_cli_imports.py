@@ -69,14 +69,14 @@ def test_argument_errors_load_no_torch(argv, tmp_path):
 def test_the_parsers_names_are_the_libraries():
     """The parsers offer plain names (simulations.cli._common) so as not to load the tables that
     hold torch objects; they must be those tables' keys."""
-    from sde import METHODS
+    from sde import SOLVERS
     from shapedtx.options import DTYPES
+    from simulations import SAMPLERS
     from simulations.cli import _common, train
-    from simulations.samplers import method_names
 
     assert tuple(DTYPES) == _common.DTYPE_NAMES
-    assert METHODS == _common.SDE_METHODS
-    assert method_names() == _common.SAMPLER_METHODS
+    assert tuple(SOLVERS) == _common.SDE_METHODS
+    assert tuple(SAMPLERS) == _common.SAMPLER_METHODS
     dtypes = [train.torch_dtype(name) for name in train.DTYPES]
     assert dtypes[:2] == list(DTYPES.values()) and str(dtypes[2]) == "torch.bfloat16"
 

@@ -122,13 +122,13 @@ def test_solve_torchsde_checks_its_arguments(kwargs, match):
     ],
 )
 def test_integrate_checks_its_arguments(kwargs, match):
-    from sde.solvers import STEPPERS, gaussian_noise
+    from sde.solvers import gaussian_noise
 
     args = {"V0": equicorrelated(2, 0.1)[None], "steps": 2, "dt": 0.01, "save_every": 1}
     args |= {"bound": 1e8} | kwargs
     noise = gaussian_noise((1, 2, 2, 2), torch.Generator(), torch.float64, torch.device("cpu"))
     with pytest.raises(ValueError, match=match):
-        sde.integrate(STEPPERS["euler"](ATT, 2), args.pop("V0"), noise=noise, **args)
+        sde.integrate(sde.FactoredEuler().stepper(ATT, 2), args.pop("V0"), noise=noise, **args)
 
 
 def test_factored_euler_stays_psd_where_em_fails():
@@ -269,7 +269,10 @@ def test_euler_and_torchsde_converge_under_same_brownian_motion():
         ref, exploded, _ = sde.solve_torchsde(cfg, V0, ts, dt=dt, bound=1e8, bm=bm)
         assert not exploded.any()
         own = {}
-        for stepper in (FactoredEulerStep(cfg, m, canonical=True), EulerMaruyamaStep(cfg, m)):
+        for name, stepper in (
+            ("euler", FactoredEulerStep(cfg, m, canonical=True)),
+            ("em", EulerMaruyamaStep(cfg, m)),
+        ):
             sol = integrate(
                 stepper,
                 V0,
@@ -280,7 +283,7 @@ def test_euler_and_torchsde_converge_under_same_brownian_motion():
                 bound=1e8,
                 progress=False,
             )
-            own[stepper.name] = sol
+            own[name] = sol
         assert not own["euler"].exploded.any()
         ok = ~own["em"].exploded
         em_flagged.append(1 - ok.double().mean().item())

@@ -27,6 +27,9 @@ from simulations import (
 
 from strategies import covariances, model_configs
 
+SAMPLER_CLASSES = {name: c.sampler_class for name, c in SAMPLERS.items() if name != "auto"}
+"""The sampler algorithm of every named choice but "auto" (which picks one of them)."""
+
 SMALL = ModelConfig(width=24, depth=3, mlp="shaped_relu", norm="pre", heads=2, out_proj=True)
 
 
@@ -41,7 +44,7 @@ def test_dataset_contract():
     attrs = ds.attrs
     assert (attrs["source"], attrs["method"], attrs["seed"]) == ("network", "exact", 7)
     assert (attrs["dtype"], attrs["device"], attrs["nonfinite"]) == ("float64", "cpu", 0)
-    assert attrs["group_size"] == SAMPLERS["exact"].group_size and "version" in attrs
+    assert attrs["group_size"] == SAMPLER_CLASSES["exact"].group_size and "version" in attrs
     # X_0 X_0^T / n = V0 exactly, and every V is symmetric
     np.testing.assert_allclose(ds["V"].values[:, 0], np.broadcast_to(V0.numpy(), (5, 3, 3)))
     np.testing.assert_allclose(ds["V"].values, ds["V"].values.swapaxes(-1, -2), atol=1e-12)
@@ -54,11 +57,11 @@ def test_float32():
     assert ds["V"].dtype == np.float32 and ds.attrs["dtype"] == "float32"
 
 
-@pytest.mark.parametrize("method", list(SAMPLERS))
+@pytest.mark.parametrize("method", list(SAMPLER_CLASSES))
 def test_seed_reproducible_and_chunk_invariant(method):
     """Same seed -> identical bits whatever the chunking; a run's first whole groups do not
     depend on how many samples follow; another seed gives other numbers."""
-    G = SAMPLERS[method].group_size
+    G = SAMPLER_CLASSES[method].group_size
     samples = 2 * G + 3  # two full groups and a partial one
     V0 = equicorrelated(4, 0.2)
     cfg = SMALL if method == "weights" else SMALL.replace(depth=5)
@@ -105,7 +108,7 @@ def _configs():
         )
 
 
-@pytest.mark.parametrize("method", list(SAMPLERS))
+@pytest.mark.parametrize("method", list(SAMPLER_CLASSES))
 def test_every_configuration_runs(method):
     V0 = equicorrelated(4, 0.3)
     count = 0
@@ -241,7 +244,7 @@ def _assert_psd(V: np.ndarray, rel: float = 1e-9) -> None:
 
 @settings(deadline=None)
 @given(model_configs(min_width=4, max_width=12, max_depth=3), covariances(max_m=4),
-       st.sampled_from(sorted(SAMPLERS)), st.integers(0, 1000))  # fmt: skip
+       st.sampled_from(sorted(SAMPLER_CLASSES)), st.integers(0, 1000))  # fmt: skip
 def test_every_simulated_covariance_is_psd(config, V0, method, seed):
     """V_l = X_l X_l^T / n is PSD at every layer, for every architecture and sampler."""
     if method == "gram":  # its supported family: no LayerNorm, ReLU-type MLP of width n
@@ -386,7 +389,7 @@ def test_token_sampler_memory_counts_m_by_widest_tensors():
     assert WeightsSampler.memory(cfg.replace(mlp_ratio=4), 4, f64)[1] >= 4 * fixed
 
 
-class _FixedMemory(SAMPLERS["weights"]):
+class _FixedMemory(SAMPLER_CLASSES["weights"]):
     """A sampler with a stated memory estimate and no cache-sized chunk."""
 
     group_size = 4

@@ -12,8 +12,7 @@ import sde
 from sde.coefficients import sigma_lin
 from shapedtx import ModelConfig, preset
 from shapedtx.metrics import correlation, mean_correlation
-from simulations import ExactSampler, equicorrelated, simulate
-from simulations.samplers import SAMPLERS
+from simulations import Exact, ExactSampler, equicorrelated, simulate
 
 from mc_stats import assert_mean_within_se, two_sample_pvalue
 
@@ -82,13 +81,19 @@ class _TransposedR(ExactSampler):
         return self.rng.map(lambda R_g, Z: R_g @ Z, R, shape) / x.shape[-1] ** 0.5
 
 
-def test_distribution_test_has_power(monkeypatch):
+class _Buggy(Exact):
+    """The choice object of :class:`_TransposedR` (a user's own sampler, passed as an object)."""
+
+    name = "buggy"
+    sampler_class = _TransposedR
+
+
+def test_distribution_test_has_power():
     """The same KS statistics reject a sampler with the factor transposed."""
-    monkeypatch.setitem(SAMPLERS, "buggy", _TransposedR)
     cfg = LAW_CONFIGS["2 heads, fixed head size, W^O"]
     V0 = torch.tensor([[1.0, 0.5, 0.0, 0.2], [0.5, 2.0, 0.3, 0.0], [0.0, 0.3, 1.0, 0.1],
                        [0.2, 0.0, 0.1, 0.5]], dtype=torch.float64)  # fmt: skip
-    a = _V(simulate(cfg, V0, 600, method="buggy", seed=1))
+    a = _V(simulate(cfg, V0, 600, method=_Buggy(), seed=1))
     b = _V(simulate(cfg, V0, 600, method="weights", seed=2))
     pvalues = [
         two_sample_pvalue(x, y)

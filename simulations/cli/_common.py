@@ -28,9 +28,9 @@ if TYPE_CHECKING:  # torch loads with the command that runs, not for --help or a
 DTYPE_NAMES: tuple[str, ...] = ("float64", "float32")
 """The keys of :data:`shapedtx.options.DTYPES` (simulation and SDE dtypes)."""
 SAMPLER_METHODS: tuple[str, ...] = ("auto", "exact", "weights", "gram")
-"""The ``method`` names of :func:`simulations.samplers.method_names` (the built-in samplers)."""
+"""The keys of :data:`simulations.SAMPLERS` (the sampler names; a test keeps them equal)."""
 SDE_METHODS: tuple[str, ...] = ("euler", "em", "torchsde")
-"""The solver names of :data:`sde.METHODS`."""
+"""The keys of :data:`sde.SOLVERS` (the solver names; a test keeps them equal)."""
 
 
 class UsageError(Exception):
