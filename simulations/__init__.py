@@ -21,13 +21,12 @@ if TYPE_CHECKING:
     from .experiment import (
         Comparison,
         Experiment,
-        format_collapse,
-        format_summary,
         run_collapse,
         run_comparison,
         run_convergence,
         summarise,
     )
+    from .formatting import format_advice, format_collapse, format_summary
     from .gram import GramSampler
     from .options import SAMPLERS, Auto, Exact, Gram, RunOptions, SamplerChoice, Weights
     from .plots import (
@@ -72,12 +71,13 @@ _LAZY: dict[str, str] = {
     "simulate": ".driver",
     "Comparison": ".experiment",
     "Experiment": ".experiment",
-    "format_collapse": ".experiment",
-    "format_summary": ".experiment",
     "run_collapse": ".experiment",
     "run_comparison": ".experiment",
     "run_convergence": ".experiment",
     "summarise": ".experiment",
+    "format_advice": ".formatting",
+    "format_collapse": ".formatting",
+    "format_summary": ".formatting",
     "GramSampler": ".gram",
     "Auto": ".options",
     "Exact": ".options",
@@ -175,6 +175,7 @@ __all__ = [
     "compare",
     "convergence",
     "equicorrelated",
+    "format_advice",
     "format_collapse",
     "format_summary",
     "group_seed",

@@ -42,7 +42,6 @@ from shapedtx._validation import (
 from shapedtx.config import check_config
 from shapedtx.covariance import check_correlation
 from shapedtx.files import json_number, write_json
-from shapedtx.metrics import NEVER
 from shapedtx.options import DTYPES
 from shapedtx.results import save_dataset
 
@@ -257,15 +256,7 @@ def run_collapse(
     return report, models
 
 
-def format_collapse(report: xr.Dataset) -> str:
-    """The rank-collapse table of a :func:`simulations.collapse_report` (as ``shapedtx
-    compare`` prints it): per model the fraction collapsed, the median collapse layer
-    (:data:`shapedtx.metrics.NEVER`, -1, where fewer than half collapse) and the final mean
-    correlation."""
-    return "\n".join(_collapse_lines(_collapse_summary(report)))
-
-
-def _collapse_summary(collapse: xr.Dataset) -> dict[str, Any]:
+def collapse_summary(collapse: xr.Dataset) -> dict[str, Any]:
     """The ``collapse`` entry of ``summary.json``."""
     return {
         "threshold": float(collapse.attrs["threshold"]),
@@ -279,27 +270,6 @@ def _collapse_summary(collapse: xr.Dataset) -> dict[str, Any]:
             for m in collapse["model"].values
         },
     }
-
-
-def _collapse_lines(c: dict[str, Any]) -> list[str]:
-    """The printed table of a ``collapse`` summary entry."""
-
-    def fmt(x: float | None) -> str:
-        return "   nan" if x is None else f"{x:6.3f}"
-
-    lines = [
-        f"rank collapse (mean rho > {c['threshold']:g}; median layer {NEVER}: never, fewer "
-        "than half collapse):"
-    ]
-    width = max(len(m) for m in c["models"])
-    lines.append(f"  {'model':{width}s}  collapsed  median layer  final mean rho")
-    for m, r in c["models"].items():
-        layer = "nan" if r["median_collapse_layer"] is None else f"{r['median_collapse_layer']:g}"
-        lines.append(
-            f"  {m:{width}s}  {r['fraction_collapsed']:9.0%}  {layer:>12s}  "
-            f"{fmt(r['final_mean_rho'])}"
-        )
-    return lines
 
 
 def run_convergence(
@@ -477,7 +447,7 @@ def summarise(result: Comparison, times: dict[str, float] | None = None) -> dict
         "excluded": int(comparison.attrs["n_excluded_limit"]),
     }
     summary["network_excluded"] = int(comparison.attrs["n_excluded_network"])
-    summary["collapse"] = _collapse_summary(result.collapse)
+    summary["collapse"] = collapse_summary(result.collapse)
     conv = result.convergence
     summary["convergence"] = None
     if conv is not None:
@@ -508,65 +478,3 @@ def _pairs_summary(pairs: xr.Dataset) -> dict[str, Any]:
                              ("V_diag_mean_T", "V_diag_mean"))
         },
     }  # fmt: skip
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """The compact table ``shapedtx compare`` prints."""
-    c = s["config"]
-
-    def fmt(x: float | None) -> str:
-        return "   nan" if x is None else f"{x:6.3f}"
-
-    lines = [
-        f"shapedtx compare [{s['preset']}] {s['description']}",
-        f"  width {c['width']}, depth {c['depth']}, T = {s['T']:g}, m = {s['tokens']}, "
-        f"rho0 = {s['rho0']:g}, gamma = {c['gamma']:.4g}, tau0 = {c['tau0']:g}, "
-        f"{s['samples']} samples",
-        f"rho at T ({'/'.join(f'{100 * q:g}%' for q in s['quantiles'])} quantiles, ± max SE):",
-    ]
-    for src in ("network", "sde"):
-        r = s["rho_T"][src]
-        se = max((v for v in r["se"] if v is not None), default=float("nan"))
-        lines.append(f"  {src:8s} " + " ".join(fmt(v) for v in r["quantiles"]) + f"   ± {se:.3f}")
-    d = s["distances_T"]
-    lines.append(
-        f"distances at T: rho KS {fmt(d['ks_rho'])} (p = {_p(d['ks_rho_pvalue'])}), "
-        f"W1 {fmt(d['w1_rho'])}; log V^aa KS {fmt(d['ks_logVaa'])} "
-        f"(p = {_p(d['ks_logVaa_pvalue'])}), W1 {fmt(d['w1_logVaa'])}"
-    )
-    e = s["sde"]
-    lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
-    if "token_pairs" in s:
-        tp = s["token_pairs"]
-        cells = [
-            f"{p} {fmt(n).strip()}/{fmt(q).strip()} (± {fmt(se).strip()})"
-            for p, n, q, se in zip(tp["pairs"], tp["mean_rho_T"]["network"],
-                                   tp["mean_rho_T"]["sde"], tp["mean_rho_T_se"]["network"],
-                                   strict=True)
-        ]  # fmt: skip
-        lines.append("causal: mean rho at T by token pair, network/SDE: " + ", ".join(cells))
-    lines += _collapse_lines(s["collapse"])
-    cv = s["convergence"]
-    if cv is not None:
-        pts = ", ".join(
-            f"{w}: {'nan' if v is None else f'{v:.4f}'}"
-            for w, v in zip(cv["widths"], cv["w1_rho"], strict=True)
-        )
-        slope = cv["w1_rho_slope"]
-        lines.append(
-            f"convergence, W1(rho_T) by width {{{pts}}}; slope "
-            + ("not fitted (too few widths above the noise floor)" if slope is None else
-               f"{slope:.2f} ± {cv['w1_rho_slope_se'] or float('nan'):.2f}")
-            + f" (theory about -0.5; noise floor {fmt(cv['w1_rho_noise_floor']).strip()})"
-        )  # fmt: skip
-    lines.append("run times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["run_times_s"].items()))
-    return "\n".join(lines)
-
-
-def _p(x: float | None) -> str:
-    """A p-value with sensible precision: ``> 0.999``, 3 decimals, or 2 significant digits."""
-    if x is None:
-        return "nan"
-    if x > 0.999:
-        return "> 0.999"
-    return f"{x:.3f}" if x >= 0.01 else f"{x:.2g}"

@@ -402,7 +402,7 @@ def test_unresolved_advice_is_reported(monkeypatch):
     a = _fake_advise(monkeypatch, {0.1: 0.05, 0.2: 0.09}, samples=32, spread_target=0.1)
     assert a.gamma == 0.2 and a.best.verdict == "unresolved" and not a.resolved
     assert any("UNRESOLVED" in n for n in a.notes)
-    from simulations.cli.advise import format_advice
+    from simulations.formatting import format_advice
 
     assert "unresolved (passes by < 2 SE)" in format_advice(a)
     assert json.loads(json.dumps(a.to_dict()))["resolved"] is False
@@ -457,7 +457,7 @@ def test_long_contexts_integrate_max_tokens_and_say_so():
 
 def test_the_ranking_rule_is_stated_once_by_rank_key(monkeypatch, capsys):
     """The JSON, the report and ``--help`` take the rule from ``rank_key``'s docstring."""
-    from simulations.cli.advise import format_advice
+    from simulations.formatting import format_advice
     from simulations.ranking import rank_key as stated
     from simulations.ranking import ranking_rule, ranking_text
 

@@ -329,7 +329,7 @@ def test_experiment_defaults_and_validation_boundaries():
 
 
 def test_p_value_formatting():
-    from simulations.experiment import _p
+    from simulations.formatting import p_value as _p
 
     assert _p(None) == "nan" and _p(0.9995) == "> 0.999" and _p(0.999) == "0.999"
     assert (_p(0.5), _p(0.01), _p(0.0012345)) == ("0.500", "0.010", "0.0012")

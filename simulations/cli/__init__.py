@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from shapedtx import __version__
 
@@ -28,6 +29,20 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": "run a parameter grid (simulate and/or SDE) on Dask into a zarr store",
     "compare": "finite network vs SDE limit, convergence in width, rank-collapse report",
 }
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    description: str,
+    **kwargs: Any,
+) -> ArgumentParser:
+    """The parser of subcommand ``name`` (its help line from :data:`SUBCOMMANDS`), which runs
+    ``run(args)``; ``kwargs`` go to argparse (e.g. ``formatter_class``)."""
+    parser = subparsers.add_parser(name, help=SUBCOMMANDS[name], description=description, **kwargs)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def _command(argv: list[str]) -> str | None:

@@ -1,4 +1,5 @@
-"""Shared pieces of the command line: one-line errors and the ModelConfig options."""
+"""Shared pieces of the command line: one-line errors, the options generated from the
+ModelConfig fields and the run options generated from the :class:`RunArgs` fields."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from shapedtx._validation import ParameterError, check_int
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
 from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
 
@@ -165,15 +168,104 @@ def add_method_argument(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def add_run_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--seed --device --dtype --threads --out --no-progress``."""
-    group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--device", default=None, help="torch device (default cpu)")
-    group.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
-    group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+def add_output_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--out --overwrite``: the optional .nc file of a command that computes one Dataset."""
     group.add_argument("--out", default=None, help="write the Dataset to this .nc file")
     group.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _run_field(default: Any, kind: type, text: str, **extra: Any) -> Any:
+    """A :class:`RunArgs` field: its default, and its option's type and help; ``extra``:
+    ``choices``, and ``unset``, what a default of None means."""
+    return field(default=default, metadata={"type": kind, "help": text, **extra})
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The run options of every command that computes: the one definition of ``--seed
+    --device --dtype --threads --progress/--no-progress``. Each field is one option, generated
+    by :func:`add_run_options` (a field added here is an option of every such command). The
+    values are checked here (ParameterError naming the field), torch-free; the device is
+    checked by :meth:`torch_device` when the command runs."""
+
+    seed: int = _run_field(0, int, "random seed")
+    device: str | None = _run_field(None, str, "torch device", unset="cpu")
+    dtype: str = _run_field("float64", str, "floating-point type", choices=DTYPE_NAMES)
+    threads: int | None = _run_field(None, int, "torch CPU threads", unset="torch's")
+    progress: bool | None = _run_field(
+        None, bool, "progress bars", unset="when stderr is a terminal"
+    )
+
+    def __post_init__(self) -> None:
+        check_int("seed", self.seed, 0)
+        cores = os.cpu_count() or 1
+        if self.threads is not None and not 1 <= self.threads <= cores:
+            raise ParameterError(
+                "threads", f"threads must be in [1, {cores}] (the cores), got {self.threads}"
+            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunArgs:
+        """The run options of parsed arguments (a field the command does not offer keeps its
+        default); a bad value is a UsageError naming its option."""
+        names = [f.name for f in fields(cls)]
+        try:
+            return cls(**{k: getattr(args, k) for k in names if hasattr(args, k)})
+        except ValueError as err:
+            raise option_error(err, names) from None
+
+    def torch_device(self) -> torch.device:
+        """The device as a torch.device (None: cpu); UsageError if unknown or unavailable."""
+        return parse_device(self.device)
+
+    def apply_threads(self) -> None:
+        """Set torch's CPU threads to ``threads`` (None leaves torch's default)."""
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+
+    def run_options(self) -> RunOptions:
+        """The library's :class:`shapedtx.options.RunOptions` (seed, dtype, progress; no
+        device: the run follows its inputs')."""
+        from shapedtx.options import DTYPES, RunOptions
+
+        return RunOptions(seed=self.seed, dtype=DTYPES[self.dtype], progress=self.progress)
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser,
+    *,
+    exclude: Collection[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    choices: Mapping[str, Sequence[str]] | None = None,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """One option per :class:`RunArgs` field (``--seed``, ``--device``, ...; a bool field is
+    ``--name/--no-name``) in a group "run". A command that needs another default, other
+    choices or other help says so here (``defaults={"threads": 2}``); a field that has no
+    meaning for it is in ``exclude``. :meth:`RunArgs.from_args` reads them back."""
+    given = (exclude, defaults or {}, choices or {}, helps or {})
+    unknown = set().union(*given) - {f.name for f in fields(RunArgs)}
+    if unknown:  # a programming error, not a user's
+        raise TypeError(f"not RunArgs fields: {sorted(unknown)}")
+    group = parser.add_argument_group("run")
+    for f in fields(RunArgs):
+        if f.name in exclude:
+            continue
+        meta = f.metadata
+        default = (defaults or {}).get(f.name, f.default)
+        shown = meta.get("unset", "none") if default is None else default
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
+        text = f"{(helps or {}).get(f.name, meta['help'])} (default {shown})"
+        flag = "--" + f.name.replace("_", "-")
+        if meta["type"] is bool:
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, action=action, default=default, help=text)
+        else:
+            kinds = (choices or {}).get(f.name, meta.get("choices"))
+            group.add_argument(flag, type=meta["type"], choices=kinds, default=default, help=text)
 
 
 def parse_device(text: str | None) -> torch.device:
@@ -187,25 +279,14 @@ def parse_device(text: str | None) -> torch.device:
         raise option_error(err, ("device",)) from None
 
 
-def set_threads(threads: int | None, option: str = "--threads") -> None:
-    """Apply a ``--threads`` option (None leaves torch's default)."""
-    if threads is None:
-        return
-    cores = os.cpu_count() or 1
-    if not 1 <= threads <= cores:
-        raise UsageError(f"{option} must be in [1, {cores}] (the cores), got {threads}")
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunOptions]:
-    """Validate the options of :func:`add_input_arguments` / :func:`add_run_arguments`:
-    returns (config, V0 on the device, the run options: seed, dtype, progress) and applies
-    ``--threads``."""
+    """Validate the options of :func:`add_input_arguments`, :func:`add_output_arguments` and
+    :func:`add_run_options`: returns (config, V0 on the device, the run options: seed, dtype,
+    progress) and applies ``--threads``."""
     from shapedtx._validation import check_tokens
 
     config = config_from_args(args)  # torch-free checks first: a usage error loads no torch
+    settings = RunArgs.from_args(args)
     if args.out is not None:
         if Path(args.out).suffix != ".nc":
             raise UsageError(f"--out must be a .nc file, got {args.out!r}")
@@ -220,19 +301,14 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     except ValueError as err:
         raise option_error(err, ("tokens",)) from None
     from shapedtx.covariance import check_correlation, equicorrelated
-    from shapedtx.options import DTYPES, RunOptions
 
     try:
         check_correlation(args.rho0, args.tokens, "--rho0")
     except ValueError as err:
         raise option_error(err) from None
-    set_threads(args.threads)
-    device = parse_device(args.device)
-    V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=device)
-    options = RunOptions(
-        seed=args.seed, dtype=DTYPES[args.dtype], progress=False if args.no_progress else None
-    )  # no device: the run follows V0's
-    return config, V0, options
+    settings.apply_threads()
+    V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=settings.torch_device())
+    return config, V0, settings.run_options()  # no device in the options: the run follows V0's
 
 
 def _check_writable(path: Path, option: str) -> None:

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import textwrap
 
 from simulations.ranking import ranking_rule, ranking_text
 
-from . import SUBCOMMANDS
-from ._common import option_error
-from .design import _table
+from . import add_command
+from ._common import RunArgs, add_run_options, option_error
 
 DESCRIPTION = """\
 Pick gamma (branch weight; skip weight lambda = sqrt(1 - gamma^2)) and tau0 (shaped-attention
@@ -74,11 +72,8 @@ def _floats(text: str) -> list[float]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "advise",
-        help=SUBCOMMANDS["advise"],
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "advise", run, DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     g = parser.add_argument_group("network")
     g.add_argument("--width", type=int, required=True, help="n, residual width")
@@ -90,6 +85,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("shaped_relu", "none"),
         default="shaped_relu",
         help="(default shaped_relu)",
+    )
+    g.add_argument(
+        "--mlp-ratio",
+        type=int,
+        default=1,
+        help="MLP hidden width / n of the model trained (default 1; it changes the SDE)",
     )
     g.add_argument(
         "--causal",
@@ -104,7 +105,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--samples", type=int, default=4096, help="paths per confirmed candidate")
     s.add_argument("--screen-samples", type=int, default=128, help="paths per screened candidate")
     s.add_argument("--steps", type=int, default=None, help="Euler steps (default max(50, 50 T))")
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument(
         "--max-tokens",
         type=int,
@@ -112,13 +112,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="integrate the SDE with at most this many tokens (default 16, the scores converge "
         "in m; 0: all tokens)",
     )
-    s.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bars (default: when stderr is a terminal)",
-    )
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     c = parser.add_argument_group("criteria and ranking")
     c.add_argument("--rho-max", type=float, default=0.99, help="collapse level of rho (0.99)")
     c.add_argument("--max-collapse", type=float, default=0.01, help="(default 0.01)")
@@ -130,7 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the Advice as JSON")
     parser.add_argument("--all", action="store_true", help="table of every candidate")
-    parser.set_defaults(func=run)
+    # the screening runs on the CPU in float64 (simulations.advise has no device or dtype)
+    add_run_options(parser, exclude=("device", "dtype"))
 
 
 def _criteria(args: argparse.Namespace):
@@ -158,113 +152,13 @@ def _criteria(args: argparse.Namespace):
 
 _OPTIONS = (
     "width", "depth", "tokens", "heads", "samples", "screen_samples", "steps", "seed", "gammas",
-    "tau0s", "rho0", "spread_target", "max_tokens",
+    "tau0s", "rho0", "spread_target", "max_tokens", "mlp_ratio",
 )  # fmt: skip
 """advise's parameters whose errors name the option ``--name-with-dashes``."""
 
 
-def _fmt(x: float, digits: int = 3) -> str:
-    return "inf" if x == math.inf else f"{x:.{digits}g}"
-
-
-def format_advice(advice, *, every: bool = False) -> str:
-    """The human-readable report of an :class:`simulations.Advice`."""
-    cr = advice.criteria
-    se = advice.mc_se
-    lines = [
-        f"shapedtx advise: width {advice.width}, depth {advice.depth}, tokens {advice.tokens}, "
-        f"heads {advice.heads}, mlp {advice.mlp}, causal {advice.causal}: T = d/n = "
-        f"{advice.T:.4g}",
-    ]
-    if advice.gamma is None:
-        lines.append("NO candidate of the grid passes the criteria")
-    else:
-        lam = math.sqrt(1 - advice.gamma**2)
-        lines.append(
-            f"advice: gamma = {advice.gamma:g} (lambda = {lam:.4f}), tau0 = {advice.tau0:g}"
-        )
-    lines += [
-        f"criteria: collapse P(max rho_T > {cr.rho_max:g}) < {cr.collapse:g}; exploded < "
-        f"{cr.exploded:g}; q{100 * cr.norm_quantile:g}(V_T^aa/V_0^aa) < {cr.norm_ratio:g}",
-        f"ranking: {ranking_rule(advice.spread_target)}",
-        f"sampling: {advice.steps} Euler steps, screen {advice.screen_samples} paths, confirm "
-        f"{advice.samples} paths, SDE with m = {advice.sim_tokens} tokens; "
-        f"{advice.seconds:.1f} s (estimated {advice.estimated_seconds:.0f} s)",
-        f"Monte Carlo SE at the thresholds (confirmed): collapse {se['collapse_confirm']:.2g}, "
-        f"exploded {se['exploded_confirm']:.2g} (screen: {se['collapse_screen']:.2g}, "
-        f"{se['exploded_screen']:.2g}); rows show each estimate's SE",
-        "",
-    ]
-    rows = []
-    shown = advice.candidates if every else _summary(advice.candidates)
-    for c in shown:
-        m = c.measurement
-        rows.append(
-            (
-                f"{c.gamma:g}",
-                f"{c.tau0:g}",
-                c.stage,
-                m.samples,
-                f"{m.collapse:.4f}+-{m.collapse_se:.4f}",
-                f"{m.exploded:.4f}+-{m.exploded_se:.4f}",
-                f"{_fmt(m.norm)}+-{_fmt(m.norm_se, 2)}",
-                f"{m.rho_spread:.3f}+-{m.rho_spread_se:.3f}",
-                _verdict(c),
-            )
-        )
-    lines.append(
-        _table(
-            (
-                "gamma",
-                "tau0",
-                "stage",
-                "N",
-                "collapse",
-                "exploded",
-                "norm q",
-                "rho_spread",
-                "verdict",
-            ),
-            rows,
-        )
-    )
-    if not every and len(shown) < len(advice.candidates):
-        lines.append(f"({len(advice.candidates) - len(shown)} more candidates: --all or --json)")
-    d = advice.design
-    lines += [
-        "",
-        f"[LW] depth threshold log_3(n) = {d.depth_threshold:.2f}: depth {advice.depth} is "
-        f"{d.regime}; allocation for 12 L d^2: {d.allocation}",
-        f"[BH] key size per head {d.key_dim} vs m = {advice.tokens}: "
-        + ("ok (>= m - 1)" if d.head_size_ok else "TOO SMALL (< m - 1)")
-        + f"; at most {d.max_unbottlenecked_heads} heads of size n/heads >= m",
-    ]
-    lines += [f"note: {n}" for n in advice.notes]
-    return "\n".join(lines)
-
-
-def _verdict(c) -> str:
-    if c.verdict == "pass":
-        return "pass"
-    if c.verdict == "unresolved":  # the details (paths needed) are in --json
-        names = ", ".join(" ".join(u.split()[:2]) if u.startswith("norm") else u.split()[0]
-                          for u in c.unresolved)  # fmt: skip
-        return f"unresolved (passes by < 2 SE): {names}"
-    return ("unresolved (within 2 SE): " if c.plausible else "") + "; ".join(c.violations)
-
-
-def _summary(cands):
-    """The best candidate, the best few others, and one row per gamma's first failure."""
-    out = list(cands[:6])
-    seen = {c.gamma for c in out if not c.plausible}
-    for c in cands[6:]:
-        if not c.plausible and c.gamma not in seen:
-            out.append(c)
-            seen.add(c.gamma)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
+    settings = RunArgs.from_args(args)  # torch-free
     import sys
 
     from simulations.advise import (
@@ -274,14 +168,14 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_TAU0S,
         advise,
     )
-
-    from ._common import set_threads
+    from simulations.formatting import format_advice
 
     criteria = _criteria(args)
-    set_threads(args.threads)
+    settings.apply_threads()
     kwargs = dict(
         heads=args.heads,
         mlp=args.mlp,
+        mlp_ratio=args.mlp_ratio,
         causal=args.causal,
         gammas=args.gammas or DEFAULT_GAMMAS,
         tau0s=args.tau0s or DEFAULT_TAU0S,
@@ -291,11 +185,11 @@ def run(args: argparse.Namespace) -> int:
         samples=args.samples,
         screen_samples=args.screen_samples,
         steps=args.steps,
-        seed=args.seed,
+        seed=settings.seed,
         max_tokens=DEFAULT_MAX_TOKENS
         if args.max_tokens is None
         else (None if args.max_tokens == 0 else args.max_tokens),
-        progress=args.progress,
+        progress=settings.progress,
         log=lambda line: print(f"shapedtx advise: {line}", file=sys.stderr, flush=True),
     )
     try:

@@ -20,18 +20,17 @@ from typing import Any
 
 from shapedtx._validation import ParameterError
 
-from . import SUBCOMMANDS
+from . import add_command
 from ._common import (
-    DTYPE_NAMES,
     SDE_METHODS,
+    RunArgs,
     UsageError,
     add_config_arguments,
     add_method_argument,
+    add_run_options,
     check_output_folder,
     config_from_args,
     option_error,
-    parse_device,
-    set_threads,
     staged_folder,
 )
 
@@ -39,10 +38,11 @@ from ._common import (
 def register(subparsers: argparse._SubParsersAction) -> None:
     from simulations.presets import PRESET_MODELS  # plain data: no torch for --help
 
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "compare",
-        help=SUBCOMMANDS["compare"],
-        description="Simulate a shaped model as a finite network and as its covariance SDE, "
+        run,
+        "Simulate a shaped model as a finite network and as its covariance SDE, "
         "compare the distributions of token correlations and norms over depth, measure the "
         "convergence in the width at fixed T = depth/width, and contrast with standard "
         "attention (no norm, pre-LN), which rank-collapses. Writes network.nc, sde.nc, "
@@ -73,17 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
     )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
-    g.add_argument(
-        "--threads",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="torch CPU threads (default 2, or 1 on a one-core machine: the simulations "
-        "fill their random numbers on them; 1.35x faster than 1 thread when idle, as fast "
-        "with one core busy)",
-    )
     g.add_argument(
         "--no-sde",
         action="store_true",
@@ -97,8 +86,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace an existing --out folder (its old files are removed)",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bars or stage lines")
-    parser.set_defaults(func=run)
+    add_run_options(
+        parser,
+        defaults={"threads": min(2, os.cpu_count() or 1)},
+        helps={
+            "threads": "torch CPU threads, 2 or the cores if fewer: the simulations fill their "
+            "random numbers on them (1.35x faster than 1 thread when idle, as fast with one "
+            "core busy)",
+            "progress": "progress bars and stage lines",
+        },
+    )
 
 
 def experiment_from_args(args: argparse.Namespace) -> Any:
@@ -127,12 +124,11 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
                 f"--convergence-widths must be comma-separated integers or 'none', "
                 f"got {args.convergence_widths!r}"
             ) from None
-    if args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    settings = RunArgs.from_args(args)
     from simulations.presets import PRESETS  # the checks above load no torch; these do
 
     preset = PRESETS[args.preset]
-    device = parse_device(args.device)
+    device = settings.torch_device()
     try:
         return dataclasses.replace(
             preset,
@@ -142,9 +138,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             sde_method=args.sde_method,
             dt=args.dt,
             threshold=args.threshold,
-            seed=args.seed,
+            seed=settings.seed,
             device=str(device),
-            dtype=args.dtype,
+            dtype=settings.dtype,
             sde=not args.no_sde,
         )
     except ValueError as err:
@@ -170,26 +166,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, experiment: Any) -> int:
-    from simulations import format_summary, run_comparison
+    from simulations import run_comparison
+    from simulations.formatting import format_collapse, format_summary
 
     out = Path(args.out)
     check_output_folder(out, args.overwrite)  # before any computation
-    set_threads(args.threads)
-    quiet = args.no_progress
+    settings = RunArgs.from_args(args)
+    settings.apply_threads()
+    quiet = settings.progress is False
 
     def stages(k: int, total: int, text: str) -> None:
         if not quiet:
             print(f"[{k}/{total}] {text} ...", file=sys.stderr, flush=True)
 
     if args.no_sde:
-        from simulations import format_collapse, run_collapse
+        from simulations import run_collapse
 
         stages(1, 2, f"collapse report: the model and its baselines, {experiment.samples} and "
                f"{experiment.baseline_samples} samples")  # fmt: skip
         with staged_folder(out) as staging:
             report, _ = run_collapse(
                 experiment,
-                progress=False if quiet else None,
+                progress=settings.progress,
                 out=staging,
                 figures=not args.no_figures,
             )
@@ -203,7 +201,7 @@ def _run(args: argparse.Namespace, experiment: Any) -> int:
             experiment,
             staging,
             figures=not args.no_figures,
-            progress=False if quiet else None,
+            progress=settings.progress,
             stages=stages,
         )
     print(format_summary(result.summary))

@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import SUBCOMMANDS
+from . import add_command
 from ._common import UsageError, check_output_file, option_error
 
 FORMATS = (".png", ".pdf", ".svg")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plot",
-        help=SUBCOMMANDS["plot"],
-        description="Train (thin) and validation (markers) loss of every RUN against step in "
-        "one figure (shapedtx.plot_runs), one colour per run, labelled by its folder name. "
-        "Example: shapedtx plot runs/shaped runs/preln --out losses.png",
-    )
+    parser = add_command(
+        subparsers, "plot", run,
+        "Train (thin) and validation (markers) loss of every RUN against step in one figure "
+        "(shapedtx.plot_runs), one colour per run, labelled by its folder name. Example: "
+        "shapedtx plot runs/shaped runs/preln --out losses.png",
+    )  # fmt: skip
     parser.add_argument("runs", nargs="+", metavar="RUN", help="`shapedtx train` --out folder")
     parser.add_argument(
         "--label",
@@ -28,7 +27,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", required=True, help=f"figure file ({', '.join(FORMATS)})")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

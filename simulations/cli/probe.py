@@ -6,20 +6,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import SUBCOMMANDS
-from ._common import UsageError, check_output_file, parse_device, set_threads
+from . import add_command
+from ._common import RunArgs, UsageError, add_run_options, check_output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "probe",
-        help=SUBCOMMANDS["probe"],
-        description="Rebuild the language model of a `shapedtx train` run from RUN/log.nc and "
-        "RUN/checkpoint.pt, run it on fixed validation windows (the trainer's metrics batch) "
-        "and record the token covariance after every block (shapedtx.probe): the covariance "
-        "Dataset V(sample, t, token_a, token_b), one sample per window. Prints a one-line "
-        "collapse summary.",
-    )
+    parser = add_command(
+        subparsers, "probe", run,
+        "Rebuild the language model of a `shapedtx train` run from RUN/log.nc and "
+        "RUN/checkpoint.pt, run it on fixed validation windows (the trainer's metrics batch) and "
+        "record the token covariance after every block (shapedtx.probe): the covariance Dataset "
+        "V(sample, t, token_a, token_b), one sample per window. Prints a one-line collapse "
+        "summary.",
+    )  # fmt: skip
     parser.add_argument("run", help="output folder of `shapedtx train` (log.nc, checkpoint.pt)")
     parser.add_argument("--out", default=None, help="write the Dataset to this .nc file")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -35,12 +34,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--suffix", default=None)
     g.add_argument("--max-bytes", type=int, default=None)
     g.add_argument("--val-fraction", type=float, default=None)
-    parser.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.set_defaults(func=run)
+    # deterministic, without a progress bar, in the run's dtype (RUN/log.nc)
+    add_run_options(parser, exclude=("seed", "dtype", "progress"))
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = RunArgs.from_args(args)  # the torch-free checks first
+    folder = Path(args.run)
+    if args.out is not None:
+        if Path(args.out).suffix != ".nc":
+            raise UsageError(f"--out must be a .nc file, got {args.out!r}")
+        check_output_file(args.out, args.overwrite)
+    if not 0 < args.threshold < 1:
+        raise UsageError(f"--threshold must be in (0, 1), got {args.threshold}")
     import numpy as np
     import torch
 
@@ -51,18 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from shapedtx.training.data import fixed_windows
     from shapedtx.training.trainer import CHECKPOINT, LOG
 
-    folder = Path(args.run)
-    if args.out is not None:
-        if Path(args.out).suffix != ".nc":
-            raise UsageError(f"--out must be a .nc file, got {args.out!r}")
-        check_output_file(args.out, args.overwrite)
-    if not 0 < args.threshold < 1:
-        raise UsageError(f"--threshold must be in (0, 1), got {args.threshold}")
     for name in (LOG, CHECKPOINT):
         if not (folder / name).is_file():
             raise UsageError(f"{folder / name} not found: RUN must be a `shapedtx train` --out")
-    set_threads(args.threads)
-    device = parse_device(args.device)
+    settings.apply_threads()
+    device = settings.torch_device()
     try:
         log = load_dataset(folder / LOG)
         model_config, train_config = configs_of(log)
@@ -71,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
     windows = train_config.metrics_batch if args.windows is None else args.windows
     if windows < 1:
         raise UsageError(f"--windows must be >= 1, got {windows}")
-    settings = _run_data_settings(folder, log)
+    corpus = _run_data_settings(folder, log)
     given = {"path": args.data, "suffix": args.suffix, "max_bytes": args.max_bytes,
              "val_fraction": args.val_fraction}  # fmt: skip
-    settings.update({k: v for k, v in given.items() if v is not None})
-    data = load_corpus(**settings)
+    corpus.update({k: v for k, v in given.items() if v is not None})
+    data = load_corpus(**corpus)
     sizes = (int(data.train.numel()), int(data.val.numel()))
     keys = ("train_bytes", "val_bytes")
     run_sizes = tuple(int(log.attrs.get(k, n)) for k, n in zip(keys, sizes, strict=True))

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import SUBCOMMANDS
-from ._common import DTYPE_NAMES, UsageError, check_output_folder, parse_device
+from . import add_command
+from ._common import RunArgs, UsageError, add_run_options, check_output_folder
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,18 +25,16 @@ else:  # pragma: no cover
 
 KINDS = ("network", "sde", "both")
 _FILE_KEYS = ("grid", "kind")
-_MAX_LISTED = 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "sweep",
-        help=SUBCOMMANDS["sweep"],
-        description="Run every point of the grid in GRID.toml as a Dask task (embedded local "
-        "cluster, or any cluster via --scheduler) into one resumable zarr store: run the "
-        "same command again to finish an interrupted sweep. Read the results with "
-        "xarray.open_zarr(STORE) or simulations.open_sweep(STORE).",
-    )
+    parser = add_command(
+        subparsers, "sweep", run,
+        "Run every point of the grid in GRID.toml as a Dask task (embedded local cluster, or any "
+        "cluster via --scheduler) into one resumable zarr store: run the same command again to "
+        "finish an interrupted sweep. Read the results with xarray.open_zarr(STORE) or "
+        "simulations.open_sweep(STORE).",
+    )  # fmt: skip
     parser.add_argument("grid", metavar="GRID.toml", help="grid file ([grid] table, kind)")
     parser.add_argument("--store", required=True, help="zarr store directory (created/resumed)")
     parser.add_argument("--kind", choices=KINDS, default=None, help="overrides the file's kind")
@@ -47,8 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=int, default=None, help="embedded cluster worker processes (default 2)"
     )
     parser.add_argument("--threads-per-worker", type=int, default=1)
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float64")
-    parser.add_argument("--device", default=None, help="torch device on the workers (cpu)")
     parser.add_argument(
         "--no-retry-failed", action="store_true", help="do not rerun points that failed before"
     )
@@ -58,8 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="delete an existing sweep store at --store and start afresh (by default a store "
         "of the same sweep is resumed and one of another sweep refused)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
+    # the seed is a grid parameter; the workers' threads are --threads-per-worker
+    add_run_options(
+        parser, exclude=("seed", "threads"), helps={"device": "torch device on the workers"}
+    )
 
 
 def _read_grid(path: str) -> tuple[dict[str, Any], str | None]:
@@ -157,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from shapedtx.options import DTYPES
     from simulations import sweep
+    from simulations.formatting import format_sweep
 
+    settings = RunArgs.from_args(args)
     grid, file_kind = _read_grid(args.grid)
     kind = args.kind or file_kind or "network"
     if args.scheduler is not None and args.workers is not None:
@@ -170,8 +170,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--store must be a directory, got the file {args.store!r}")
     # in a writable place; its content (resume, refuse, overwrite) is checked by the library
     check_output_folder(Path(args.store), overwrite=True, option="--store")
-    if args.device is not None:
-        parse_device(args.device)
+    if settings.device is not None:
+        settings.torch_device()  # a bad device is a usage error here, not a failure of every point
     client = None
     if args.scheduler is not None:
         from distributed import Client
@@ -191,21 +191,14 @@ def _run(args: argparse.Namespace) -> int:
             client=client,
             workers=args.workers,
             threads_per_worker=args.threads_per_worker,
-            dtype=DTYPES[args.dtype],
-            device=args.device,
+            dtype=DTYPES[settings.dtype],
+            device=settings.device,
             retry_failed=not args.no_retry_failed,
             overwrite=args.overwrite,
-            progress=False if args.no_progress else None,
+            progress=settings.progress,
         )
     finally:
         if client is not None:
             client.close()
-    print(
-        f"sweep[{kind}] {summary.total} points: {summary.computed} computed, "
-        f"{summary.skipped} already done, {len(summary.failed)} failed; store {summary.store}"
-    )
-    for label, error in list(summary.failed.items())[:_MAX_LISTED]:
-        print(f"  failed: {label}: {error.splitlines()[0] if error else ''}")
-    if len(summary.failed) > _MAX_LISTED:
-        print(f"  ... and {len(summary.failed) - _MAX_LISTED} more (simulations.open_sweep)")
+    print(format_sweep(summary, kind))
     return 1 if summary.failed else 0

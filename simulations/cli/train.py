@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 
-from . import SUBCOMMANDS
+from . import add_command
 from ._common import (
     DTYPE_NAMES,
+    RunArgs,
     UsageError,
     add_config_arguments,
+    add_run_options,
     check_output_folder,
     config_from_args,
     option_error,
-    parse_device,
-    set_threads,
 )
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help or a usage error
@@ -35,17 +35,16 @@ MODEL_DEFAULTS = ModelConfig(
 def register(subparsers: argparse._SubParsersAction) -> None:
     from shapedtx.training import TrainConfig
 
-    parser = subparsers.add_parser(
-        "train",
-        help=SUBCOMMANDS["train"],
-        description="Train Transformer(config) as a causal byte-level LM (AdamW, warm-up + "
-        "cosine, clipping); writes checkpoint.pt, log.nc, data.json (the data options, which "
-        "`shapedtx probe` reuses), loss.png and collapse.png to --out "
-        "and resumes from --out/checkpoint.pt if present.",
-    )
+    parser = add_command(
+        subparsers, "train", run,
+        "Train Transformer(config) as a causal byte-level LM (AdamW, warm-up + cosine, "
+        "clipping); writes checkpoint.pt, log.nc, data.json (the data options, which `shapedtx "
+        "probe` reuses), loss.png and collapse.png to --out and resumes from --out/checkpoint.pt "
+        "if present.",
+    )  # fmt: skip
     add_config_arguments(parser, MODEL_DEFAULTS, exclude=("causal",))  # an LM is causal
     g = parser.add_argument_group("training (TrainConfig)")
-    for f in dataclasses.fields(TrainConfig):
+    for f in _train_fields():
         flag = "--" + f.name.replace("_", "-")
         if f.name == "warmup_steps":
             g.add_argument(flag, type=int, default=None, help="(default min(50, steps // 10))")
@@ -58,17 +57,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-bytes", type=int, default=8_000_000, help="(default %(default)s)")
     g.add_argument("--val-fraction", type=float, default=0.1, help="(default %(default)s)")
     g.add_argument("--out", default="runs/train", help="output folder (default %(default)s)")
-    g.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
-    g.add_argument("--dtype", choices=DTYPES, default="float32")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument(
         "--overwrite",
         action="store_true",
         help="with --no-resume: start afresh over a run already in --out",
     )
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
-    parser.set_defaults(func=run)
+    seed = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "seed")
+    add_run_options(
+        parser,
+        defaults={"seed": seed, "dtype": "float32", "progress": True},
+        choices={"dtype": DTYPES},
+    )
+
+
+def _train_fields() -> list[dataclasses.Field]:
+    """The TrainConfig fields that are training options (its seed is the run option --seed)."""
+    from shapedtx.training import TrainConfig
+
+    return [f for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
 
 
 DATA_SETTINGS = "data.json"
@@ -118,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
 
     # the configs first (torch-free): a usage error is reported before torch loads
     model_config = config_from_args(args)
+    settings = RunArgs.from_args(args)
     train_config = TrainConfig(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+        **{f.name: getattr(args, f.name) for f in _train_fields()}, seed=settings.seed
     )
     from shapedtx.training import (
         ResumeMismatch,
@@ -141,17 +149,17 @@ def run(args: argparse.Namespace) -> int:
             "over it, or resume it (drop --no-resume)"
         )
     check_output_folder(out, overwrite=True)  # writable; its content is the run's to manage
-    device = parse_device(args.device)
-    set_threads(args.threads)
-    settings = data_settings(args)
+    device = settings.torch_device()
+    settings.apply_threads()
+    corpus = data_settings(args)
     try:
-        data = load_corpus(**settings)
+        data = load_corpus(**corpus)
     except ValueError as err:  # its path is --data
-        raise option_error(err, settings, renamed={"path": "--data"}) from None
+        raise option_error(err, corpus, renamed={"path": "--data"}) from None
     out.mkdir(parents=True, exist_ok=True)
-    write_json(settings, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
-    dtype = torch_dtype(args.dtype)
-    if args.progress and _compiles(model_config, device, dtype):
+    write_json(corpus, out / DATA_SETTINGS)  # `shapedtx probe RUN` reads the same data
+    dtype = torch_dtype(settings.dtype)
+    if settings.progress and _compiles(model_config, device, dtype):
         sys.stderr.write(f"shapedtx train: {WARM_UP_NOTE}\n")
     try:
         result = train_model(
@@ -162,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             dtype=dtype,
             resume=args.resume,
-            progress=args.progress,
+            progress=bool(settings.progress),  # on by default here
         )
     except ResumeMismatch as err:
         flag = "--" + err.key.split(".")[-1].replace("_", "-")
