@@ -65,10 +65,8 @@ def attention_entropy(logits: Tensor) -> Tensor:
     logits: (..., m, m_k), masked keys ``-inf`` -> (...); a query with no visible key gives
     NaN. docs/guide/monitor.md#attention.
     """
-    logp = torch.log_softmax(_float(logits), dim=-1)
-    p = logp.exp()
-    terms = torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype, device=p.device))
-    return -terms.sum(-1).mean(-1)
+    p = torch.softmax(_float(logits), dim=-1)
+    return torch.special.entr(p).sum(-1).mean(-1)  # entr(p) = -p log p, entr(0) = 0
 
 
 def entropy_reference(visible: Tensor) -> Tensor:
@@ -440,8 +438,11 @@ class Monitor:
         self.model, self.inputs, self.every, self.eval = model, inputs, every, eval
         self.blocks = find_blocks(model, blocks)
         self.readers = find_attention(model, self.blocks, attention)
-        self.weight_names, self._params = _weights(self.blocks)
-        self._previous: list[dict[str, Tensor]] | None = None
+        self.weight_names, params = _weights(self.blocks)
+        index = {name: w for w, name in enumerate(self.weight_names)}
+        self._flat = [(b, index[n], p) for b, ps in enumerate(params) for n, p in ps.items()]
+        self._previous: list[Tensor] | None = None
+        self._previous_norms: list[Tensor] = []
         self.calls = 0
         self.steps: list[int] = []
         self.rows: list[dict[str, np.ndarray]] = []
@@ -457,19 +458,22 @@ class Monitor:
 
     def remember_weights(self) -> None:
         """Keep the current weights as the reference of the next ``update_size``."""
-        self._previous = [{n: p.detach().clone() for n, p in ps.items()} for ps in self._params]
+        self._previous = [p.detach().clone() for _, _, p in self._flat]
+        self._previous_norms = list(torch._foreach_norm(self._previous)) if self._previous else []
 
     def _updates(self) -> Tensor:
-        """(L, W) relative updates since the remembered weights (NaN where none), on device."""
-        device = next(iter(p for ps in self._params for p in ps.values()), torch.empty(0)).device
-        out = torch.full(
-            (len(self.blocks), len(self.weight_names)), math.nan, dtype=torch.float64, device=device
-        )
-        if self._previous is not None:
-            for b, (params, previous) in enumerate(zip(self._params, self._previous, strict=True)):
-                for w, name in enumerate(self.weight_names):
-                    if name in params:
-                        out[b, w] = relative_update(params[name], previous[name])
+        """(L, W) relative updates (:func:`relative_update`) since the remembered weights (NaN
+        where none), on the weights' device, in their precision (one fused norm per list)."""
+        device = self._flat[0][2].device if self._flat else None
+        shape = (len(self.blocks), len(self.weight_names))
+        out = torch.full(shape, math.nan, dtype=torch.float64, device=device)
+        if self._previous is not None and self._flat:
+            current = [p.detach() for _, _, p in self._flat]
+            change = torch._foreach_norm(torch._foreach_sub(current, self._previous))
+            ratio = torch.stack(change).double() / torch.stack(self._previous_norms).double()
+            rows = torch.tensor([b for b, _, _ in self._flat], device=device)
+            cols = torch.tensor([w for _, w, _ in self._flat], device=device)
+            out[rows, cols] = ratio
         self.remember_weights()
         return out
 

@@ -367,7 +367,9 @@ def test_update_size_between_measurements():
     ds = monitor(2)
     expected = float((W.detach().double() - old.double()).norm() / old.double().norm())
     value = ds["update_size"].sel(step=2, block=1, weight="attention.layers.key.weight")
-    assert float(value) == pytest.approx(expected, rel=1e-12)
+    # in the weights' precision (float32 here): agrees with the float64 formula to rounding
+    assert float(value) == pytest.approx(expected, rel=1e-6)
+    assert float(relative_update(W, old)) == pytest.approx(expected, rel=1e-12)
     others = ds["update_size"][0].values.copy()
     others[1, list(ds["weight"].values).index("attention.layers.key.weight")] = 0
     assert (others == 0).all()  # nothing else moved
