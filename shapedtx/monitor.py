@@ -671,6 +671,15 @@ PLOTTED: tuple[str, ...] = (
 """The panels of :func:`plot_monitor` by default (those present in every log)."""
 
 
+_YLABEL = {
+    "attention_entropy": "attention entropy\n(nats, mean over heads)",
+    "max_logit": "largest logit\n(max over heads)",
+    "activation_rms": "activation RMS",
+    "kurtosis": "excess kurtosis\n(over features)",
+    "update_size": "relative update since\nprevious row (mean)",
+}
+
+
 def plot_monitor(logs: Mapping[str, xr.Dataset], metrics: Sequence[str] | None = None) -> Figure:
     """One panel per metric (rows) and run (columns, side by side, shared y axis per metric),
     one line per layer or block against step (colour: depth).
@@ -710,18 +719,23 @@ def plot_monitor(logs: Mapping[str, xr.Dataset], metrics: Sequence[str] | None =
             depth_dim = "layer" if "layer" in value.dims else "block"
             lines = value.transpose("step", depth_dim).values
             count = lines.shape[1]
+            marker = "." if len(steps) <= 20 else None  # few measurements: show where they are
             for j in range(count):
                 colour = cmap(j / max(count - 1, 1))
-                ax.plot(steps, lines[:, j], color=colour, lw=1.0, label=f"{depth_dim} {j}")
+                first_or_last = j in (0, count - 1)
+                ax.plot(
+                    steps, lines[:, j], color=colour, lw=1.0, marker=marker, ms=3,
+                    label=f"{depth_dim} {j}" if first_or_last else None,
+                )  # fmt: skip
             if name == "attention_entropy" and "entropy_reference" in ds:
                 ref = ds["entropy_reference"].mean("block").values
                 ax.plot(steps, ref, "k--", lw=0.8, label="uniform")
             if r == 0:
                 ax.set_title(label)
             if c == 0:
-                ax.set_ylabel(name)
+                ax.set_ylabel(_YLABEL.get(name, name), fontsize="small")
             if r == len(metrics) - 1:
                 ax.set_xlabel("step")
     for r in range(len(metrics)):
-        axes[r, -1].legend(fontsize="x-small", loc="best", ncol=2)
+        axes[r, -1].legend(fontsize="x-small", loc="best")
     return fig

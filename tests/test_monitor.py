@@ -464,5 +464,6 @@ def test_plot_monitor_two_runs_side_by_side():
     assert len(axes) == 7 * 2
     assert axes[0].get_title() == "shaped" and axes[1].get_title() == "pre_ln"
     assert len(axes[0].get_lines()) == 2 + 1  # two blocks and the uniform reference
+    assert axes[0].get_ylabel().startswith("attention entropy")
     with pytest.raises(ValueError, match="no variable"):
         plot_monitor(logs, metrics=["nothing"])

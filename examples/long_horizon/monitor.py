@@ -1,0 +1,175 @@
+"""Signal propagation of the long-horizon study's models at initialisation and after training.
+
+For every run folder ``runs/<model>/d<depth>/<lr>_s<seed>/h<H>/`` of the longest horizon
+(read only: nothing under ``runs/`` is written), this rebuilds the run's model at
+initialisation (same configs and seed as the trainer) and loads every checkpoint the folder
+still holds (``checkpoint-<step>.pt`` snapshots and ``checkpoint.pt``; a finished run's
+checkpoints are removed by the study, so only its initialisation is measured), and measures
+``shapedtx.Monitor`` on the trainer's own metrics batch (the first ``metrics_batch``
+validation windows of the run's corpus, whose fingerprint is checked). Each measurement's
+covariance metrics are compared with the run's ``log.nc`` at the same step (the same model
+and batch: they must agree), so the table cannot silently describe another model.
+
+Writes ``monitor.json`` (every measurement), ``monitor.md`` (a table) and
+``figures/monitor.png`` (``shapedtx.plot_monitor`` of the shaped and pre-LN runs side by
+side). Usage::
+
+    python examples/long_horizon/monitor.py                 # every run that has a log
+    python examples/long_horizon/monitor.py --models "shaped advise" "pre-LN (GPT-2)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from shapedtx import Monitor, plot_monitor
+from shapedtx.files import write_json
+from shapedtx.results import load_dataset
+from shapedtx.training import ByteCorpus, LanguageModel, configs_of, load_corpus
+from shapedtx.training.data import fixed_windows
+
+HERE = Path(__file__).parent
+MAX_BYTES = (8_000_000, 32_000_000, 200_000)
+"""The study's corpus sizes (CPU, GPU, quick setups): the one whose fingerprint matches."""
+
+_corpora: dict[int, ByteCorpus] = {}
+
+
+def _corpus(log: xr.Dataset) -> ByteCorpus:
+    for size in MAX_BYTES:
+        if size not in _corpora:
+            _corpora[size] = load_corpus(max_bytes=size)
+        if _corpora[size].fingerprint() == log.attrs["corpus_fingerprint"]:
+            return _corpora[size]
+    raise SystemExit(f"no corpus of {MAX_BYTES} bytes matches the run's fingerprint")
+
+
+def _label(folder: Path) -> str:
+    """``<model>/d<depth>/<lr>_s<seed>`` of a horizon folder."""
+    return "/".join(folder.parts[-4:-1])
+
+
+def measure_run(folder: Path) -> tuple[xr.Dataset, dict[str, Any]]:
+    """Monitor rows of one run at initialisation and at every checkpoint it holds, and the
+    largest relative difference of the covariance metrics from its log."""
+    log = load_dataset(folder / "log.nc")
+    model_config, train_config = configs_of(log)
+    data = _corpus(log)
+    tokens = fixed_windows(data.val, train_config.metrics_batch, train_config.seq_len)[:, :-1]
+    with torch.random.fork_rng(devices=[]):  # as shapedtx.train builds it
+        torch.manual_seed(train_config.seed)
+        model = LanguageModel(model_config, train_config.seq_len)
+    monitor = Monitor(model, tokens)
+    states = {0: None}
+    for path in glob.glob(str(folder / "checkpoint*.pt")):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        states.setdefault(int(state["step"]), state["model"])
+    worst = 0.0
+    for step in sorted(states):
+        if states[step] is not None:
+            model.load_state_dict(states[step])
+        row = monitor(step)
+        assert row is not None
+        if step in log["step"].values:
+            for name in ("mean_rho", "centred_stable_rank"):
+                mine, logged = row[name].values[0], log[name].sel(step=step).values
+                worst = max(worst, float(np.max(np.abs(mine - logged) / np.abs(logged))))
+    info = {
+        "model": folder.parts[-4],
+        "lr": train_config.lr,
+        "steps": train_config.steps,
+        "status": log.attrs["status"],
+        "logged_to": int(log["step"].values[-1]),
+        "max_rel_diff_from_log": worst,
+    }
+    return monitor.dataset(), info
+
+
+def _summary(ds: xr.Dataset, step: int) -> dict[str, float]:
+    row = ds.sel(step=step)
+    out = {
+        "entropy / uniform": float(
+            (row["attention_entropy"].mean("head") / row["entropy_reference"]).mean()
+        ),
+        "max logit": float(row["max_logit"].max()),
+        "kurtosis (last layer)": float(row["kurtosis"][-1]),
+        "kurtosis (max over layers)": float(row["kurtosis"].max()),
+        "RMS (last layer)": float(row["activation_rms"][-1]),
+        "centred stable rank (last)": float(row["centred_stable_rank"][-1]),
+        "mean rho (last)": float(row["mean_rho"][-1]),
+    }
+    update = row["update_size"].values
+    out["update since previous"] = (
+        float(np.nanmean(update)) if np.isfinite(update).any() else math.nan
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=Path, default=HERE / "runs")
+    p.add_argument("--horizon", type=int, default=5000)
+    p.add_argument("--models", nargs="*", help="model folder names or labels (default: all)")
+    p.add_argument("--out", type=Path, default=HERE)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    folders = sorted(
+        Path(f) for f in glob.glob(str(args.runs / "*" / "d*" / "*" / f"h{args.horizon}"))
+    )
+    folders = [f for f in folders if (f / "log.nc").is_file()]
+    if args.models:
+        wanted = {re.sub(r"[^\w.+-]+", "_", m) for m in args.models} | set(args.models)
+        folders = [f for f in folders if f.parts[-4] in wanted]
+    results: dict[str, Any] = {}
+    logs: dict[str, xr.Dataset] = {}
+    for folder in folders:
+        ds, info = measure_run(folder)
+        label = _label(folder)
+        steps = [int(s) for s in ds["step"].values]
+        info["measured"] = {str(s): _summary(ds, s) for s in steps}
+        results[label] = info
+        diff = info["max_rel_diff_from_log"]
+        print(f"{label}: steps {steps}, largest relative difference from log.nc {diff:.1e}")
+        if len(steps) > 1:
+            logs[f"{folder.parts[-4]} lr {info['lr']:g}"] = ds
+    write_json(results, args.out / "monitor.json", indent=1)
+    lines = [
+        "# Signal propagation at initialisation and at the kept checkpoints",
+        "",
+        "Written by `examples/long_horizon/monitor.py` (shapedtx.Monitor on each run's own",
+        "metrics batch; definitions in docs/guide/monitor.md). Finished runs keep no checkpoint:",
+        "only their initialisation is measured. `entropy / uniform`: attention entropy over its",
+        "causal",
+        "reference, mean over blocks and heads; `max logit`: over blocks and heads; `update since",
+        "previous`: mean relative change of the blocks' matrices since the previous row.",
+        "",
+    ]
+    header = None
+    for label, info in results.items():
+        for step, summary in info["measured"].items():
+            if header is None:
+                header = ["run", "status", "step", *summary]
+                lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            values = [f"{v:.3g}" for v in summary.values()]
+            lines.append(f"| {label} | {info['status']} | {step} | " + " | ".join(values) + " |")
+    (args.out / "monitor.md").write_text("\n".join(lines) + "\n")
+    if logs:
+        (args.out / "figures").mkdir(exist_ok=True)
+        fig = plot_monitor(logs)
+        fig.savefig(args.out / "figures" / "monitor.png", dpi=90)
+    print(
+        f"wrote {args.out / 'monitor.md'}, monitor.json" + (", figures/monitor.png" if logs else "")
+    )
+
+
+if __name__ == "__main__":
+    main()
