@@ -2,8 +2,9 @@
 one table and number formatter (:func:`table`, :func:`number`).
 
 Each ``format_*`` function takes what its library call returns (a Dataset, a summary
-dictionary, an :class:`simulations.Advice`, ...) and returns text; none computes. The module
-loads nothing heavy (no torch), so that the command line can import it for free.
+dictionary, an :class:`simulations.Advice`, ...) and returns text, computing at most the few
+summary statistics it prints. The module loads nothing heavy (no torch) until one is called,
+so that the command line can import it for free.
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def format_gpt3(rows: Sequence[DesignRow], multiple: int) -> str:
     )
 
 
-# -- sweep, probe -----------------------------------------------------------------------------
+# -- sweep, probe, train ---------------------------------------------------------------------------
 
 
 def format_sweep(summary: SweepSummary, kind: str, *, listed: int = 20) -> str:
@@ -378,11 +379,33 @@ def format_sweep(summary: SweepSummary, kind: str, *, listed: int = 20) -> str:
     return "\n".join(lines)
 
 
+def format_probe(ds: xr.Dataset, threshold: float) -> str:
+    """One line for :func:`shapedtx.training.probing.probe_run`'s Dataset: how many windows
+    collapse (mean rho above ``threshold``, :func:`shapedtx.detect_collapse`), the median
+    first layer where they do, and the mean correlation after the last block."""
+    import numpy as np
+    import torch
+
+    from shapedtx.metrics import detect_collapse, mean_correlation
+
+    V = torch.from_numpy(ds["V"].values)
+    hit = detect_collapse(V, threshold)
+    first = hit.first_index[hit.collapsed].numpy()
+    rho = mean_correlation(V[:, -1]).numpy()
+    where = f", first at layer {int(np.median(first))} (median)" if first.size else ""
+    return (
+        f"step {ds.attrs['step']}: {int(hit.collapsed.sum())}/{V.shape[0]} windows collapsed "
+        f"(mean rho > {threshold:g}){where}; mean rho after the last block "
+        f"{float(np.nanmean(rho)):.4f}"
+    )
+
+
 __all__ = [
     "format_advice",
     "format_collapse",
     "format_gpt3",
     "format_head_sizes",
+    "format_probe",
     "format_sde",
     "format_shape",
     "format_simulation",

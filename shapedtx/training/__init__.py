@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from .log import final_val_loss, log_dataset
     from .model import LanguageModel
     from .plots import plot_collapse, plot_losses
+    from .probing import DataMismatch, probe_run
     from .trainer import (
         ResumeMismatch,
         TrainingDiverged,
@@ -34,6 +35,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("final_val_loss", "log_dataset"), "log"),
     "LanguageModel": "model",
     **dict.fromkeys(("plot_collapse", "plot_losses"), "plots"),
+    **dict.fromkeys(("DataMismatch", "probe_run"), "probing"),
     **dict.fromkeys(
         ("ResumeMismatch", "TrainingDiverged", "TrainResult", "configs_of", "lr_factor", "train"),
         "trainer",
@@ -52,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ByteCorpus",
+    "DataMismatch",
     "LanguageModel",
     "ResumeMismatch",
     "TrainConfig",
@@ -65,6 +68,7 @@ __all__ = [
     "lr_factor",
     "plot_collapse",
     "plot_losses",
+    "probe_run",
     "train",
     "train_horizons",
     "unigram_baseline",

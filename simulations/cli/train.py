@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
+from shapedtx.training.probing import DATA_SETTINGS
 
 from . import add_command
 from ._common import (
@@ -76,11 +77,6 @@ def _train_fields() -> list[dataclasses.Field]:
     from shapedtx.training import TrainConfig
 
     return [f for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
-
-
-DATA_SETTINGS = "data.json"
-"""The run folder's record of the data options (``load_corpus`` arguments), which
-``shapedtx probe RUN`` reuses."""
 
 
 def data_settings(args: argparse.Namespace) -> dict[str, Any]:
