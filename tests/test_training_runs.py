@@ -172,7 +172,11 @@ def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypa
         for h in setup.horizons[2]:
             c = cells[model][str(h)]
             assert len(c["lr_curve"]["lr"]) == 3 and c["best_lr"] in c["lr_curve"]["lr"]
-    assert summary["wsd_vs_cosine"]["cosine"]["n"] == len(setup.seeds)
+    check = summary["wsd_vs_cosine"]
+    assert check["cosine"]["n"] == check["wsd"]["n"] == len(setup.seeds)
+    assert check["difference"] == pytest.approx(check["wsd"]["mean"] - check["cosine"]["mean"])
+    # a WSD run of the check horizon alone is bitwise the branch of the long run (CPU)
+    assert check["branch_equals_alone"] is True
     assert (tmp_path / "figures" / "loss_vs_horizon.png").stat().st_size > 0
     assert "Unigram baseline" in (tmp_path / "tables.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}

@@ -145,25 +145,6 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
             "crossings": crossings(per_model, horizons),
             "ratio_to_reference": ratios(per_model, horizons),
         }
-    check = [r for r in results if r["schedule"] == "cosine"]
-    check_summary = None
-    if check:
-        r0 = check[0]
-        h = str(setup.check_horizon)
-        same = [
-            r
-            for r in results
-            if r["schedule"] == "wsd"
-            and (r["model_name"], r["depth"], r["k"]) == (r0["model_name"], r0["depth"], r0["k"])
-        ]
-        check_summary = {
-            "model": r0["model_name"],
-            "depth": r0["depth"],
-            "lr": r0["lr"],
-            "horizon": int(h),
-            "cosine": _stats([_loss(r, int(h)) for r in check]),
-            "wsd_branch": _stats([_loss(r, int(h)) for r in same]),
-        }
     return {
         "setup": {
             k: (list(v) if isinstance(v, tuple) else v)
@@ -175,8 +156,51 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
         "models": {m: MODELS[m] for m in available_models(setup)},
         "runs": len(results),
         "depths": depths,
-        "wsd_vs_cosine": check_summary,
+        "wsd_vs_cosine": wsd_vs_cosine(setup, results),
     }
+
+
+def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The check (``study.py --check``): full cosine runs against WSD runs of the same horizon
+    (seeds paired by number), the difference of their means with its standard error, and
+    whether seed 0's WSD run of that horizon alone equals the branch of the long run."""
+    check = [r for r in results if r["schedule"] in ("cosine", "wsd-check")]
+    if not check:
+        return None
+    r0 = check[0]
+    key = (r0["model_name"], r0["depth"], r0["k"])
+    h = setup.check_horizon
+
+    def of(schedule: str) -> list[dict[str, Any]]:
+        runs = [
+            r
+            for r in results
+            if r["schedule"] == schedule and (r["model_name"], r["depth"], r["k"]) == key
+        ]
+        return sorted(runs, key=lambda r: r["seed"])
+
+    cosine, wsd, full = of("cosine"), of("wsd-check"), of("wsd")
+    out: dict[str, Any] = {
+        "model": key[0],
+        "depth": key[1],
+        "lr": r0["lr"],
+        "horizon": h,
+        "cosine": _stats([_loss(r, h) for r in cosine]) | {"seeds": [r["seed"] for r in cosine]},
+        "wsd": _stats([_loss(r, h) for r in wsd]) | {"seeds": [r["seed"] for r in wsd]},
+        "difference": None,
+        "difference_se": None,
+        "branch_equals_alone": None,
+    }
+    c, w = out["cosine"], out["wsd"]
+    if c["mean"] is not None and w["mean"] is not None:
+        out["difference"] = w["mean"] - c["mean"]
+        if c["sd"] is not None and w["sd"] is not None:
+            out["difference_se"] = math.sqrt(c["sd"] ** 2 / c["n"] + w["sd"] ** 2 / w["n"])
+    alone = [r for r in wsd if r["seed"] == 0]
+    branch = [r for r in full if r["seed"] == 0 and str(h) in r["horizons"]]
+    if alone and branch:
+        out["branch_equals_alone"] = _loss(alone[0], h) == _loss(branch[0], h)
+    return out
 
 
 def _fmt_cell(c: dict[str, Any] | None) -> str:
@@ -248,11 +272,19 @@ def tables(summary: dict[str, Any]) -> str:
         lines.append("")
     check = summary["wsd_vs_cosine"]
     if check:
-        lines.append(
-            f"WSD branch vs full cosine run ({check['model']}, depth {check['depth']}, lr "
+        diff = check["difference"]
+        se = check["difference_se"]
+        same = {True: "equals", False: "DIFFERS FROM", None: "not compared with"}
+        lines += [
+            "",
+            f"WSD vs a full cosine run ({check['model']}, depth {check['depth']}, lr "
             f"{check['lr']:.3g}, {check['horizon']} steps): cosine "
-            f"{_fmt_stats(check['cosine'])}, WSD {_fmt_stats(check['wsd_branch'])}."
-        )
+            f"{_fmt_stats(check['cosine'])}, WSD {_fmt_stats(check['wsd'])}"
+            + ("." if diff is None else f"; WSD - cosine {diff:+.4f}")
+            + ("" if se is None else f" (SE {se:.4f}).")
+            + f" Seed 0's WSD run of {check['horizon']} steps alone "
+            f"{same[check['branch_equals_alone']]} the branch of its long run.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -9,9 +9,11 @@ block with GPT-2 init; and He & Hofmann's simplified blocks where the presets ex
 Every run uses the warmup-stable-decay schedule (``TrainConfig(schedule="wsd")``): one run per
 (model, depth, peak lr, seed) trains to the longest horizon and each shorter horizon is a
 cooldown branched from a snapshot of it (``shapedtx.training.train_horizons``), so every
-horizon's loss comes from a schedule that ends at that horizon. The check that this matches a
-full run: ``--check`` adds cosine runs of one model and horizon (3 seeds) to compare with the
-WSD branches of the same horizon.
+horizon's loss comes from a schedule that ends at that horizon. The check that WSD loses
+nothing against the usual schedule (``--check``, also planned once the first depth's grid is
+complete): for the first model at its best lr of ``check_horizon`` steps, 3 seeds of a full
+cosine run of that horizon against 3 seeds of a WSD run of that horizon alone (``wsd-check``;
+bitwise the branch of the same horizon in the long run, which the report verifies on seed 0).
 
 Runs are tasks of the project's Dask machinery (``simulations.run_trainings``: embedded local
 cluster, or ``--scheduler ADDRESS``); each writes ``runs/<model>/d<depth>/lr<lr>_s<seed>/
@@ -223,11 +225,12 @@ def make_run(
     compile: bool = False,
 ) -> TrainingRun:
     lr = lr_grid(setup, model, depth, k)
+    trained = "cosine" if schedule == "cosine" else "wsd"  # "wsd-check": WSD, one horizon
     horizons = setup.horizons[depth] if schedule == "wsd" else (setup.check_horizon,)
-    tag = "" if schedule == "wsd" else f"_{schedule}{setup.check_horizon}"
+    tag = "" if schedule == "wsd" else f"_{trained}{setup.check_horizon}"
     return TrainingRun(
         model=model_config(setup, model, depth, out),
-        train=train_config(setup, lr, seed, schedule),
+        train=train_config(setup, lr, seed, trained),
         horizons=tuple(horizons),
         folder=str(out / "runs" / slug(model) / f"d{depth}" / f"lr{lr:.3g}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,
@@ -306,23 +309,29 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
             todo += [
                 (m, depth, k, s, "wsd") for s in setup.seeds if (m, depth, k, s, "wsd") not in done
             ]
-    first = setup.depths[0]
-    if first in complete_depths and models:
-        m = models[0]
-        runs = [r for r in results if (r["model_name"], r["depth"]) == (m, first)]
-        k = best_k(runs, setup.check_horizon)
-        if k is not None:
-            todo += [
-                (m, first, k, s, "wsd")
-                for s in setup.seeds
-                if (m, first, k, s, "wsd") not in done and (m, first, k, s, "wsd") not in todo
-            ]
-            todo += [
-                (m, first, k, s, "cosine")
-                for s in setup.seeds
-                if (m, first, k, s, "cosine") not in done
-            ]
+    if setup.depths[0] in complete_depths:
+        todo += check_plan(setup, results)
     return todo
+
+
+def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
+    """The WSD-vs-cosine check still needed: the first model at the first depth, at its best
+    seed-0 lr of ``check_horizon`` steps so far (the grid centre if none has finished), every
+    seed a cosine run and a WSD run of that horizon alone."""
+    models = available_models(setup)
+    if not models:
+        return []
+    m, depth = models[0], setup.depths[0]
+    runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
+    k = best_k(runs, setup.check_horizon)
+    k = 0 if k is None else k
+    done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
+    return [
+        (m, depth, k, s, kind)
+        for kind in ("wsd-check", "cosine")
+        for s in setup.seeds
+        if (m, depth, k, s, kind) not in done
+    ]
 
 
 def run_study(
@@ -334,16 +343,18 @@ def run_study(
     workers: int | None,
     scheduler: str | None,
     max_runs: int | None,
+    check: bool = False,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
     One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every
     round of planning."""
+    planner = check_plan if check else plan
     count = 0
-    if not plan(setup, load_results(out)):
+    if not planner(setup, load_results(out)):
         return count
     with connect(scheduler, workers=None if scheduler else workers) as client:
         while True:
-            todo = plan(setup, load_results(out))
+            todo = planner(setup, load_results(out))
             if max_runs is not None:
                 todo = todo[: max(0, max_runs - count)]
             if not todo:
@@ -384,6 +395,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
+    p.add_argument(
+        "--check", action="store_true", help="only the WSD-vs-cosine check (first model, now)"
+    )
     return p.parse_args(argv)
 
 
@@ -412,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
             return 2
     if args.plan:
-        for job in plan(setup, load_results(args.out)):
+        for job in (check_plan if args.check else plan)(setup, load_results(args.out)):
             print(*job)
         return 0
     try:
@@ -425,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,
+                check=args.check,
             )
         from report import report  # type: ignore[import-not-found]  # beside this script
 
