@@ -513,7 +513,14 @@ class Monitor:
             if self.eval:
                 self.model.eval()
             with torch.no_grad():
-                _call(self.model, self.inputs)
+                try:
+                    _call(self.model, self.inputs)
+                except (RuntimeError, TypeError) as err:
+                    raise ParameterError(
+                        "inputs",
+                        f"model(inputs) failed ({type(err).__name__}: {err}); check that inputs "
+                        f"has the type and shape the model expects",
+                    ) from err
         finally:
             for handle in handles:
                 handle.remove()

@@ -467,3 +467,18 @@ def test_plot_monitor_two_runs_side_by_side():
     assert axes[0].get_ylabel().startswith("attention entropy")
     with pytest.raises(ValueError, match="no variable"):
         plot_monitor(logs, metrics=["nothing"])
+
+
+def test_bad_arguments_are_named():
+    config = shapedtx.preset("shaped", width=16, depth=2, causal=True)
+    model = shapedtx.Transformer(config)
+    with pytest.raises(ValueError, match="every must be an integer >= 1"):
+        Monitor(model, torch.randn(2, 5, 16), every=0)
+    with pytest.raises(ValueError, match="model\\(inputs\\) failed") as err:
+        Monitor(model, torch.randn(2, 5, 8))(0)
+    assert err.value.parameter == "inputs"
+    assert all(not (m._forward_hooks or m._forward_pre_hooks) for m in model.modules())
+    monitor = Monitor(model, torch.randn(2, 5, 16))
+    monitor(3)
+    with pytest.raises(ValueError, match="step must increase"):
+        monitor(3)
