@@ -7,7 +7,15 @@ integrates many paths into the shared covariance Dataset (``shapedtx.results``);
 ``solve_batch`` integrates many configurations together (their final states only).
 """
 
-from .coefficients import SDEConstants, arccos_kernel, diffusion, drift, nu, sde_constants
+from .coefficients import (
+    SDEConstants,
+    arccos_kernel,
+    diffusion,
+    drift,
+    mlp_k_lin,
+    nu,
+    sde_constants,
+)
 from .noise import psd_factor, sample_noise
 from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
 from .solve import solve, solve_batch
@@ -28,6 +36,7 @@ __all__ = [
     "diffusion",
     "drift",
     "integrate",
+    "mlp_k_lin",
     "nu",
     "psd_factor",
     "sample_noise",

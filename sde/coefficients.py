@@ -10,6 +10,10 @@ supported configuration has
   ``J^{ab} = E|x_a||x_b|`` for ``x ~ N(0, V)`` (the arc-cosine kernel); this equals docs/theory.md's
   ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``.
 
+The MLP's hidden width ``r n`` (``ModelConfig.mlp_ratio``) enters through ``k_lin`` only: its
+share is :func:`mlp_k_lin`, ``2 lambda^2 gamma^2 + gamma^4 (1 + 1/r)``; the drift does not
+depend on r (docs/theory.md#sde-mlp-ratio).
+
 The constants (:func:`sde_constants`) follow docs/theory.md's variants table and its general rule;
 the cases the table does not list (several heads without ``W^O``, a value size ``n_h d_p != n``
 with ``W^O``) were derived with that rule and verified by one-step Monte Carlo on the
@@ -39,7 +43,8 @@ class SDEConstants:
     """Scalar coefficients of the SDE of one configuration.
 
     Attributes:
-        k_lin: coefficient of ``Sigma_lin`` in the diffusion.
+        k_lin: coefficient of ``Sigma_lin`` in the diffusion (the MLP's share depends on
+            ``mlp_ratio``: :func:`mlp_k_lin`).
         k_att: factor of the attention (``V (x) W``) diffusion term, 0 without attention:
             ``gamma^4 / (tau0^2 m^2 n_h)``, or with ``causal`` ``gamma^4 / (tau0^2 n_h)`` (the
             causal bracket of docs/theory.md#causal-sde carries the ``1 / (a c)``).
@@ -57,7 +62,7 @@ class SDEConstants:
     causal: bool = False
 
 
-_THEORY_FIELDS = {"residual": "scaled", "init": "fan_in", "mlp_ratio": 1}
+_THEORY_FIELDS = {"residual": "scaled", "init": "fan_in"}
 
 
 def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
@@ -99,8 +104,6 @@ def _unsupported(config: ModelConfig) -> list[tuple[str, str]]:
             "use norm='none'",
         ))  # fmt: skip
     for name, value in _THEORY_FIELDS.items():
-        if name == "mlp_ratio" and config.mlp == "none":
-            continue
         if getattr(config, name) != value:
             problems.append((
                 name,
@@ -145,12 +148,25 @@ def sde_constants(config: ModelConfig, m: int | None = None) -> SDEConstants:
             k_att = g2**2 / (config.tau0**2 * m**2 * config.heads)
         a_att = g2 / config.tau0**2
     if config.mlp == "shaped_relu":
-        k_lin += 2 * g2  # 2 lam^2 gamma^2 (cross) + gamma^4 (W^pre) + gamma^4 (W^post)
+        k_lin += mlp_k_lin(config.gamma, config.mlp_ratio)
         k_mlp = g2 * (config.c_plus - config.c_minus) ** 2 / 4
     causal = config.causal and config.attention == "shaped"
     return SDEConstants(
         k_lin=k_lin, k_att=k_att, a_att=a_att, k_mlp=k_mlp, heads=config.heads, causal=causal
     )
+
+
+def mlp_k_lin(gamma: float, mlp_ratio: int) -> float:
+    """``Sigma_lin`` coefficient of the shaped ReLU MLP sub-block of hidden width ``r n``
+    (docs/theory.md#sde-mlp-ratio): ``2 lambda^2 gamma^2 + gamma^4 (1 + 1/r)``
+    ``= 2 gamma^2 - gamma^4 (1 - 1/r)``.
+
+    Skip x branch cross term ``2 lambda^2 gamma^2``; the output matrix ``W^post`` (n columns)
+    ``gamma^4``; the average over the ``r n`` hidden units ``gamma^4 / r``. ``r = 1`` gives
+    ``2 gamma^2``.
+    """
+    g2 = gamma**2
+    return 2 * (1.0 - g2) * g2 + g2**2 * (1.0 + 1.0 / mlp_ratio)
 
 
 def _check_V(V: Tensor) -> int:

@@ -361,6 +361,7 @@ class Advice:
     sim_tokens: int = 0  # the m the SDE was integrated with (min(tokens, max_tokens))
     estimated_seconds: float = math.nan  # the up-front cost estimate
     grid_edges: tuple[str, ...] = ()  # the advice is at an edge of the gamma or tau0 grid
+    mlp_ratio: int = 1  # MLP hidden width / n (docs/theory.md#sde-mlp-ratio)
 
     @property
     def resolved(self) -> bool:
@@ -389,8 +390,9 @@ class Advice:
         if self.gamma is None or self.tau0 is None:
             return None
         return _config(
-            self.width, self.depth, self.heads, self.mlp, self.causal, self.gamma, self.tau0
-        )
+            self.width, self.depth, self.heads, self.mlp, self.causal, self.gamma, self.tau0,
+            self.mlp_ratio,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The advice as JSON-ready data: non-finite numbers are None (null), the library's
@@ -405,6 +407,7 @@ class Advice:
                 "tokens": self.tokens,
                 "heads": self.heads,
                 "mlp": self.mlp,
+                "mlp_ratio": self.mlp_ratio,
                 "causal": self.causal,
                 "rho0": self.rho0,
                 "criteria": asdict(self.criteria),
@@ -430,12 +433,13 @@ class Advice:
         )
 
 
-def _config(width, depth, heads, mlp, causal, gamma, tau0) -> ModelConfig:
+def _config(width, depth, heads, mlp, causal, gamma, tau0, mlp_ratio=1) -> ModelConfig:
     return ModelConfig(
         width=width,
         depth=depth,
         attention="shaped",
         mlp=mlp,
+        mlp_ratio=mlp_ratio,
         heads=heads,
         out_proj=heads > 1,
         causal=causal,
@@ -518,6 +522,7 @@ def advise(
     *,
     heads: int = 1,
     mlp: str = "shaped_relu",
+    mlp_ratio: int = 1,
     causal: bool = True,
     gammas: Sequence[float] = DEFAULT_GAMMAS,
     tau0s: Sequence[float] = DEFAULT_TAU0S,
@@ -538,6 +543,8 @@ def advise(
     Args:
         width, depth, tokens: n, d and m (T = d / n); ``tokens >= 2``.
         heads: attention heads (with W^O when > 1); mlp: ``"shaped_relu"`` or ``"none"``.
+        mlp_ratio: the MLP's hidden width / n, as in the model trained (``ModelConfig.mlp_ratio``;
+            it changes the SDE's diffusion, docs/theory.md#sde-mlp-ratio); 1 with ``mlp="none"``.
         causal: causal attention (default True: what ``shapedtx train`` trains, a causal
             byte-level LM; docs/theory.md#causal-sde).
         gammas, tau0s: the grid, gamma in (0, 1], tau0 in [1e-6, 1e6].
@@ -567,6 +574,11 @@ def advise(
     max_confirm = check_int("max_confirm", max_confirm, 1)
     seed = check_int("seed", seed, 0)
     check_choice("mlp", mlp, ("shaped_relu", "none"))
+    mlp_ratio = check_int("mlp_ratio", mlp_ratio, 1)
+    if mlp == "none" and mlp_ratio != 1:
+        raise ParameterError(
+            "mlp_ratio", f"mlp_ratio has no effect with mlp='none': leave it at 1, got {mlp_ratio}"
+        )
     check_bool("causal", causal)
     if max_tokens is not None:
         max_tokens = check_int("max_tokens", max_tokens, 2)
@@ -587,7 +599,7 @@ def advise(
         steps = max(50, math.ceil(50 * T))
     steps = check_int("steps", steps, 1, MAX_STEPS)
     grid = [(g, t) for g in gammas for t in tau0s]
-    configs = [_config(width, depth, heads, mlp, causal, g, t) for g, t in grid]
+    configs = [_config(width, depth, heads, mlp, causal, g, t, mlp_ratio) for g, t in grid]
     V0 = equicorrelated(sim_tokens, rho0, 1.0)
     per_step, per_path_step = _step_cost(configs, V0, T, steps)
     estimate = steps * (2 * per_step + per_path_step * (len(configs) * screen_samples + samples))
@@ -697,4 +709,5 @@ def advise(
         sim_tokens=sim_tokens,
         estimated_seconds=estimate,
         grid_edges=edges,
+        mlp_ratio=mlp_ratio,
     )

@@ -198,7 +198,6 @@ def test_presets_are_valid_and_overridable():
         ({"mlp": "gelu"}, "gelu"),
         ({"norm": "post"}, "norm"),
         ({"init": "gpt2"}, "init"),
-        ({"mlp": "shaped_relu", "mlp_ratio": 4}, "mlp_ratio"),
     ],
 )
 def test_sde_refuses_vanilla_fields_naming_them(changes, field):
