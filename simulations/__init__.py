@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .stability import plot_stability_map, stability_map
     from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
     from .training_runs import TrainingRun, run_training, run_trainings
+    from .transfer import TransferAdvice, transfer_lr
     from .wishart import wishart, wishart_factor
 
 _LAZY: dict[str, str] = {
@@ -111,6 +112,8 @@ _LAZY: dict[str, str] = {
     "TrainingRun": ".training_runs",
     "run_training": ".training_runs",
     "run_trainings": ".training_runs",
+    "TransferAdvice": ".transfer",
+    "transfer_lr": ".transfer",
     "wishart": ".wishart",
     "wishart_factor": ".wishart",
 }
@@ -164,6 +167,7 @@ __all__ = [
     "TaskSummary",
     "TokenSampler",
     "TrainingRun",
+    "TransferAdvice",
     "Weights",
     "WeightsSampler",
     "advise",
@@ -203,6 +207,7 @@ __all__ = [
     "summarise",
     "sweep",
     "token_pairs",
+    "transfer_lr",
     "wishart",
     "wishart_factor",
     "with_metrics",

@@ -1,0 +1,309 @@
+"""The transfer study's report: ``results.json``, ``tables.md`` and figures from the finished
+runs (``study.py --report``).
+
+Per parametrisation and shape (width, depth), at every horizon: the seed-0 validation loss of
+every base lr, and the optimal log2(lr) located by a least-squares quadratic in log2(lr)
+through the lowest point and up to two points on each side (``fit_optimum``). Its interval is
+a parametric bootstrap: the fitted curve plus Gaussian noise with the seed-to-seed standard
+deviation measured at the optimum (the 3-seed cells of the parametrisation, pooled), refitted
+1000 times; 2.5% and 97.5% quantiles. The drift across depth (width) is the optimum at the
+deepest (widest) shape minus the one at the shallowest (narrowest), with the interval of the
+same bootstrap, and the least-squares slope of the optimum against log2(depth) (log2(width)).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from study import Setup, loss
+
+from shapedtx.files import atomic_path, write_json
+
+BOOTSTRAP = 1000
+"""Bootstrap resamples of every fit."""
+
+
+def fit_optimum(x: list[float], y: list[float]) -> dict[str, Any]:
+    """The optimum of ``y`` (losses, inf: diverged) over ``x`` (log2 lr, ascending): a quadratic
+    through the lowest finite point and up to two finite neighbours per side (at least three
+    points, one on each side of the minimum). ``at_edge``: the lowest point is the first or last
+    finite one (the optimum is then that point, not a fit); ``convex``: the fitted quadratic
+    has a minimum (else the optimum is the lowest point)."""
+    pts = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(b)]
+    if not pts:
+        return {"log2_lr": None, "loss": None, "at_edge": None, "convex": None, "points": []}
+    xs = np.array([p[0] for p in pts], dtype=float)
+    ys = np.array([p[1] for p in pts], dtype=float)
+    i = int(np.argmin(ys))
+    lowest = {"log2_lr": float(xs[i]), "loss": float(ys[i])}
+    if i == 0 or i == len(xs) - 1 or len(xs) < 3:
+        return {**lowest, "at_edge": True, "convex": None, "points": [i]}
+    idx = list(range(max(0, i - 2), min(len(xs), i + 3)))
+    a, b, c = np.polyfit(xs[idx], ys[idx], 2)
+    if a <= 0:
+        return {**lowest, "at_edge": False, "convex": False, "points": idx}
+    x_star = float(np.clip(-b / (2 * a), xs[idx[0]], xs[idx[-1]]))
+    return {
+        "log2_lr": x_star,
+        "loss": float(np.polyval([a, b, c], x_star)),
+        "at_edge": False,
+        "convex": True,
+        "points": idx,
+        "coefficients": [float(a), float(b), float(c)],
+    }
+
+
+def bootstrap(
+    x: list[float], y: list[float], sd: float | None, rng: np.random.Generator
+) -> np.ndarray | None:
+    """``BOOTSTRAP`` optima of the fit of ``fit_optimum`` to its own curve plus N(0, sd^2)
+    noise at each fitted point (None without a fit or an sd)."""
+    fit = fit_optimum(x, y)
+    if sd is None or not fit.get("convex"):
+        return None
+    xs = np.array([v for v, w in zip(x, y, strict=True) if math.isfinite(w)])[fit["points"]]
+    mean = np.polyval(fit["coefficients"], xs)
+    out = np.empty(BOOTSTRAP)
+    for b in range(BOOTSTRAP):
+        noisy = mean + rng.normal(0.0, sd, size=len(xs))
+        a2, b2, _ = np.polyfit(xs, noisy, 2)
+        lowest = float(xs[int(np.argmin(noisy))])
+        out[b] = float(np.clip(-b2 / (2 * a2), xs[0], xs[-1])) if a2 > 0 else lowest
+    return out
+
+
+def _interval(samples: np.ndarray | None) -> list[float] | None:
+    if samples is None:
+        return None
+    return [float(np.quantile(samples, 0.025)), float(np.quantile(samples, 0.975))]
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def seed_stats(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
+    """Mean and sd over the seeds run at one lr (the lr with the most seeds; None: one seed)."""
+    by_j: dict[int, list[float]] = {}
+    for r in runs:
+        by_j.setdefault(r["log2_lr"], []).append(loss(r, horizon))
+    j, values = max(by_j.items(), key=lambda kv: len(kv[1]))
+    ok = [v for v in values if math.isfinite(v)]
+    if len(values) < 2:
+        return None
+    return {
+        "log2_lr": j,
+        "n": len(ok),
+        "diverged": len(values) - len(ok),
+        "mean": float(np.mean(ok)) if ok else None,
+        "sd": float(np.std(ok, ddof=1)) if len(ok) > 1 else None,
+    }
+
+
+def _pooled_sd(cells: list[dict[str, Any] | None]) -> float | None:
+    sds = [(c["sd"], c["n"]) for c in cells if c and c["sd"] is not None]
+    if not sds:
+        return None
+    return float(math.sqrt(sum(s**2 * (n - 1) for s, n in sds) / sum(n - 1 for _, n in sds)))
+
+
+def _drift(
+    points: list[tuple[int, dict[str, Any]]], samples: dict[int, np.ndarray | None]
+) -> dict[str, Any] | None:
+    """Drift of the optimum along one axis: last minus first size, range, slope per doubling."""
+    ok = [(size, c) for size, c in points if c["fit"]["log2_lr"] is not None]
+    if len(ok) < 2:
+        return None
+    sizes = np.log2([s for s, _ in ok])
+    opt = np.array([c["fit"]["log2_lr"] for _, c in ok])
+    first, last = ok[0][0], ok[-1][0]
+    a, b = samples.get(first), samples.get(last)
+    return {
+        "sizes": [s for s, _ in ok],
+        "log2_lr_opt": opt.tolist(),
+        "any_at_edge": any(c["fit"]["at_edge"] for _, c in ok),
+        "last_minus_first": float(opt[-1] - opt[0]),
+        "last_minus_first_interval": _interval(b - a) if a is not None and b is not None else None,
+        "range": float(opt.max() - opt.min()),
+        "slope_per_doubling": float(np.polyfit(sizes, opt, 1)[0]),
+    }
+
+
+def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {
+        "proxy": {"width": setup.proxy[0], "depth": setup.proxy[1]},
+        "horizons": list(setup.horizons),
+        "bootstrap": BOOTSTRAP,
+        "runs": len(results),
+        "parametrisations": {},
+    }
+    for name in setup.parametrisations:
+        mine = [r for r in results if r["parametrisation"] == name]
+        per_h: dict[str, Any] = {}
+        for h in setup.horizons:
+            shapes: dict[str, Any] = {}
+            seeds: dict[tuple[int, int], Any] = {}
+            for width, depth in setup.shapes:
+                runs = [r for r in mine if (r["width"], r["depth"]) == (width, depth)]
+                if runs:
+                    seeds[width, depth] = seed_stats(runs, h)
+            sd = _pooled_sd(list(seeds.values()))
+            samples: dict[tuple[int, int], np.ndarray | None] = {}
+            for width, depth in setup.shapes:
+                runs = [r for r in mine if (r["width"], r["depth"]) == (width, depth)]
+                grid = sorted((r for r in runs if r["seed"] == 0), key=lambda r: r["log2_lr"])
+                if not grid:
+                    continue
+                x = [float(r["log2_lr"]) for r in grid]
+                y = [loss(r, h) for r in grid]
+                fit = fit_optimum(x, y)
+                samples[width, depth] = bootstrap(x, y, sd, rng)
+                shapes[f"w{width}_d{depth}"] = {
+                    "width": width,
+                    "depth": depth,
+                    "lr_curve": {"log2_lr": x, "val_loss": [_finite(v) for v in y]},
+                    "fit": {k: v for k, v in fit.items() if k != "points"},
+                    "interval": _interval(samples[width, depth]),
+                    "seeds": seeds.get((width, depth)),
+                }
+            by = {(c["width"], c["depth"]): c for c in shapes.values()}
+            depth_axis = [(d, by[setup.width, d]) for d in setup.depths if (setup.width, d) in by]
+            width_axis = [(w, by[w, setup.depth]) for w in setup.widths if (w, setup.depth) in by]
+            depth_samples = {d: samples[setup.width, d] for d, _ in depth_axis}
+            width_samples = {w: samples[w, setup.depth] for w, _ in width_axis}
+            per_h[str(h)] = {
+                "seed_sd": sd,
+                "shapes": shapes,
+                "depth_drift": _drift(depth_axis, depth_samples),
+                "width_drift": _drift(width_axis, width_samples),
+            }
+        out["parametrisations"][name] = per_h
+    return out
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def tables(setup: Setup, summary: dict[str, Any]) -> str:
+    h = str(max(setup.horizons))
+    lines = [
+        f"# Transfer study: tables (horizon {h} steps; generated by report.py)",
+        "",
+        f"Base lr tuned at width {setup.proxy[0]}, depth {setup.proxy[1]}; optimum = quadratic "
+        "fit in log2(lr); [ ] = 95% bootstrap interval; * = lowest point at a grid edge.",
+        "",
+        "| parametrisation | width | depth | optimal log2 lr | interval | loss at optimum | "
+        "seeds (mean ± sd) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, per_h in summary["parametrisations"].items():
+        for c in per_h[h]["shapes"].values():
+            f = c["fit"]
+            iv = c["interval"]
+            seeds = c["seeds"]
+            seed_text = (
+                f"{_fmt(seeds['mean'], '.3f')} ± {_fmt(seeds['sd'], '.3f')} (n={seeds['n']})"
+                if seeds
+                else "-"
+            )
+            lines.append(
+                f"| {name} | {c['width']} | {c['depth']} | {_fmt(f['log2_lr'])}"
+                f"{'*' if f['at_edge'] else ''} | "
+                f"{'-' if iv is None else f'[{iv[0]:.2f}, {iv[1]:.2f}]'} | "
+                f"{_fmt(f['loss'], '.3f')} | {seed_text} |"
+            )
+    lines += [
+        "",
+        "| parametrisation | axis | drift (last - first) | interval | range | slope per doubling |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, per_h in summary["parametrisations"].items():
+        for axis in ("depth", "width"):
+            d = per_h[h][f"{axis}_drift"]
+            if d is None:
+                continue
+            iv = d["last_minus_first_interval"]
+            lines.append(
+                f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]} | "
+                f"{d['last_minus_first']:+.2f}{'*' if d['any_at_edge'] else ''} | "
+                f"{'-' if iv is None else f'[{iv[0]:+.2f}, {iv[1]:+.2f}]'} | "
+                f"{d['range']:.2f} | {d['slope_per_doubling']:+.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
+    """Per parametrisation, mup-style: loss against log2(base lr), one curve per depth (left)
+    and per width (right), the fitted optimum marked; and the optima against depth and width."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    h = str(max(setup.horizons))
+    for name, per_h in summary["parametrisations"].items():
+        shapes = per_h[h]["shapes"]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        for ax, axis in zip(axes, ("depth", "width"), strict=True):
+            sizes = setup.depths if axis == "depth" else setup.widths
+            cmap = plt.get_cmap("viridis")
+            for i, s in enumerate(sizes):
+                key = f"w{setup.width}_d{s}" if axis == "depth" else f"w{s}_d{setup.depth}"
+                c = shapes.get(key)
+                if c is None:
+                    continue
+                colour = cmap(i / max(1, len(sizes) - 1))
+                y = [np.nan if v is None else v for v in c["lr_curve"]["val_loss"]]
+                ax.plot(c["lr_curve"]["log2_lr"], y, "o-", color=colour, label=f"{axis} {s}")
+                f = c["fit"]
+                if f["log2_lr"] is not None and not f["at_edge"]:
+                    ax.plot([f["log2_lr"]], [f["loss"]], "x", color=colour, ms=9)
+            fixed = f"width {setup.width}" if axis == "depth" else f"depth {setup.depth}"
+            ax.set_title(f"{name}: across {axis} ({fixed})")
+            ax.set_xlabel("log2(base lr)")
+            ax.legend(fontsize=8)
+        axes[0].set_ylabel(f"validation loss at {h} steps (nats/byte)")
+        fig.text(0.01, 0.01, "seed 0; x: fitted optimum; missing points diverged", fontsize=7)
+        fig.tight_layout()
+        with atomic_path(folder / f"loss_vs_lr_{name}.png") as tmp:
+            fig.savefig(tmp, dpi=90, format="png")
+        plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for name, per_h in summary["parametrisations"].items():
+        for ax, axis in zip(axes, ("depth", "width"), strict=True):
+            d = per_h[h][f"{axis}_drift"]
+            if d is None:
+                continue
+            keys = [
+                f"w{setup.width}_d{s}" if axis == "depth" else f"w{s}_d{setup.depth}"
+                for s in d["sizes"]
+            ]
+            ivs = [per_h[h]["shapes"][k]["interval"] for k in keys]
+            lo = [o - iv[0] if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
+            hi = [iv[1] - o if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
+            ax.errorbar(d["sizes"], d["log2_lr_opt"], yerr=[lo, hi], marker="o", capsize=3,
+                        label=name)  # fmt: skip
+    for ax, axis in zip(axes, ("depth", "width"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("optimal log2(base lr) (95% bootstrap interval)")
+    fig.tight_layout()
+    with atomic_path(folder / "optimum_drift.png") as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+
+
+def report(setup: Setup, out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = summarise(setup, results)
+    write_json(summary, out / "results.json", indent=1)
+    with atomic_path(out / "tables.md") as tmp:
+        Path(tmp).write_text(tables(setup, summary))
+    figures(setup, summary, out / "figures")
+    return summary

@@ -1,0 +1,357 @@
+"""Learning-rate transfer across depth and width: validation loss against peak learning rate.
+
+Causal byte-level LMs on the default corpus (Python standard library sources, no download), in
+five parametrisations (docs/guide/transfer.md): the shaped Transformer with a fixed gamma
+(``shaped``, gamma 2^-1.5) and with the SDE's gamma rule (``shaped_t``: gamma^2 d / n held
+fixed), the GPT-2 pre-LN block (``pre_ln``, standard parametrisation), and pre-LN with the
+branch multipliers of depth-muP (``pre_ln_depth_mup``, 1/sqrt(d)) and CompleteP
+(``pre_ln_completep``, 1/d). 4 heads with W^O, MLP hidden 4n, context 64, batch 32.
+
+The learning rate swept is the *base* lr, tuned at the proxy width 64, depth 8: every run
+trains each parameter group at base lr times the factor of its parametrisation's rule
+(``TrainConfig(lr_proxy_width=64, lr_proxy_depth=8)``, ``shapedtx.lr_multipliers``). A
+parametrisation transfers when the optimal base lr does not move with depth and width.
+
+Grid: depths {4, 8, 16, 32, 64} at width 64 and widths {32, 64, 128, 256} at depth 8; per
+parametrisation and shape the base lr 2^j for 7 values of j (2x apart) around the
+parametrisation's centre, extended by up to 2 values per side while the lowest loss at the
+longest horizon is at an edge; seed 0 everywhere, then seeds 1 and 2 at the best lr of depths
+4 and 64 (width 64). Every run uses the warmup-stable-decay schedule and trains horizons 250,
+500 and 1000 steps in one run (``shapedtx.training.train_horizons``).
+
+Runs are tasks of the project's Dask machinery (``simulations.run_trainings``: embedded local
+cluster, or ``--scheduler ADDRESS``); each writes ``runs/<parametrisation>/w<width>_d<depth>/
+lr<j>_s<seed>/result.json`` atomically when all its horizons have ended and resumes from its
+checkpoints if interrupted. ``--report`` writes ``results.json``, ``tables.md`` and
+``figures/`` from the finished runs (report.py).
+
+Usage::
+
+    python examples/transfer/study.py --plan                  # the planned runs, nothing run
+    python examples/transfer/study.py --workers 1             # the CPU study (resumable)
+    python examples/transfer/study.py --max-runs 2            # stop after 2 new runs
+    python examples/transfer/study.py --quick --out /tmp/tr   # a few minutes
+    python examples/transfer/study.py --report                # only the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from shapedtx import ModelConfig, TrainConfig, preset
+from simulations.sweep import connect
+from simulations.training_runs import TrainingRun, run_trainings
+
+HERE = Path(__file__).parent
+
+PARAMETRISATIONS: tuple[str, ...] = (
+    "shaped_t",
+    "shaped",
+    "pre_ln",
+    "pre_ln_depth_mup",
+    "pre_ln_completep",
+)
+"""The presets compared, in the order their runs are planned."""
+
+LOG2_LR_CENTRE: dict[str, int] = {
+    "shaped": -7,
+    "shaped_t": -7,
+    "pre_ln": -8,
+    "pre_ln_depth_mup": -8,
+    "pre_ln_completep": -8,
+}
+"""Centre j of each parametrisation's grid of base lrs 2^j: near the best lr at width 64 of the
+long-horizon study (shaped 1e-2, pre-LN 3.3e-3, examples/long_horizon/results.md)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Sizes, grids and horizons of one study (the CPU default or ``--quick``)."""
+
+    width: int  # of the depth axis
+    depth: int  # of the width axis
+    depths: tuple[int, ...]
+    widths: tuple[int, ...]
+    proxy: tuple[int, int]  # (width, depth) at which the base lr is tuned
+    horizons: tuple[int, ...]
+    half_grid: int  # the grid is centre + (-half_grid .. half_grid)
+    max_extensions: int  # per side
+    seeds: tuple[int, ...]
+    seed_depths: tuple[int, ...]  # depths (at ``width``) whose best lr gets every seed
+    batch_size: int
+    seq_len: int
+    warmup_steps: int
+    cooldown_fraction: float
+    log_interval: int
+    eval_interval: int
+    eval_batches: int
+    max_bytes: int
+    parametrisations: tuple[str, ...] = PARAMETRISATIONS
+    log2_lr_offset: int = 0  # added to every LOG2_LR_CENTRE
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(width, depth) of every model: the depth axis, then the width axis (no repeats)."""
+        out = [(self.width, d) for d in self.depths]
+        out += [(w, self.depth) for w in self.widths if (w, self.depth) not in out]
+        return out
+
+
+DEFAULT = Setup(
+    width=64,
+    depth=8,
+    depths=(4, 8, 16, 32, 64),
+    widths=(32, 64, 128, 256),
+    proxy=(64, 8),
+    horizons=(250, 500, 1000),
+    half_grid=3,
+    max_extensions=2,
+    seeds=(0, 1, 2),
+    seed_depths=(4, 64),
+    batch_size=32,
+    seq_len=64,
+    warmup_steps=50,
+    cooldown_fraction=0.2,
+    log_interval=50,
+    eval_interval=250,
+    eval_batches=16,
+    max_bytes=8_000_000,
+)
+QUICK = Setup(
+    width=16,
+    depth=2,
+    depths=(2, 4),
+    widths=(8, 16),
+    proxy=(16, 2),
+    horizons=(20, 40),
+    half_grid=1,
+    max_extensions=2,
+    seeds=(0, 1),
+    seed_depths=(2, 4),
+    batch_size=4,
+    seq_len=16,
+    warmup_steps=4,
+    cooldown_fraction=0.25,
+    log_interval=5,
+    eval_interval=10,
+    eval_batches=2,
+    max_bytes=200_000,
+    parametrisations=("shaped_t", "pre_ln_completep"),
+    log2_lr_offset=4,  # 40 steps of a tiny model: the best lr is ~16x larger
+)
+
+Job = tuple[str, int, int, int, int]
+"""(parametrisation, width, depth, j, seed): one run at base lr 2^j."""
+
+
+def model_config(name: str, width: int, depth: int) -> ModelConfig:
+    return preset(name, width=width, depth=depth, heads=4, mlp_ratio=4, causal=True)
+
+
+def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
+    return TrainConfig(
+        steps=max(setup.horizons),
+        batch_size=setup.batch_size,
+        seq_len=setup.seq_len,
+        lr=2.0**j,
+        min_lr_ratio=0.0,
+        warmup_steps=setup.warmup_steps,
+        schedule="wsd",
+        cooldown_fraction=setup.cooldown_fraction,
+        log_interval=setup.log_interval,
+        eval_interval=setup.eval_interval,
+        eval_batches=setup.eval_batches,
+        metrics_batch=8,
+        checkpoint_interval=setup.eval_interval,
+        seed=seed,
+        lr_proxy_width=setup.proxy[0],
+        lr_proxy_depth=setup.proxy[1],
+    )
+
+
+def make_run(setup: Setup, out: Path, job: Job, device: str = "cpu") -> TrainingRun:
+    name, width, depth, j, seed = job
+    return TrainingRun(
+        model=model_config(name, width, depth),
+        train=train_config(setup, j, seed),
+        horizons=setup.horizons,
+        folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"lr{j}_s{seed}"),
+        max_bytes=setup.max_bytes,
+        device=device,
+        labels={
+            "parametrisation": name,
+            "width": width,
+            "depth": depth,
+            "log2_lr": j,
+            "lr": 2.0**j,
+            "seed": seed,
+        },
+    )
+
+
+def load_results(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/w*_d*/*/result.json"))]
+
+
+def loss(r: dict[str, Any], horizon: int) -> float:
+    """Validation loss of a run at ``horizon`` (inf when it diverged or is missing)."""
+    h = r["horizons"].get(str(horizon))
+    return math.inf if h is None or h["diverged"] else h["val_loss"]
+
+
+def best_j(runs: list[dict[str, Any]], horizon: int) -> int | None:
+    """The grid's log2 lr with the lowest seed-0 loss at ``horizon`` (None: all diverged)."""
+    ok = [r for r in runs if r["seed"] == 0 and math.isfinite(loss(r, horizon))]
+    return min(ok, key=lambda r: loss(r, horizon))["log2_lr"] if ok else None
+
+
+def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
+    """Runs still needed, in priority order: per parametrisation and shape the grid (then its
+    extensions while the best lr at the longest horizon is at an edge), then the seeds at the
+    best lr of ``seed_depths`` once their grid is complete."""
+    done = {
+        (r["parametrisation"], r["width"], r["depth"], r["log2_lr"], r["seed"]) for r in results
+    }
+    longest = max(setup.horizons)
+    todo: list[Job] = []
+    seeds: list[Job] = []
+    for name in setup.parametrisations:
+        centre = LOG2_LR_CENTRE[name] + setup.log2_lr_offset
+        for width, depth in setup.shapes:
+            runs = [
+                r
+                for r in results
+                if (r["parametrisation"], r["width"], r["depth"]) == (name, width, depth)
+            ]
+            js = set(range(centre - setup.half_grid, centre + setup.half_grid + 1))
+            js |= {r["log2_lr"] for r in runs if r["seed"] == 0}
+            missing = [(name, width, depth, j, 0) for j in sorted(js)]
+            missing = [job for job in missing if job not in done]
+            if missing:
+                todo += missing
+                continue
+            best = best_j(runs, longest)
+            lo, hi = min(js), max(js)
+            reach = setup.half_grid + setup.max_extensions
+            edge = False
+            if best == lo and lo > centre - reach:
+                todo.append((name, width, depth, lo - 1, 0))
+                edge = True
+            if best == hi and hi < centre + reach:
+                todo.append((name, width, depth, hi + 1, 0))
+                edge = True
+            seeded = width == setup.width and depth in setup.seed_depths
+            if seeded and not edge and best is not None:
+                seeds += [
+                    (name, width, depth, best, s)
+                    for s in setup.seeds
+                    if (name, width, depth, best, s) not in done
+                ]
+    return todo + seeds
+
+
+def run_study(
+    setup: Setup,
+    out: Path,
+    *,
+    device: str,
+    workers: int | None,
+    scheduler: str | None,
+    max_runs: int | None,
+) -> int:
+    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
+    One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every round
+    of planning."""
+    count = 0
+    if not plan(setup, load_results(out)):
+        return count
+    with connect(scheduler, workers=None if scheduler else workers) as client:
+        while True:
+            todo = plan(setup, load_results(out))
+            if max_runs is not None:
+                todo = todo[: max(0, max_runs - count)]
+            if not todo:
+                return count
+            runs = [make_run(setup, out, job, device=device) for job in todo]
+            summary = run_trainings(
+                runs,
+                client=client,
+                threads=1,
+                describe=lambda key, r: (
+                    f"{r['parametrisation']} w{r['width']} d{r['depth']} lr 2^{r['log2_lr']} "
+                    f"s{r['seed']}"
+                ),
+            )
+            count += len(summary.results)
+            for key, error in summary.failed.items():
+                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+            if summary.failed:
+                return count
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
+    p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    p.add_argument("--depths", type=int, nargs="+", default=None, help="the depth axis")
+    p.add_argument("--widths", type=int, nargs="+", default=None, help="the width axis")
+    p.add_argument(
+        "--parametrisations", nargs="+", choices=PARAMETRISATIONS, default=None, metavar="NAME"
+    )
+    p.add_argument("--report", action="store_true", help="only rebuild the report")
+    p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
+    return p.parse_args(argv)
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
+    setup = QUICK if args.quick else DEFAULT
+    if args.depths:
+        seed_depths = tuple(d for d in setup.seed_depths if d in args.depths)
+        setup = replace(setup, depths=tuple(args.depths), seed_depths=seed_depths)
+    if args.widths:
+        setup = replace(setup, widths=tuple(args.widths))
+    if args.parametrisations:
+        setup = replace(setup, parametrisations=tuple(args.parametrisations))
+    return setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    setup = setup_of(args)
+    if args.plan:
+        todo = plan(setup, load_results(args.out))
+        for job in todo:
+            print(*job)
+        print(f"{len(todo)} runs planned now (more follow while an optimum is at a grid edge)")
+        return 0
+    try:
+        if not args.report:
+            run_study(
+                setup,
+                args.out,
+                device=args.device,
+                workers=args.workers,
+                scheduler=args.scheduler,
+                max_runs=args.max_runs,
+            )
+        from report import report  # type: ignore[import-not-found]  # beside this script
+
+        report(setup, args.out, load_results(args.out))
+    except KeyboardInterrupt:
+        sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""``transfer_lr``: the learning rate to train a target with, from a small proxy's tuned one.
+
+The companion of ``shapedtx advise`` for training (issue 37, item 5): given the peak learning
+rate tuned on a proxy (width, depth) and a target (width, depth) of the same parametrisation
+(a ``shapedtx`` preset), the per-parameter-group Adam learning rates its rule prescribes
+(:func:`shapedtx.lr_multipliers`, docs/guide/transfer.md), with the evidence the advice rests
+on: the rule and its source, and the drift of the optimal learning rate that
+``examples/transfer`` measured for this parametrisation, once its ``results.json`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shapedtx._validation import ParameterError, check_choice, check_int, check_number
+from shapedtx.presets import PRESETS, preset
+from shapedtx.transfer import SOURCES, lr_multipliers, lr_rule
+
+STUDY_RESULTS = Path(__file__).resolve().parents[1] / "examples" / "transfer" / "results.json"
+"""Where the transfer study writes its summary (in a source checkout)."""
+
+NOT_MEASURED = "not yet measured"
+
+
+@dataclass(frozen=True)
+class TransferAdvice:
+    """Learning rates for a target trained from a proxy's tuned lr, and their evidence.
+
+    Attributes:
+        parametrisation: the preset name.
+        lr: the peak learning rate tuned on the proxy.
+        proxy, target: (width, depth).
+        rule: the learning-rate rule (:func:`shapedtx.lr_rule`).
+        source: the rule's statement and the paper it comes from.
+        lrs: parameter group (``shapedtx.transfer.GROUPS``) -> learning rate at the target.
+        multipliers: group -> ``lrs[group] / lr``.
+        evidence: the measured drift of the optimal lr for this parametrisation, or
+            ``"not yet measured"``.
+        measured: the study's numbers behind ``evidence`` (None when not measured).
+    """
+
+    parametrisation: str
+    lr: float
+    proxy: tuple[int, int]
+    target: tuple[int, int]
+    rule: str
+    source: str
+    lrs: dict[str, float]
+    multipliers: dict[str, float]
+    evidence: str
+    measured: dict[str, Any] | None
+
+    def __str__(self) -> str:
+        lrs = ", ".join(f"{k} {v:.3g}" for k, v in self.lrs.items())
+        return (
+            f"{self.parametrisation}: lr {self.lr:.3g} tuned at width {self.proxy[0]}, depth "
+            f"{self.proxy[1]} -> width {self.target[0]}, depth {self.target[1]}: {lrs}\n"
+            f"rule ({self.rule}): {self.source}\nevidence: {self.evidence}"
+        )
+
+
+def _measured(
+    parametrisation: str, target: tuple[int, int], path: Path
+) -> tuple[str, dict[str, Any] | None]:
+    """The evidence sentence and numbers of the study's ``results.json`` for this
+    parametrisation (``NOT_MEASURED`` when the file or the parametrisation is absent)."""
+    if not path.is_file():
+        return NOT_MEASURED, None
+    summary = json.loads(path.read_text())
+    per_h = summary.get("parametrisations", {}).get(parametrisation)
+    if not per_h:
+        return NOT_MEASURED, None
+    horizon = str(max(summary["horizons"]))
+    cell = per_h[horizon]
+    parts = []
+    measured: dict[str, Any] = {
+        "results": str(path),
+        "horizon": int(horizon),
+        "runs": summary["runs"],
+    }
+    for axis, index in (("depth", 1), ("width", 0)):
+        drift = cell.get(f"{axis}_drift")
+        if drift is None:
+            continue
+        measured[f"{axis}_drift"] = drift
+        iv = drift["last_minus_first_interval"]
+        interval = f" (95% bootstrap [{iv[0]:+.2f}, {iv[1]:+.2f}])" if iv else ""
+        edge = "; some optima at a grid edge" if drift["any_at_edge"] else ""
+        sizes = drift["sizes"]
+        parts.append(
+            f"optimal log2(lr) moves {drift['last_minus_first']:+.2f}{interval} from {axis} "
+            f"{sizes[0]} to {sizes[-1]} (range {drift['range']:.2f}{edge})"
+        )
+        if not sizes[0] <= target[index] <= sizes[-1]:
+            parts.append(
+                f"target {axis} {target[index]} is outside the measured {sizes[0]}-{sizes[-1]}"
+            )
+    if not parts:
+        return NOT_MEASURED, None
+    proxy = summary.get("proxy", {})
+    head = (
+        f"examples/transfer, {summary['runs']} runs, horizon {horizon} steps, proxy width "
+        f"{proxy.get('width')}, depth {proxy.get('depth')}: "
+    )
+    return head + "; ".join(parts), measured
+
+
+def transfer_lr(
+    lr: float,
+    proxy_width: int,
+    proxy_depth: int,
+    target_width: int,
+    target_depth: int,
+    parametrisation: str = "shaped_t",
+    *,
+    results: str | os.PathLike | None = None,
+) -> TransferAdvice:
+    """Per-group learning rates at the target from ``lr`` tuned at the proxy.
+
+    Args:
+        lr: the proxy's tuned peak learning rate, in (0, 10].
+        proxy_width, proxy_depth, target_width, target_depth: the two sizes (the preset's
+            4 heads must divide the widths).
+        parametrisation: a ``shapedtx`` preset (docs/guide/transfer.md: ``shaped_t``,
+            ``shaped``, ``pre_ln``, ``pre_ln_depth_mup``, ``pre_ln_completep``; any preset is
+            accepted and gets the rule of :func:`shapedtx.lr_rule`).
+        results: the transfer study's ``results.json`` (default: :data:`STUDY_RESULTS`).
+
+    >>> transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep").lrs["hidden"]
+    0.001
+    """
+    lr = check_number("lr", lr, 0.0, 10.0, low_open=True)
+    for name, value in (
+        ("proxy_width", proxy_width),
+        ("proxy_depth", proxy_depth),
+        ("target_width", target_width),
+        ("target_depth", target_depth),
+    ):
+        check_int(name, value, 1)
+    check_choice("parametrisation", parametrisation, tuple(PRESETS))
+    try:
+        proxy = preset(parametrisation, width=proxy_width, depth=proxy_depth)
+    except ParameterError as err:
+        raise ParameterError("proxy_width", f"proxy: {err}") from None
+    try:
+        target = preset(parametrisation, width=target_width, depth=target_depth)
+    except ParameterError as err:
+        raise ParameterError("target_width", f"target: {err}") from None
+    factors = lr_multipliers(target, proxy)
+    rule = lr_rule(target)
+    path = Path(results) if results is not None else STUDY_RESULTS
+    evidence, measured = _measured(parametrisation, (target_width, target_depth), path)
+    return TransferAdvice(
+        parametrisation=parametrisation,
+        lr=lr,
+        proxy=(proxy_width, proxy_depth),
+        target=(target_width, target_depth),
+        rule=rule,
+        source=SOURCES[rule],
+        lrs={k: float(f"{lr * v:.12g}") for k, v in factors.items()},
+        multipliers=factors,
+        evidence=evidence,
+        measured=measured,
+    )
+
+
+__all__ = ["NOT_MEASURED", "STUDY_RESULTS", "TransferAdvice", "transfer_lr"]

@@ -1,0 +1,134 @@
+"""The transfer study (examples/transfer, issue 37 item 3): its optimum fit, its quick mode end to
+end on the Dask path, and ``simulations.transfer_lr`` (item 5) reading what it measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shapedtx import ParameterError
+from simulations import transfer_lr
+from simulations.transfer import NOT_MEASURED
+
+STUDY = Path(__file__).parents[1] / "examples" / "transfer"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def modules(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    return _load("study"), _load("report")
+
+
+def test_fit_finds_the_vertex_of_a_parabola(modules):
+    """A quadratic in log2(lr) with its minimum at -6.3 is found there from the 5 points around
+    the lowest one; a diverged point (inf) is skipped; the lowest point at an edge is reported
+    as such, not fitted."""
+    _, report = modules
+    x = [-10.0, -9, -8, -7, -6, -5, -4]
+    y = [0.1 * (v + 6.3) ** 2 + 2.0 for v in x]
+    y[0] = math.inf
+    fit = report.fit_optimum(x, y)
+    assert fit["log2_lr"] == pytest.approx(-6.3, abs=1e-9) and fit["convex"]
+    assert fit["loss"] == pytest.approx(2.0, abs=1e-9)
+    edge = report.fit_optimum(x, [-v for v in x])
+    assert edge["at_edge"] and edge["log2_lr"] == -4.0
+    rng = np.random.default_rng(0)
+    samples = report.bootstrap(x, y, 0.01, rng)
+    assert abs(np.median(samples) + 6.3) < 0.1 and np.std(samples) > 0
+    assert report.bootstrap(x, y, None, rng) is None
+
+
+def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
+    study, _ = modules
+    setup = replace(study.QUICK, parametrisations=("shaped_t",), widths=(16,), depths=(2,))
+    first = study.plan(setup, [])
+    centre = study.LOG2_LR_CENTRE["shaped_t"] + setup.log2_lr_offset
+    assert first == [("shaped_t", 16, 2, j, 0) for j in (centre - 1, centre, centre + 1)]
+    # the lowest loss at the upper edge: one more lr above it, no seeds yet
+    fake = [
+        {
+            "parametrisation": "shaped_t", "width": 16, "depth": 2, "log2_lr": j, "seed": 0,
+            "horizons": {"40": {"diverged": False, "val_loss": 5.0 - j}},
+        }
+        for j in (centre - 1, centre, centre + 1)
+    ]  # fmt: skip
+    assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre + 2, 0)]
+    fake[-1]["horizons"]["40"]["val_loss"] = 10.0  # now the centre is best: its seeds follow
+    assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre, 1)]
+
+
+def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch):
+    """--quick on an embedded Dask cluster, one parametrisation at two depths: every run's
+    result.json, the fitted optima, figures, tables; a second call trains nothing again; and
+    transfer_lr cites the drift the study measured."""
+    study, _ = modules
+    monkeypatch.setattr(study, "QUICK", replace(study.QUICK, max_extensions=0))
+    args = ["--quick", "--out", str(tmp_path), "--parametrisations", "shaped_t"]
+    args += ["--depths", "2", "4", "--widths", "16", "--workers", "1"]
+    assert study.main(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())
+    cell = summary["parametrisations"]["shaped_t"]["40"]
+    assert set(cell["shapes"]) == {"w16_d2", "w16_d4"}
+    for c in cell["shapes"].values():
+        assert len(c["lr_curve"]["log2_lr"]) == 3
+        assert c["seeds"]["n"] + c["seeds"]["diverged"] == 2  # seeds 0 and 1 at the best lr
+    drift = cell["depth_drift"]
+    opt = [cell["shapes"][f"w16_d{d}"]["fit"]["log2_lr"] for d in (2, 4)]
+    assert drift["last_minus_first"] == pytest.approx(opt[1] - opt[0])
+    assert (tmp_path / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
+    assert (tmp_path / "figures" / "optimum_drift.png").stat().st_size > 0
+    assert "shaped_t | 16 | 4" in (tmp_path / "tables.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
+    assert len(stamps) == 8  # 2 shapes x 3 lrs + seed 1 at 2 depths
+    assert study.main(args) == 0  # resumes: nothing is trained again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+    advice = transfer_lr(1e-2, 16, 2, 16, 8, "shaped_t", results=tmp_path / "results.json")
+    assert f"{drift['last_minus_first']:+.2f}" in advice.evidence
+    assert "from depth 2 to 4" in advice.evidence
+    assert "target depth 8 is outside the measured 2-4" in advice.evidence
+    assert advice.measured["depth_drift"] == drift
+
+
+def test_transfer_lr_gives_each_group_its_rule():
+    a = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_depth_mup", results="/nonexistent.json")
+    assert a.lrs["hidden"] == pytest.approx(4e-3 / 4 / math.sqrt(8), rel=1e-10)
+    assert a.lrs["readout"] == pytest.approx(1e-3, rel=1e-10)
+    assert a.lrs["block_vector"] == pytest.approx(4e-3 / math.sqrt(8), rel=1e-10)
+    assert a.lrs["embedding"] == a.lrs["final"] == 4e-3
+    assert a.rule == "depth" and "Tensor Programs VI" in a.source
+    assert a.evidence == NOT_MEASURED and a.measured is None
+    s = transfer_lr(1e-2, 64, 8, 128, 32, "shaped_t", results="/nonexistent.json")
+    assert s.lrs["hidden"] == pytest.approx(5e-3) and s.lrs["block_vector"] == 1e-2
+    assert transfer_lr(1e-2, 64, 8, 256, 64, "pre_ln").lrs == dict.fromkeys(a.lrs, 1e-2)
+    assert "evidence: " in str(s)
+
+
+@pytest.mark.parametrize(
+    ("args", "parameter"),
+    [
+        ((0.0, 64, 8, 256, 64), "lr"),
+        ((1e-2, 64, 0, 256, 64), "proxy_depth"),
+        ((1e-2, 64, 8, 30, 64), "target_width"),  # 4 heads do not divide 30
+        ((1e-2, 64, 8, 256, 64, "gpt3"), "parametrisation"),
+    ],
+)
+def test_transfer_lr_refuses_bad_input(args, parameter):
+    with pytest.raises(ParameterError) as err:
+        transfer_lr(*args)
+    assert err.value.parameter == parameter
