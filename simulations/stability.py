@@ -149,6 +149,7 @@ def stability_map(
         (difference / SDE). Attrs: the base config, ``T_max``, ``low``, ``high``, ``samples``,
         ``sde_samples``, ``method``, ``dt``, ``seed``, ``tokens``, and the agreement:
         ``fraction_within_10pct`` (cells with ``|relative_difference| <= 0.1``),
+        ``cells_censored_both``, ``fraction_within_10pct_uncensored`` (:func:`agreement`),
         ``worst_gamma``, ``worst_tau0``, ``worst_network``, ``worst_sde``,
         ``worst_relative_difference`` (the cell with the largest ``|relative_difference|``).
 
@@ -264,19 +265,57 @@ _LONG_NAMES = {
 
 def agreement(ds: xr.Dataset, tolerance: float = AGREEMENT_TOLERANCE) -> dict[str, float]:
     """The agreement numbers of a :func:`stability_map` Dataset: ``fraction_within_10pct``
-    (cells with ``|relative_difference| <= tolerance``) and the worst cell (``worst_gamma``,
+    (cells with ``|relative_difference| <= tolerance``), ``cells_censored_both`` (cells where
+    both medians are the cap, which agree trivially) and ``fraction_within_10pct_uncensored``
+    (the fraction among the other cells; NaN if none), and the worst cell (``worst_gamma``,
     ``worst_tau0``, ``worst_network``, ``worst_sde``, ``worst_relative_difference``)."""
     rel = np.abs(ds["relative_difference"].values)
     i, j = np.unravel_index(int(np.nanargmax(rel)), rel.shape)
     med = ds["median_exit"]
+    both = (ds["censored"].values >= 0.5).all(axis=0)  # both medians are the cap
     return {
         "fraction_within_10pct": float(np.mean(rel <= tolerance)),
+        "cells_censored_both": int(both.sum()),
+        "fraction_within_10pct_uncensored": (
+            float(np.mean(rel[~both] <= tolerance)) if (~both).any() else math.nan
+        ),
         "worst_gamma": float(ds["gamma"].values[i]),
         "worst_tau0": float(ds["tau0"].values[j]),
         "worst_network": float(med.sel(source="network").values[i, j]),
         "worst_sde": float(med.sel(source="sde").values[i, j]),
         "worst_relative_difference": float(ds["relative_difference"].values[i, j]),
     }
+
+
+def format_stability_map(ds: xr.Dataset) -> str:
+    """The printed report of a :func:`stability_map` Dataset: one row per gamma, one column
+    per tau0, each cell ``network / SDE`` median exit time (``c``: censored median), then the
+    agreement numbers."""
+    a = ds.attrs
+    med, cen = ds["median_exit"], ds["censored"]
+    lines = [
+        f"median first t out of [{a['low']:g}, {a['high']:g}] (cap T_max = {a['T_max']:g}; "
+        f"network / SDE; c: half the paths or more never leave):",
+        "gamma \\ tau0 " + "".join(f"{t:>16g}" for t in ds["tau0"].values),
+    ]
+    for i, g in enumerate(ds["gamma"].values):
+        cells = []
+        for j in range(ds["tau0"].size):
+            parts = []
+            for source in SOURCES:
+                v = float(med.sel(source=source).values[i, j])
+                c = "c" if float(cen.sel(source=source).values[i, j]) >= 0.5 else ""
+                parts.append("-" if math.isnan(v) else f"{v:.3g}{c}")
+            cells.append(f"{' / '.join(parts):>16}")
+        lines.append(f"{g:<12g}" + "".join(cells))
+    if "fraction_within_10pct" in a:
+        lines.append(
+            f"agreement: {100 * a['fraction_within_10pct']:.0f}% of cells within 10% "
+            f"({a['cells_censored_both']} censored on both sides); worst cell gamma = "
+            f"{a['worst_gamma']:g}, tau0 = {a['worst_tau0']:g}: network "
+            f"{a['worst_network']:.3g}, SDE {a['worst_sde']:.3g}"
+        )
+    return "\n".join(lines)
 
 
 def _grid(
@@ -383,7 +422,7 @@ def plot_stability_map(ds: xr.Dataset, path: str | os.PathLike | None = None) ->
 
     Each axis is logarithmic when its grid spans more than a factor 4 (cell edges at the
     geometric midpoints), else linear. Cells whose median is censored (half the paths or
-    more never leave the region, so the median is the cap ``T_max``) carry a white ``x``;
+    more never leave the region, so the median is the cap ``T_max``) carry a red ``x``;
     the colour scale of the two maps is logarithmic and shared. The difference map uses a
     diverging scale centred at 0 and prints the agreement numbers in its title. Saved as
     PNG and PDF when ``path`` is given.
@@ -405,9 +444,8 @@ def plot_stability_map(ds: xr.Dataset, path: str | os.PathLike | None = None) ->
         mesh = ax.pcolormesh(_edges(k), _edges(g), values, norm=norm, cmap="viridis")
         censored = ds["censored"].sel(source=source).values >= 0.5
         ii, jj = np.nonzero(censored)
-        ax.scatter(k[jj], g[ii], marker="x", color="white", s=25, linewidths=1.0)
-        label = "finite network" if source == "network" else "SDE"
-        ax.set_title(f"{label}: median exit t (x: censored at T_max)")
+        ax.scatter(k[jj], g[ii], marker="x", color="red", s=30, linewidths=1.2)
+        ax.set_title(f"{'finite network' if source == 'network' else 'SDE'}: median exit t")
         _log_axes(ax, k, g)
     fig.colorbar(mesh, ax=axes[:2], label="median first t out of [low, high]")
     diff = ds["difference"].values
@@ -417,9 +455,20 @@ def plot_stability_map(ds: xr.Dataset, path: str | os.PathLike | None = None) ->
         _edges(k), _edges(g), diff, norm=TwoSlopeNorm(0.0, -span, span), cmap="RdBu_r"
     )
     fig.colorbar(mesh, ax=axes[2], label="network - SDE")
+    fig.suptitle(
+        f"first t at which an eigenvalue of V leaves [{ds.attrs.get('low', DEFAULT_LOW):g}, "
+        f"{ds.attrs.get('high', DEFAULT_HIGH):g}]; red x: median censored at T_max"
+    )
     title = "difference"
     if "fraction_within_10pct" in ds.attrs:
-        title += f": {100 * ds.attrs['fraction_within_10pct']:.0f}% of cells within 10%"
+        a = ds.attrs
+        title += f": {100 * a['fraction_within_10pct']:.0f}% of cells within 10%"
+        rest = ds["gamma"].size * ds["tau0"].size - int(a["cells_censored_both"])
+        if rest:
+            title += (
+                f"\n({100 * a['fraction_within_10pct_uncensored']:.0f}% of the {rest} cells "
+                "not censored on both sides)"
+            )
     axes[2].set_title(title)
     _log_axes(axes[2], k, g)
     return _finish(fig, path)

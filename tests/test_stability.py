@@ -12,6 +12,7 @@ from shapedtx import ModelConfig, ParameterError
 from shapedtx.covariance import equicorrelated
 from simulations.stability import (
     exit_times,
+    format_stability_map,
     median_interval,
     plot_stability_map,
     stability_map,
@@ -50,7 +51,12 @@ def test_tiny_gamma_never_leaves_the_region():
     assert np.all(ds["median_exit"].values == 0.5)
     assert np.all(ds["censored"].values == 1.0)
     assert ds.attrs["fraction_within_10pct"] == 1.0
+    assert ds.attrs["cells_censored_both"] == 4
+    assert np.isnan(ds.attrs["fraction_within_10pct_uncensored"])
     assert ds.attrs["depth"] == 32 and ds.attrs["method"] == "gram"
+    report = format_stability_map(ds).splitlines()
+    assert len(report) == 5 and report[2].split()[1:] == ["0.5c", "/", "0.5c"] * 2
+    assert "(4 censored on both sides)" in report[-1]
 
 
 @pytest.mark.parametrize("gamma, tau0", [(0.01, 1e-3), (0.014142135623730951, 1e-3)])
@@ -93,7 +99,9 @@ def test_network_and_sde_maps_agree_where_both_are_cheap():
     diff = np.abs(ds["difference"].values)
     combined = np.hypot(se.sel(source="network").values, se.sel(source="sde").values)
     assert np.all(diff <= 3 * combined + 1 / 128 + ds.attrs["dt"]), (diff, combined)
-    assert 0.0 <= ds.attrs["fraction_within_10pct"] <= 1.0
+    assert ds.attrs["cells_censored_both"] == 0
+    frac = np.mean(np.abs(ds["relative_difference"].values) <= 0.1)
+    assert ds.attrs["fraction_within_10pct"] == ds.attrs["fraction_within_10pct_uncensored"] == frac
     worst = np.abs(ds["relative_difference"].values).max()
     assert abs(ds.attrs["worst_relative_difference"]) == pytest.approx(worst)
 
