@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         run_convergence,
         summarise,
     )
-    from .formatting import format_advice, format_collapse, format_summary
+    from .formatting import format_advice, format_collapse, format_stability_map, format_summary
     from .gram import GramSampler
     from .options import SAMPLERS, Auto, Exact, Gram, RunOptions, SamplerChoice, Weights
     from .plots import (
@@ -78,6 +78,7 @@ _LAZY: dict[str, str] = {
     "summarise": ".experiment",
     "format_advice": ".formatting",
     "format_collapse": ".formatting",
+    "format_stability_map": ".formatting",
     "format_summary": ".formatting",
     "GramSampler": ".gram",
     "Auto": ".options",
@@ -181,6 +182,7 @@ __all__ = [
     "equicorrelated",
     "format_advice",
     "format_collapse",
+    "format_stability_map",
     "format_summary",
     "group_seed",
     "measure",

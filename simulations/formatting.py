@@ -400,6 +400,37 @@ def format_probe(ds: xr.Dataset, threshold: float) -> str:
     )
 
 
+def format_stability_map(ds: xr.Dataset) -> str:
+    """The printed report of a :func:`stability_map` Dataset: one row per gamma, one column
+    per tau0, each cell ``network / SDE`` median exit time (``c``: censored median), then the
+    agreement numbers."""
+    a = ds.attrs
+    med, cen = ds["median_exit"], ds["censored"]
+    lines = [
+        f"median first t out of [{a['low']:g}, {a['high']:g}] (cap T_max = {a['T_max']:g}; "
+        f"network / SDE; c: half the paths or more never leave):",
+        "gamma \\ tau0 " + "".join(f"{t:>16g}" for t in ds["tau0"].values),
+    ]
+    for i, g in enumerate(ds["gamma"].values):
+        cells = []
+        for j in range(ds["tau0"].size):
+            parts = []
+            for source in ds["source"].values:
+                v = float(med.sel(source=source).values[i, j])
+                c = "c" if float(cen.sel(source=source).values[i, j]) >= 0.5 else ""
+                parts.append("-" if math.isnan(v) else f"{v:.3g}{c}")
+            cells.append(f"{' / '.join(parts):>16}")
+        lines.append(f"{g:<12g}" + "".join(cells))
+    if "fraction_within_10pct" in a:
+        lines.append(
+            f"agreement: {100 * a['fraction_within_10pct']:.0f}% of cells within 10% "
+            f"({a['cells_censored_both']} censored on both sides); worst cell gamma = "
+            f"{a['worst_gamma']:g}, tau0 = {a['worst_tau0']:g}: network "
+            f"{a['worst_network']:.3g}, SDE {a['worst_sde']:.3g}"
+        )
+    return "\n".join(lines)
+
+
 __all__ = [
     "format_advice",
     "format_collapse",
@@ -409,6 +440,7 @@ __all__ = [
     "format_sde",
     "format_shape",
     "format_simulation",
+    "format_stability_map",
     "format_summary",
     "format_sweep",
     "number",

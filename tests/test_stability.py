@@ -10,9 +10,9 @@ import torch
 
 from shapedtx import ModelConfig, ParameterError
 from shapedtx.covariance import equicorrelated
+from simulations.formatting import format_stability_map
 from simulations.stability import (
     exit_times,
-    format_stability_map,
     median_interval,
     plot_stability_map,
     stability_map,

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "advise": "choose gamma and tau0 for a width, depth and sequence length from the SDE",
     "sweep": "run a parameter grid (simulate and/or SDE) on Dask into a zarr store",
     "compare": "finite network vs SDE limit, convergence in width, rank-collapse report",
+    "stability": "stability map over (gamma, tau0): network vs SDE, when V leaves a region",
 }
 
 
