@@ -191,3 +191,24 @@ def test_formatting_table_and_numbers():
     assert number(0.5, fixed=True) == " 0.500" and number(None, fixed=True) == "   nan"
     assert [p_value(v) for v in (None, 0.9995, 0.5, 0.001234)] == ["nan", "> 0.999", "0.500",
                                                                     "0.0012"]  # fmt: skip
+
+
+def test_run_args_applies_threads_and_builds_the_librarys_options():
+    """--threads sets torch's threads (none given: left alone), the device defaults to cpu,
+    and the library's RunOptions carry seed, dtype and progress."""
+    import torch
+
+    from shapedtx.options import RunOptions
+
+    before = torch.get_num_threads()
+    try:
+        _common.RunArgs(threads=1).apply_threads()
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(before)
+        _common.RunArgs().apply_threads()
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
+    assert _common.RunArgs().torch_device() == torch.device("cpu")
+    options = _common.RunArgs(seed=4, dtype="float32", progress=False).run_options()
+    assert options == RunOptions(seed=4, dtype=torch.float32, progress=False)
