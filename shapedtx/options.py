@@ -55,7 +55,7 @@ def run_settings(options: RunOptions | None, **given: Any) -> dict[str, Any]:
             "options", f"options must be a RunOptions or None, got {type(options).__name__}"
         )
     defaults = {f.name: f.default for f in fields(RunOptions)}
-    clash = [k for k, v in given.items() if not (v is defaults[k] or v == defaults[k])]
+    clash = [k for k, v in given.items() if v != defaults[k]]
     if clash:
         raise ParameterError(
             "options",
@@ -64,7 +64,7 @@ def run_settings(options: RunOptions | None, **given: Any) -> dict[str, Any]:
         )
     for name, default in defaults.items():
         value = getattr(options, name)
-        if name not in given and not (value is default or value == default):
+        if name not in given and value != default:
             raise ParameterError(
                 "options",
                 f"options.{name} must be {default!r} here (this call does not use it), got "

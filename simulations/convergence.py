@@ -91,7 +91,8 @@ def convergence(
         from sde import solve
 
         limit = solve(config, V0, samples, T=T, dt=dt, method=sde_method, seed=seed + 1,
-                      device=device, dtype=dtype, warn=False)  # fmt: skip  # compare drops them
+                      device=device, dtype=dtype, progress=progress,
+                      warn=False)  # fmt: skip  # compare drops them
     k_T = int(np.abs(limit["t"].values - T).argmin())
     if abs(limit["t"].values[k_T] - T) > 1e-6 * max(1.0, T):
         raise ParameterError(

@@ -78,11 +78,13 @@ class Gram(SamplerChoice):
 @dataclass(frozen=True)
 class Auto(SamplerChoice):
     """The fastest exact-in-law sampler that supports the config: the first of
-    :attr:`order` whose sampler class accepts it (gram, else exact, which accepts every
-    config). It has no sampler class of its own: :meth:`resolve` picks the choice."""
+    :attr:`order` whose sampler class accepts it, else :class:`Exact` (which simulates every
+    config): gram where it applies, else exact. It has no sampler class of its own:
+    :meth:`resolve` picks the choice."""
 
     name: ClassVar[str] = "auto"
-    order: ClassVar[tuple[type[SamplerChoice], ...]] = (Gram, Exact)
+    order: ClassVar[tuple[type[SamplerChoice], ...]] = (Gram,)
+    """Faster exact-in-law choices than :class:`Exact`, fastest first."""
 
     def resolve(self, config: ModelConfig) -> SamplerChoice:
         for choice in self.order:

@@ -221,7 +221,7 @@ def test_simulate_and_solve_honour_every_option_or_refuse_it(field):
 
 
 def test_choice_objects_are_frozen_values():
-    for cls in [*sde.SOLVERS.values(), *SAMPLERS.values()]:
+    for cls in [*sde.SOLVERS.values(), *SAMPLERS.values(), RunOptions]:
         obj = cls()
         assert obj == cls() and hash(obj) == hash(cls())
         with pytest.raises(FrozenInstanceError):
@@ -260,3 +260,29 @@ def test_run_options_bounds():
         with pytest.raises(ParameterError) as err:
             RunOptions(**bad)
         assert err.value.parameter == next(iter(bad))
+
+
+def test_convergence_passes_its_run_settings_to_both_runs(monkeypatch):
+    """convergence takes the run settings as keywords: each reaches simulate and sde.solve
+    (the progress setting reached simulate only)."""
+    import simulations.driver
+    from simulations.convergence import convergence
+
+    calls = []
+
+    def recorder(fn):
+        def wrapped(*args, **kwargs):
+            calls.append((fn.__name__, kwargs))
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(sde, "solve", recorder(sde.solve))
+    monkeypatch.setattr(simulations.driver, "simulate", recorder(simulations.driver.simulate))
+    config = ModelConfig(width=4, depth=2)
+    settings = {"seed": 3, "device": "cpu", "dtype": torch.float32, "progress": False}
+    convergence(config, [4, 8], equicorrelated(2, 0.3), 4, dt=0.1, **settings)
+    assert sorted(name for name, _ in calls) == ["simulate", "simulate", "solve"]
+    for name, kwargs in calls:
+        assert kwargs["device"] == "cpu" and kwargs["dtype"] == torch.float32
+        assert kwargs["progress"] is False and kwargs["seed"] == (4 if name == "solve" else 3)
