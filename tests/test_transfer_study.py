@@ -20,10 +20,11 @@ from simulations.transfer import NOT_MEASURED
 STUDY = Path(__file__).parents[1] / "examples" / "transfer"
 
 
-def _load(name: str):
+def _load(name: str, monkeypatch):
     spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    # restored after the test: examples/long_horizon has modules of the same names
+    monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
 
@@ -31,7 +32,7 @@ def _load(name: str):
 @pytest.fixture
 def modules(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
-    return _load("study"), _load("report")
+    return _load("study", monkeypatch), _load("report", monkeypatch)
 
 
 def test_fit_finds_the_vertex_of_a_parabola(modules):
