@@ -19,6 +19,7 @@ ERRORS = {
     "advise": [["--width", "x"]],
     "sweep": [["grid.toml"], ["grid.toml", "--store", "s", "--kind", "nope"]],
     "compare": [["--width", "8"], ["--out", "o", "--width", "-3"], ["--out", "o", "--preset", "x"]],
+    "stability": [["--width", "-3"], ["--gammas", "x"], ["--method", "nope"]],
 }
 
 _WRAPPER = """

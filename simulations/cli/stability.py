@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from . import add_command
 from ._common import (
@@ -55,12 +56,10 @@ def _grid(text: str, option: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, V0, options = run_setup(args)  # a usage error is raised before torch loads
     gammas, tau0s = _grid(args.gammas, "--gammas"), _grid(args.tau0s, "--tau0s")
+    config, V0, options = run_setup(args)  # a usage error is raised before torch loads
     if args.figure is not None and not args.overwrite:
         for suffix in (".png", ".pdf"):
-            from pathlib import Path
-
             check_output_file(Path(args.figure).with_suffix(suffix), False, "--figure")
     from shapedtx.results import save_dataset
     from simulations.formatting import format_stability_map
