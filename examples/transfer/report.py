@@ -292,7 +292,10 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
     for ax, axis in zip(axes, ("depth", "width"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:  # no optimum located on this axis yet
+            ax.text(0.5, 0.5, "no optimum located", ha="center", transform=ax.transAxes)
     axes[0].set_ylabel("optimal log2(base lr) (95% bootstrap interval)")
     fig.tight_layout()
     with atomic_path(folder / "optimum_drift.png") as tmp:
