@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -108,17 +109,19 @@ def relative_update(new: Tensor, old: Tensor) -> Tensor:
 # ---------------------------------------------------------------- attention readers
 
 
-class _Reader:
+class _Reader(ABC):
     """Hooks that record what a block's attention logits need during one forward pass;
     :meth:`take` returns the logits (B, h, m, m_k), masked keys ``-inf``, and forgets them."""
 
     name: str
 
+    @abstractmethod
     def attach(self) -> list[torch.utils.hooks.RemovableHandle]:
-        raise NotImplementedError
+        """Register the hooks on the block's modules; their handles."""
 
+    @abstractmethod
     def take(self) -> Tensor | None:
-        raise NotImplementedError
+        """The logits recorded by the last forward pass (None if none), then forgotten."""
 
 
 def _causal(Y: Tensor) -> Tensor:
