@@ -105,8 +105,8 @@ def config_from_args(args: argparse.Namespace, defaults: ModelConfig | None = No
     (``head_dim``, ``key_dim``) follow a changed width or head count."""
     base = defaults or getattr(args, "_config_defaults", None) or ModelConfig()
     fields = {name: getattr(base, name) for name in FIELD_TYPES}
-    if fields["head_dim"] == base.width // base.heads and fields["key_dim"] == fields["head_dim"]:
-        fields["head_dim"] = fields["key_dim"] = None
+    if base.heads * fields["head_dim"] == base.width and fields["key_dim"] == fields["head_dim"]:
+        fields["head_dim"] = fields["key_dim"] = None  # derived (heads need not divide width)
     if args.model is not None:
         fields.update(PRESETS[args.model])
     given = {k: v for k in FIELD_TYPES if (v := getattr(args, k, None)) is not None}
