@@ -172,7 +172,7 @@ def format_summary(s: Mapping[str, Any]) -> str:
         lines.append(
             f"convergence, W1(rho_T) by width {{{pts}}}; slope "
             + ("not fitted (too few widths above the noise floor)" if slope is None else
-               f"{slope:.2f} ± {cv['w1_rho_slope_se'] or float('nan'):.2f}")
+               f"{slope:.2f} ± {number(cv['w1_rho_slope_se'], 2, fixed=True).strip()}")
             + f" (theory about -0.5; noise floor {fmt(cv['w1_rho_noise_floor']).strip()})"
         )  # fmt: skip
     lines.append("run times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["run_times_s"].items()))
