@@ -182,3 +182,17 @@ def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypa
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
     assert study.main(args) == 0  # resumes: nothing is trained again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    # signal propagation after training: the finished runs' last logged monitor row
+    longest = max(setup.horizons[2])
+    monitor = _load("monitor")
+    monitor.main(["--runs", str(tmp_path / "runs"), "--horizon", str(longest), "--out",
+                  str(tmp_path)])  # fmt: skip
+    measured = json.loads((tmp_path / "monitor.json").read_text())
+    finished = [r for r in measured.values() if r["status"] == "finished"]
+    assert len(finished) >= 4
+    for r in finished:
+        assert r["sources"] == {"0": "measured", str(longest): "log.nc"}
+        assert r["max_rel_diff_from_log"] < 1e-5
+        assert 0 < r["measured"][str(longest)]["entropy / uniform"] <= 1
+    table = (tmp_path / "monitor.md").read_text()
+    assert f"| finished | {longest} | log.nc |" in table

@@ -2,7 +2,10 @@
 against the width n (issue 40, item 3).
 
 The model is a ``shapedtx compare`` preset (default ``attention``: shaped attention, one head,
-value weights only; gamma = 1/sqrt(8), tau0 = 1), m = 4 tokens, rho0 = 0.2, T = d/n = 0.75.
+value weights only; gamma = 1/sqrt(8), tau0 = 1), m = 4 tokens, rho0 = 0.2, T = d/n = 0.75;
+or ``--preset shaped``: the library's ``preset("shaped")`` (4 heads with W^O, head size n / 4,
+and the shaped ReLU MLP), the model of ``examples/probe_gpt2``, there at m = 8 and T = 1
+(``--tokens 8 --T 1``).
 Networks come from the gram sampler (exact in law; O(m^3) per block for attention-only
 networks, so every width costs the same per block), in chunks of ``--chunk`` samples with
 seeds ``seed + 1000 w + c`` (w the width's index, c the chunk's). The SDE reference is the
@@ -21,6 +24,7 @@ reference is shared by all widths, so its error is common to them).
 Usage:
     nice -n 10 python examples/finite_width/finite_width.py            # results.json, .md, .png
     nice -n 10 python examples/finite_width/finite_width.py --quick    # seconds, a smoke test
+    nice -n 10 python examples/finite_width/finite_width.py --preset shaped --tokens 8 --T 1
 """
 
 from __future__ import annotations
@@ -38,12 +42,17 @@ from matplotlib.figure import Figure
 from scipy import optimize
 
 import simulations
+from shapedtx import ModelConfig, preset
 from shapedtx.covariance import equicorrelated
 from simulations.compare import quantiles_with_se
 from simulations.presets import PRESET_MODELS
 
-T = 0.75
-TOKENS, RHO0 = 4, 0.2
+RHO0 = 0.2
+MODELS: dict[str, ModelConfig] = {
+    **{name: config for name, (config, _) in PRESET_MODELS.items()},
+    "shaped": preset("shaped"),
+}
+"""The models by ``--preset``: the ``compare`` presets and the library's ``preset("shaped")``."""
 STATS = ("median_Vaa", "mean_Vaa", "median_rho", "mean_rho")
 
 
@@ -81,10 +90,12 @@ def network_final(config, V0, samples: int, chunk: int, seed: int) -> np.ndarray
     return np.concatenate(out)
 
 
-def sde_pair(config, V0, samples: int, dt: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Final covariances (N, m, m) of the SDE at step ``dt`` and ``dt / 2`` driven by the same
-    Brownian paths (a coarse step's normals are the two fine steps' normals summed / sqrt 2;
-    fine step k's normals from a generator seeded ``seed * 10^6 + k``), with the canonical
+def sde_pair(
+    config, V0, samples: int, T: float, dt: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Final covariances (N, m, m) at ``T`` of the SDE at step ``dt`` and ``dt / 2`` driven by
+    the same Brownian paths (a coarse step's normals are the two fine steps' normals summed /
+    sqrt 2; fine step k's normals from a generator seeded ``seed * 10^6 + k``), with the canonical
     factor ``V^{1/2}`` so that the two schemes are coupled path by path
     (:class:`sde.solvers.FactoredEulerStep`, ``canonical=True``). Paths flagged as blown up
     in either run are dropped from both."""
@@ -186,7 +197,9 @@ def bootstrap_fit(n, net, net_se, ref, ref_se, reps: int, rng) -> dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="attention", choices=sorted(PRESET_MODELS))
+    parser.add_argument("--preset", default="attention", choices=sorted(MODELS))
+    parser.add_argument("--tokens", type=int, default=4, help="m (default 4)")
+    parser.add_argument("--T", type=float, default=0.75, help="depth / width (default 0.75)")
     parser.add_argument("--widths", default="16,32,64,128,256,512,1024")
     parser.add_argument("--samples", type=int, default=16384, help="networks per width")
     parser.add_argument("--sde-samples", type=int, default=32768)
@@ -204,6 +217,10 @@ def main() -> None:
         help="per-width sample counts overriding --samples, e.g. '1024:2048,512:4096'",
     )
     args = parser.parse_args()
+    if args.tokens < 2:
+        parser.error(f"--tokens must be >= 2, got {args.tokens}")
+    if not args.T > 0:
+        parser.error(f"--T must be > 0, got {args.T}")
     if args.quick:
         args.widths, args.samples, args.sde_samples = "16,32,64", 512, 1024
         args.bootstrap, args.sde_bootstrap = 50, 20
@@ -212,12 +229,13 @@ def main() -> None:
     samples_at = {
         int(k): int(v) for k, v in (item.split(":") for item in args.samples_at.split(",") if item)
     }
-    base = PRESET_MODELS[args.preset][0]
-    V0 = equicorrelated(TOKENS, RHO0)
+    base = MODELS[args.preset]
+    T = args.T
+    V0 = equicorrelated(args.tokens, RHO0)
     start = time.time()
 
     t0 = time.time()
-    Vc, Vf = sde_pair(base, V0, args.sde_samples, args.dt, args.seed + 1)
+    Vc, Vf = sde_pair(base, V0, args.sde_samples, T, args.dt, args.seed + 1)
     sde_stats = {"dt": statistics(Vc), "dt/2": statistics(Vf)}
     ref = extrapolated(Vc, Vf, args.sde_bootstrap, np.random.default_rng(args.seed + 2))
     sde_kept = len(Vc)
@@ -257,7 +275,7 @@ def main() -> None:
             k: v for k, v in base.to_attrs(prefix="").items() if k not in ("width", "depth")
         },
         "T": T,
-        "tokens": TOKENS,
+        "tokens": args.tokens,
         "rho0": RHO0,
         "samples": args.samples,
         "samples_at": {str(k): v for k, v in samples_at.items()},
@@ -361,8 +379,8 @@ def figure(r: dict, widths: list[int]) -> Figure:
                 )
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("width n (depth = 0.75 n)")
-        ax.set_ylabel("(network - SDE) / SDE at T = 0.75")
+        ax.set_xlabel(f"width n (depth = {r['T']:g} n)")
+        ax.set_ylabel(f"(network - SDE) / SDE at T = {r['T']:g}")
         ax.legend(fontsize=8)
     axes[0].set_title("V^aa")
     axes[1].set_title("rho")

@@ -8,9 +8,15 @@ checkpoints are removed by the study, so only its initialisation is measured), a
 ``shapedtx.Monitor`` on the trainer's own metrics batch (the first ``metrics_batch``
 validation windows of the run's corpus, whose fingerprint is checked). Each measurement's
 covariance metrics are compared with the run's ``log.nc`` at the same step (the same model
-and batch: they must agree), so the table cannot silently describe another model.
+and batch: they must agree), so the table cannot silently describe another model. Runs
+trained since the trainer logs the monitor's metrics (``attention_entropy`` in ``log.nc``)
+also get the row of their last logged step from the log itself: for a finished run, the
+metrics after training (the same Monitor on the same batch, computed by the trainer), and
+their whole logged trajectory in the figure.
 
-Writes ``monitor.json`` (every measurement), ``monitor.md`` (a table) and
+Rows measured by an earlier call are kept (read back from ``monitor.json``): the checkpoints
+of a run measured while in progress are removed when it finishes. Writes ``monitor.json``
+(every measurement), ``monitor.md`` (a table) and
 ``figures/monitor.png`` (``shapedtx.plot_monitor`` of the shaped and pre-LN runs side by
 side). Usage::
 
@@ -22,14 +28,15 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import xarray as xr
+from study import slug
 
 from shapedtx import Monitor, plot_monitor
 from shapedtx.files import write_json
@@ -83,15 +90,31 @@ def measure_run(folder: Path) -> tuple[xr.Dataset, dict[str, Any]]:
             for name in ("mean_rho", "centred_stable_rank"):
                 mine, logged = row[name].values[0], log[name].sel(step=step).values
                 worst = max(worst, float(np.max(np.abs(mine - logged) / np.abs(logged))))
+    ds = monitor.dataset()
+    last = _last_monitored_step(log)
+    sources = dict.fromkeys((int(x) for x in ds["step"].values), "measured")
+    if last is not None and last not in sources:
+        row = log[[v for v in ds.data_vars if v in log]].sel(step=[last])
+        ds = xr.concat([ds, row], dim="step", data_vars="all", join="outer").sortby("step")
+        sources[last] = "log.nc"
     info = {
         "model": folder.parts[-4],
+        "sources": {str(k): v for k, v in sources.items()},
         "lr": train_config.lr,
         "steps": train_config.steps,
         "status": log.attrs["status"],
         "logged_to": int(log["step"].values[-1]),
         "max_rel_diff_from_log": worst,
     }
-    return monitor.dataset(), info
+    return ds, info
+
+
+def _last_monitored_step(log: xr.Dataset) -> int | None:
+    """The last step whose monitor metrics the trainer logged (None: an older run's log)."""
+    if "attention_entropy" not in log:
+        return None
+    logged = np.isfinite(log["attention_entropy"]).any(("block", "head")).values
+    return int(log["step"].values[logged][-1]) if logged.any() else None
 
 
 def _summary(ds: xr.Dataset, step: int) -> dict[str, float]:
@@ -127,40 +150,62 @@ def main(argv: list[str] | None = None) -> None:
     )
     folders = [f for f in folders if (f / "log.nc").is_file()]
     if args.models:
-        wanted = {re.sub(r"[^\w.+-]+", "_", m) for m in args.models} | set(args.models)
+        wanted = {slug(m) for m in args.models} | set(args.models)
         folders = [f for f in folders if f.parts[-4] in wanted]
-    results: dict[str, Any] = {}
+    # rows measured by earlier calls (at checkpoints since removed, or of runs not selected
+    # now) are kept: a finished run's weights are gone, its in-progress measurements are not
+    previous = (
+        json.loads((args.out / "monitor.json").read_text())
+        if (args.out / "monitor.json").is_file()
+        else {}
+    )
+    results: dict[str, Any] = dict(previous)
     logs: dict[str, xr.Dataset] = {}
     for folder in folders:
         ds, info = measure_run(folder)
         label = _label(folder)
         steps = [int(s) for s in ds["step"].values]
-        info["measured"] = {str(s): _summary(ds, s) for s in steps}
+        rows = {s: (_summary(ds, s), info["sources"][str(s)]) for s in steps}
+        old = previous.get(label, {})
+        for step, summary in old.get("measured", {}).items():
+            if int(step) not in rows:
+                rows[int(step)] = (summary, old.get("sources", {}).get(step, "measured"))
+        info["measured"] = {str(s): rows[s][0] for s in sorted(rows)}
+        info["sources"] = {str(s): rows[s][1] for s in sorted(rows)}
         results[label] = info
         diff = info["max_rel_diff_from_log"]
         print(f"{label}: steps {steps}, largest relative difference from log.nc {diff:.1e}")
-        if len(steps) > 1:
-            logs[f"{folder.parts[-4]} lr {info['lr']:g}"] = ds
+        name = f"{folder.parts[-4]} lr {info['lr']:g}"
+        log = load_dataset(folder / "log.nc")
+        if _last_monitored_step(log) is not None:
+            logs[name] = log  # the whole logged trajectory
+        elif len(steps) > 1:
+            logs[name] = ds
     write_json(results, args.out / "monitor.json", indent=1)
     lines = [
         "# Signal propagation at initialisation and at the kept checkpoints",
         "",
         "Written by `examples/long_horizon/monitor.py` (shapedtx.Monitor on each run's own",
         "metrics batch; definitions in docs/guide/monitor.md). Finished runs keep no checkpoint:",
-        "only their initialisation is measured. `entropy / uniform`: attention entropy over its",
-        "causal",
-        "reference, mean over blocks and heads; `max logit`: over blocks and heads; `update since",
-        "previous`: mean relative change of the blocks' matrices since the previous row.",
+        "their initialisation is measured, and runs whose `log.nc` holds the monitor's metrics",
+        "add their last logged step from it (source `log.nc`: after training for a finished",
+        "run). `entropy / uniform`: attention entropy over its causal reference, mean over",
+        "blocks and heads; `max logit`: over blocks and heads; `update since previous`: mean",
+        "relative change of the blocks' matrices since the previous measured row (a `log.nc`",
+        "row: since the previous logged step).",
         "",
     ]
     header = None
-    for label, info in results.items():
+    for label, info in sorted(results.items()):
         for step, summary in info["measured"].items():
             if header is None:
-                header = ["run", "status", "step", *summary]
+                header = ["run", "status", "step", "source", *summary]
                 lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             values = [f"{v:.3g}" for v in summary.values()]
-            lines.append(f"| {label} | {info['status']} | {step} | " + " | ".join(values) + " |")
+            source = info.get("sources", {}).get(step, "measured")
+            lines.append(
+                f"| {label} | {info['status']} | {step} | {source} | " + " | ".join(values) + " |"
+            )
     (args.out / "monitor.md").write_text("\n".join(lines) + "\n")
     if logs:
         (args.out / "figures").mkdir(exist_ok=True)
