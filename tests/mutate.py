@@ -88,6 +88,7 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/training/plots.py": ["tests/test_train.py"],
     "sde/time_grid.py": ["tests/test_sde_solvers.py"],
     "sde/options.py": ["tests/test_options.py", "tests/test_sde_solvers.py"],
+    "simulations/formatting.py": ["tests/test_formatting.py"],
 }
 
 _BINOP_SWAP = {
