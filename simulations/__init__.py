@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .samplers import ExactSampler, Sampler, TokenSampler, WeightsSampler
     from .stability import plot_stability_map, stability_map
     from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
-    from .training_runs import TrainingRun, run_training, run_trainings
+    from .training_runs import TrainingRun, run_planned, run_training, run_trainings
     from .transfer import TransferAdvice, transfer_lr
     from .wishart import wishart, wishart_factor
 
@@ -111,6 +111,7 @@ _LAZY: dict[str, str] = {
     "TaskSummary": ".sweep",
     "run_tasks": ".sweep",
     "TrainingRun": ".training_runs",
+    "run_planned": ".training_runs",
     "run_training": ".training_runs",
     "run_trainings": ".training_runs",
     "TransferAdvice": ".transfer",
@@ -200,6 +201,7 @@ __all__ = [
     "run_collapse",
     "run_comparison",
     "run_convergence",
+    "run_planned",
     "run_tasks",
     "run_training",
     "run_trainings",

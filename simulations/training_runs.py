@@ -6,6 +6,8 @@ horizons (several with the WSD schedule, see :func:`shapedtx.training.train_hori
 horizon has ended; :func:`run_trainings` runs many as tasks of the project's Dask machinery
 (:func:`simulations.sweep.run_tasks`): an interrupted study keeps every finished run, a
 second call skips them, and a run whose worker died resumes from its last checkpoint.
+:func:`run_planned` is the loop of a study that plans in rounds (the next runs depend on
+the finished ones: a learning-rate grid extended while its best value is at an edge).
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from shapedtx._validation import ParameterError
+from shapedtx._validation import ParameterError, check_int
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.training import TrainConfig
 
-from .sweep.tasks import TaskSummary, run_tasks
+from .sweep.tasks import TaskSummary, connect, run_tasks
 
 RESULT = "result.json"
 DTYPE_NAMES = ("float32", "float64")
@@ -200,4 +202,44 @@ def run_trainings(
     return summary
 
 
-__all__ = ["RESULT", "TrainingRun", "run_training", "run_trainings", "summarise_log"]
+def run_planned(
+    plan: Callable[[], Sequence[TrainingRun]],
+    *,
+    client: Any = None,
+    workers: int | None = None,
+    max_runs: int | None = None,
+    describe: Callable[[str, dict[str, Any]], str] | None = None,
+) -> TaskSummary[dict[str, Any]]:
+    """Run a study that plans in rounds: ``plan()`` gives the runs still needed (it reads the
+    finished ones from disk), they run as Dask tasks of one worker thread each
+    (:func:`run_trainings`), then ``plan()`` is asked again, until it gives nothing, ``max_runs``
+    new runs have run, or a run failed (it would only be planned again). One client serves
+    every round: ``client`` (a ``distributed.Client`` or a scheduler's address) or an embedded
+    cluster of ``workers`` processes (:func:`simulations.sweep.connect`), started only if
+    there is something to run. Returns every round's results and failures by folder."""
+    if max_runs is not None:
+        check_int("max_runs", max_runs, minimum=0)
+    total: TaskSummary[dict[str, Any]] = TaskSummary()
+    if max_runs == 0 or not plan():
+        return total
+    with connect(client, workers=None if client is not None else workers) as dask:
+        while True:
+            left = None if max_runs is None else max_runs - len(total.results)
+            todo = list(plan())[:left] if left != 0 else []
+            if not todo:
+                return total
+            summary = run_trainings(todo, client=dask, threads=1, describe=describe)
+            total.results.update(summary.results)
+            total.failed.update(summary.failed)
+            if summary.failed:
+                return total
+
+
+__all__ = [
+    "RESULT",
+    "TrainingRun",
+    "run_planned",
+    "run_training",
+    "run_trainings",
+    "summarise_log",
+]

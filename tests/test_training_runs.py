@@ -17,7 +17,7 @@ import pytest
 
 from shapedtx import ModelConfig, TrainConfig
 from simulations.sweep.tasks import run_tasks
-from simulations.training_runs import TrainingRun, run_training, run_trainings
+from simulations.training_runs import TrainingRun, run_planned, run_training, run_trainings
 
 distributed = pytest.importorskip("distributed")
 
@@ -82,6 +82,38 @@ def test_training_run_validates_its_fields(tmp_path):
         TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), dtype="float16")
     with pytest.raises(ValueError, match="model"):
         TrainingRun("shaped", TRAIN, (16,), str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
+    """A study planning in rounds: ``b`` is planned only once ``a`` has finished (read from
+    disk), ``max_runs`` caps the new runs, a failed round ends the loop (the failed run would
+    be planned again), and an empty plan starts nothing."""
+    calls = []
+
+    def plan(extra: TrainingRun | None = None) -> list[TrainingRun]:
+        a, b = _run(tmp_path, "a"), _run(tmp_path, "b")
+        todo = [b] if a.result_path.exists() else [a]
+        if extra is not None:
+            todo.append(extra)
+        todo = [r for r in todo if not r.result_path.exists()]
+        calls.append([Path(r.folder).name for r in todo])
+        return todo
+
+    first = run_planned(plan, client=cluster.scheduler_address, max_runs=1)
+    assert list(first.results) == [str(tmp_path / "a")] and first.ok
+    assert calls == [["a"], ["a"]]  # the check, then round 1, cut by max_runs
+    calls.clear()
+    broken = TrainingRun(MODEL, TRAIN, (8,), str(tmp_path / "broken"), max_bytes=20_000,
+                         device="no-such-device")  # fmt: skip
+    rest = run_planned(lambda: plan(broken), client=cluster.scheduler_address)
+    assert set(rest.results) == {str(tmp_path / "b")}
+    assert set(rest.failed) == {broken.folder}
+    assert calls == [["b", "broken"], ["b", "broken"]]  # no round after the failure
+    calls.clear()
+    none = run_planned(plan, client="tcp://127.0.0.1:1")  # would fail to connect: not used
+    assert not none.results and not none.failed and calls == [[]]
+    with pytest.raises(ValueError, match="max_runs must be an integer >= 0, got -1"):
+        run_planned(plan, max_runs=-1)
 
 
 def _fail(x: int) -> int:

@@ -45,8 +45,7 @@ from typing import Any
 
 from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
 from shapedtx.files import write_json
-from simulations.sweep import connect
-from simulations.training_runs import TrainingRun, run_trainings
+from simulations.training_runs import TrainingRun, run_planned
 
 HERE = Path(__file__).parent
 
@@ -347,32 +346,21 @@ def run_study(
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
     One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every
-    round of planning."""
+    round of planning (``simulations.run_planned``)."""
     planner = check_plan if check else plan
-    count = 0
-    if not planner(setup, load_results(out)):
-        return count
-    with connect(scheduler, workers=None if scheduler else workers) as client:
-        while True:
-            todo = planner(setup, load_results(out))
-            if max_runs is not None:
-                todo = todo[: max(0, max_runs - count)]
-            if not todo:
-                return count
-            runs = [make_run(setup, out, *job, device=device, compile=compile) for job in todo]
-            summary = run_trainings(
-                runs,
-                client=client,
-                threads=1,
-                describe=lambda key, r: (
-                    f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}"
-                ),
-            )
-            count += len(summary.results)
-            for key, error in summary.failed.items():
-                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-            if summary.failed:
-                return count
+    summary = run_planned(
+        lambda: [
+            make_run(setup, out, *job, device=device, compile=compile)
+            for job in planner(setup, load_results(out))
+        ],
+        client=scheduler,
+        workers=workers,
+        max_runs=max_runs,
+        describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}",
+    )
+    for key, error in summary.failed.items():
+        print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+    return len(summary.results)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -36,8 +36,7 @@ import torch
 from shapedtx import ModelConfig, TrainConfig, load_corpus, preset
 from shapedtx.files import atomic_path, write_json
 from shapedtx.training import unigram_baseline as corpus_unigram
-from simulations.sweep import connect
-from simulations.training_runs import TrainingRun, run_trainings
+from simulations.training_runs import TrainingRun, run_planned
 
 HERE = Path(__file__).parent
 
@@ -210,24 +209,21 @@ def _round(lr: float) -> float:
 def run_study(
     setup: Setup, out: Path, device: str, workers: int | None, scheduler: str | None = None
 ) -> list[dict[str, Any]]:
-    """Run every planned run as a Dask task (``simulations.run_trainings``), re-planning until
-    nothing is left; returns all results."""
-    if not plan(setup, load_results(out)):
-        return load_results(out)
-    with connect(scheduler, workers=None if scheduler else workers) as client:
-        while todo := plan(setup, load_results(out)):
-            todo.sort(key=lambda j: -j[1])  # deepest first: better load balance
-            runs = [training_run(job, setup, out, device) for job in todo]
-            summary = run_trainings(
-                runs,
-                client=client,
-                threads=1,
-                describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.0e}",
-            )
-            if summary.failed:
-                for key, error in summary.failed.items():
-                    print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-                break
+    """Run every planned run as a Dask task, re-planning until nothing is left
+    (``simulations.run_planned``); returns all results."""
+
+    def runs() -> list[TrainingRun]:
+        todo = sorted(plan(setup, load_results(out)), key=lambda j: -j[1])  # deepest first
+        return [training_run(job, setup, out, device) for job in todo]
+
+    summary = run_planned(
+        runs,
+        client=scheduler,
+        workers=workers,
+        describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.0e}",
+    )
+    for key, error in summary.failed.items():
+        print(f"study.py: run {key} failed: {error}", file=sys.stderr)
     return load_results(out)
 
 

@@ -45,8 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from shapedtx import ModelConfig, TrainConfig, preset
-from simulations.sweep import connect
-from simulations.training_runs import TrainingRun, run_trainings
+from simulations.training_runs import TrainingRun, run_planned
 
 HERE = Path(__file__).parent
 
@@ -267,32 +266,21 @@ def run_study(
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
     One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every round
-    of planning."""
-    count = 0
-    if not plan(setup, load_results(out)):
-        return count
-    with connect(scheduler, workers=None if scheduler else workers) as client:
-        while True:
-            todo = plan(setup, load_results(out))
-            if max_runs is not None:
-                todo = todo[: max(0, max_runs - count)]
-            if not todo:
-                return count
-            runs = [make_run(setup, out, job, device=device) for job in todo]
-            summary = run_trainings(
-                runs,
-                client=client,
-                threads=1,
-                describe=lambda key, r: (
-                    f"{r['parametrisation']} w{r['width']} d{r['depth']} lr 2^{r['log2_lr']} "
-                    f"s{r['seed']}"
-                ),
-            )
-            count += len(summary.results)
-            for key, error in summary.failed.items():
-                print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-            if summary.failed:
-                return count
+    of planning (``simulations.run_planned``)."""
+    summary = run_planned(
+        lambda: [
+            make_run(setup, out, job, device=device) for job in plan(setup, load_results(out))
+        ],
+        client=scheduler,
+        workers=workers,
+        max_runs=max_runs,
+        describe=lambda key, r: (
+            f"{r['parametrisation']} w{r['width']} d{r['depth']} lr 2^{r['log2_lr']} s{r['seed']}"
+        ),
+    )
+    for key, error in summary.failed.items():
+        print(f"study.py: run {key} failed: {error}", file=sys.stderr)
+    return len(summary.results)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
