@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ._validation import ParameterError, check_bool, check_int
 from .attention import causal_mask, split_heads
 from .metrics import covariance
-from .probe import Blocks, _call, _stream, find_blocks
+from .probe import Blocks, _forward_once, _stream, find_blocks
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -487,53 +487,29 @@ class Monitor:
         depth = len(self.blocks)
         streams: list[Tensor | None] = [None] * (depth + 1)
         logits: list[Tensor | None] = [None] * depth
-        calls = [0] * depth
 
-        def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if streams[0] is None:
-                x = _stream(args) if args else _stream(kwargs.get("hidden_states", kwargs))
-                streams[0] = _checked(x, self.blocks[0][0], "input")
+        def on_input(x: Tensor | None, raw: Any) -> None:
+            streams[0] = _checked(x, self.blocks[0][0], "input")
 
-        def post_hook(index: int) -> Callable[..., None]:
-            def hook(module: nn.Module, args: tuple, output: Any) -> None:
-                calls[index] += 1
-                if calls[index] == 1:
-                    streams[index + 1] = _checked(_stream(output), self.blocks[index][0], "output")
-                    reader = self.readers[index]
-                    if reader is not None:
-                        logits[index] = reader.take()
+        def on_output(index: int, output: Any) -> None:
+            streams[index + 1] = _checked(_stream(output), self.blocks[index][0], "output")
+            reader = self.readers[index]
+            if reader is not None:
+                logits[index] = reader.take()
 
-            return hook
+        def attach() -> list[Any]:
+            return [h for r in self.readers if r is not None for h in r.attach()]
 
-        training = {module: module.training for module in self.model.modules()}
-        handles = [self.blocks[0][1].register_forward_pre_hook(pre_hook, with_kwargs=True)]
-        try:
-            for i, (_, block) in enumerate(self.blocks):
-                handles.append(block.register_forward_hook(post_hook(i)))
-            for reader in self.readers:
-                if reader is not None:
-                    handles += reader.attach()
-            if self.eval:
-                self.model.eval()
-            with torch.no_grad():
-                try:
-                    _call(self.model, self.inputs)
-                except (RuntimeError, TypeError) as err:
-                    raise ParameterError(
-                        "inputs",
-                        f"model(inputs) failed ({type(err).__name__}: {err}); check that inputs "
-                        f"has the type and shape the model expects",
-                    ) from err
-        finally:
-            for handle in handles:
-                handle.remove()
-            for module, mode in training.items():
-                module.training = mode
-        for (name, _), count in zip(self.blocks, calls, strict=True):
-            if count != 1:
-                raise ParameterError(
-                    "blocks", f"block {name!r} ran {count} times; the monitor needs exactly once"
-                )
+        _forward_once(
+            self.model,
+            self.inputs,
+            self.blocks,
+            on_input=on_input,
+            on_output=on_output,
+            eval_mode=self.eval,
+            who="monitor",
+            attach=attach,
+        )
         X = [x for x in streams if x is not None]
         with torch.no_grad():
             V = torch.stack([covariance(x.double()) for x in X], dim=1)

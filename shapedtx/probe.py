@@ -154,15 +154,76 @@ def _call(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+def _forward_once(
+    model: nn.Module,
+    inputs: Any,
+    blocks: list[tuple[str, nn.Module]],
+    *,
+    on_input: Callable[[Tensor | None, Any], None],
+    on_output: Callable[[int, Any], None],
+    eval_mode: bool,
+    who: str,
+    attach: Callable[[], list[Any]] = list,
+) -> None:
+    """Call ``model(inputs)`` once without gradients, with ``on_input(stream, raw)`` at the
+    first call of the first block's forward pre-hook (``stream`` is :func:`_stream` of its
+    arguments, ``raw`` what it was taken from) and ``on_output(i, output)`` at the first call
+    of block ``i``'s forward hook; ``attach()`` registers further hooks and returns their
+    handles. Every hook is removed and every module's training flag restored, also on error;
+    then ParameterError unless every block ran exactly once (``who`` names the caller)."""
+    calls = [0] * len(blocks)
+    seen_input = [False]
+
+    def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not seen_input[0]:
+            x = _stream(args) if args else _stream(kwargs.get("hidden_states", kwargs))
+            on_input(x, args[0] if args else kwargs)
+            seen_input[0] = True
+
+    def post_hook(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            calls[index] += 1
+            if calls[index] == 1:
+                on_output(index, output)
+
+        return hook
+
+    training = {module: module.training for module in model.modules()}
+    handles = [blocks[0][1].register_forward_pre_hook(pre_hook, with_kwargs=True)]
+    try:
+        handles += [b.register_forward_hook(post_hook(i)) for i, (_, b) in enumerate(blocks)]
+        handles += attach()
+        if eval_mode:
+            model.eval()
+        with torch.no_grad():
+            try:
+                _call(model, inputs)
+            except (RuntimeError, TypeError) as err:
+                raise ParameterError(
+                    "inputs",
+                    f"model(inputs) failed ({type(err).__name__}: {err}); check that inputs "
+                    f"has the type and shape the model expects",
+                ) from err
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, mode in training.items():
+            module.training = mode
+    for (name, _), count in zip(blocks, calls, strict=True):
+        if count != 1:
+            raise ParameterError(
+                "blocks",
+                f"block {name!r} ran {count} times during model(inputs); the {who} needs "
+                f"every block to run exactly once",
+            )
+
+
 def _record(
     model: nn.Module, inputs: Any, blocks: list[tuple[str, nn.Module]], eval_mode: bool
 ) -> tuple[Tensor, int, torch.dtype]:
-    """Run the model once with hooks; returns V: (B, L + 1, m, m) float64 on the stream's
-    device, the stream's width n and its dtype. Hooks and training flags are restored also
-    on error."""
-    depth = len(blocks)
-    covs: list[Tensor | None] = [None] * (depth + 1)
-    calls = [0] * depth
+    """Run the model once with hooks (:func:`_forward_once`); returns V: (B, L + 1, m, m)
+    float64 on the stream's device, the stream's width n and its dtype."""
+    covs: list[Tensor | None] = [None] * (len(blocks) + 1)
     info: dict[str, Any] = {}
 
     def store(index: int, where: str, x: Tensor | None, what: Any) -> None:
@@ -188,48 +249,20 @@ def _record(
         info.setdefault("dtype", x.dtype)
         covs[index] = covariance(x.detach().to(torch.float64))
 
-    def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if covs[0] is None:
-            x = _stream(args) if args else _stream(kwargs.get("hidden_states", kwargs))
-            store(0, f"the input of block {blocks[0][0]!r}", x, args[0] if args else kwargs)
+    def on_output(index: int, output: Any) -> None:
+        where = f"the output of block {blocks[index][0]!r}"
+        store(index + 1, where, _stream(output), output)
 
-    def post_hook(index: int) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            calls[index] += 1
-            if calls[index] == 1:
-                name = blocks[index][0]
-                store(index + 1, f"the output of block {name!r}", _stream(output), output)
-
-        return hook
-
-    training = {module: module.training for module in model.modules()}
-    handles = [blocks[0][1].register_forward_pre_hook(pre_hook, with_kwargs=True)]
-    try:
-        handles += [b.register_forward_hook(post_hook(i)) for i, (_, b) in enumerate(blocks)]
-        if eval_mode:
-            model.eval()
-        with torch.no_grad():
-            try:
-                _call(model, inputs)
-            except (RuntimeError, TypeError) as err:
-                raise ParameterError(
-                    "inputs",
-                    f"model(inputs) failed ({type(err).__name__}: {err}); check that inputs "
-                    f"has the type and shape the model expects",
-                ) from err
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, mode in training.items():
-            module.training = mode
-    for (name, _), count in zip(blocks, calls, strict=True):
-        if count != 1:
-            raise ParameterError(
-                "blocks",
-                f"block {name!r} ran {count} times during model(inputs); the probe needs "
-                f"every block to run exactly once",
-            )
-    # every block ran once (checked above): each input and output was recorded
+    _forward_once(
+        model,
+        inputs,
+        blocks,
+        on_input=lambda x, raw: store(0, f"the input of block {blocks[0][0]!r}", x, raw),
+        on_output=on_output,
+        eval_mode=eval_mode,
+        who="probe",
+    )
+    # every block ran once (checked by _forward_once): each input and output was recorded
     V = torch.stack(cast(list[Tensor], covs), dim=1)
     return V, int(info["shape"][-1]), info["dtype"]
 

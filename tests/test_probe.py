@@ -137,6 +137,36 @@ def test_bad_inputs_give_value_error_naming_the_problem(make, inputs, blocks, ne
     assert _no_hooks(model)
 
 
+class _SharedBlock(nn.Module):
+    """One residual block applied twice (weight sharing): its hooks fire twice per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.block(self.block(x))
+
+
+@pytest.mark.filterwarnings("ignore:Monitor. attention_entropy")  # no attention here
+@pytest.mark.parametrize("who", ["probe", "monitor"])
+def test_a_block_run_twice_is_refused_and_the_model_restored(who):
+    model = _SharedBlock().double()
+    model.train()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError) as err:
+        if who == "probe":
+            probe(model, x, blocks=[model.block])
+        else:
+            shapedtx.Monitor(model, x, blocks=[model.block])(0)
+    assert err.value.parameter == "blocks"
+    assert str(err.value) == (
+        f"block 'block' ran 2 times during model(inputs); the {who} needs every block to run "
+        "exactly once"
+    )
+    assert _no_hooks(model) and model.training and model.block.training
+
+
 class _EncoderModel(nn.Module):
     """A user's model around PyTorch's own encoder (issue 39)."""
 
