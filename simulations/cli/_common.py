@@ -283,7 +283,7 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
     """Validate the options of :func:`add_input_arguments`, :func:`add_output_arguments` and
     :func:`add_run_options`: returns (config, V0 on the device, the run options: seed, dtype,
     progress) and applies ``--threads``."""
-    from shapedtx._validation import check_tokens
+    from shapedtx._validation import check_int, check_positive, check_tokens
 
     config = config_from_args(args)  # torch-free checks first: a usage error loads no torch
     settings = RunArgs.from_args(args)
@@ -291,15 +291,13 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
         if Path(args.out).suffix != ".nc":
             raise UsageError(f"--out must be a .nc file, got {args.out!r}")
         check_output_file(args.out, args.overwrite)
-    for name, minimum in (("tokens", 2), ("samples", 1)):
-        if getattr(args, name) < minimum:
-            raise UsageError(f"--{name} must be an integer >= {minimum}, got {getattr(args, name)}")
-    if not (args.scale > 0 and args.scale < float("inf")):
-        raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
-    try:
+    try:  # the library's own checks (shapedtx._validation), before torch loads
+        check_int("tokens", args.tokens, 2)
+        check_int("samples", args.samples, 1)
+        check_positive("scale", args.scale)
         check_tokens(args.tokens, config.width)
     except ValueError as err:
-        raise option_error(err, ("tokens",)) from None
+        raise option_error(err, ("tokens", "samples", "scale")) from None
     from shapedtx.covariance import check_correlation, equicorrelated
 
     try:
