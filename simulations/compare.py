@@ -139,9 +139,10 @@ def distances(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
 
 def _ks_statistic(u: np.ndarray, v: np.ndarray) -> float:
     """sup_x |F_u(x) - F_v(x)| of two 1-d samples (exact, ties handled). Values equal to
-    within 1e-12 of the largest magnitude count as ties, so that a point mass computed twice
-    with different rounding (e.g. rho at t = 0) gives 0, not a spurious 1."""
-    scale = 1e-12 * max(np.abs(u).max(), np.abs(v).max(), np.finfo(np.float64).tiny)
+    within 1e-12 of max(1, the largest magnitude) count as ties (rho and log V^aa are O(1)
+    numbers), so that a point mass computed twice with different rounding (rho, or log V^aa
+    = 0, at t = 0 from a fixed V0) gives 0, not a spurious 1."""
+    scale = 1e-12 * max(np.abs(u).max(), np.abs(v).max(), 1.0)
     u, v = np.sort(np.round(u / scale)), np.sort(np.round(v / scale))
     grid = np.concatenate([u, v])
     Fu = np.searchsorted(u, grid, side="right") / u.size

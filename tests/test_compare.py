@@ -453,6 +453,11 @@ def test_distances_pool_values_per_time_and_count_samples_for_the_pvalue():
     one = np.full((4, 1, 1), 0.3)
     assert distances(one, one * (1 + 1e-15))["ks"][0] == 0.0
     assert distances(one, one + 1e-9)["ks"][0] == 1.0
+    # also at 0 (log V^aa of a fixed V0 with V^aa = 1, rounded differently by two samplers)
+    zero = np.zeros((4, 1, 1))
+    jitter = np.array([1, -1, 2, 0], dtype=float).reshape(4, 1, 1) * 1e-16
+    assert distances(zero, jitter)["ks"][0] == 0.0 and distances(zero, jitter)["ks_pvalue"][0] == 1
+    assert distances(zero, zero + 1e-9)["ks"][0] == 1.0
 
 
 def test_compare_mean_rho_and_token_values_by_hand():
