@@ -9,6 +9,11 @@
 # run's result.json, and log.nc of any run still going when the time ran out).
 #
 #   bash benchmarks/gpu_session.sh            # wheels of dask/distributed/torchsde/netCDF4 in .whl
+#   STUDY=cpu-grid bash benchmarks/gpu_session.sh
+#       instead of the width-256 study: the CPU study's own plan (width 64, depths 16 and 64,
+#       examples/long_horizon/runs) on the GPU, 8 workers, to finish its grid and seeds; each
+#       result.json records its device; the finished runs come back in cpu_grid_runs.tgz
+#       (result.json and log.nc), to be unpacked at the repository root and committed.
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
@@ -18,8 +23,13 @@ STUDY_SECONDS=${STUDY_SECONDS:-500}
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
   nproc; } > "$OUT/machine.txt" 2>&1
 
-timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --gpu --device cuda --compile \
-  --workers 6 --max-runs 6 --models "shaped advise" "pre-LN (GPT-2)" > "$OUT/study.log" 2>&1 &
+if [ "${STUDY:-gpu}" = cpu-grid ]; then
+  timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --device cuda --compile \
+    --workers 8 --depths 16 64 > "$OUT/study.log" 2>&1 &
+else
+  timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --gpu --device cuda --compile \
+    --workers 6 --max-runs 6 --models "shaped advise" "pre-LN (GPT-2)" > "$OUT/study.log" 2>&1 &
+fi
 study=$!
 
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sde_steppers.py -k host_sync \
@@ -48,5 +58,10 @@ echo "rc $?" >> "$OUT/reproducible.log"
 wait $study
 echo "rc $?" >> "$OUT/study.log"
 nvidia-smi >> "$OUT/machine.txt" 2>&1
-tar czf "$OUT/gpu_runs.tgz" --exclude='*.pt' examples/long_horizon/gpu
+if [ "${STUDY:-gpu}" = cpu-grid ]; then
+  find examples/long_horizon/runs -newer "$OUT/machine.txt" \( -name result.json -o -name log.nc \) \
+    -print0 | tar czf "$OUT/cpu_grid_runs.tgz" --null -T -
+else
+  tar czf "$OUT/gpu_runs.tgz" --exclude='*.pt' examples/long_horizon/gpu
+fi
 ls -la "$OUT"
