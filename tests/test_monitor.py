@@ -374,6 +374,18 @@ def test_update_size_between_measurements():
     others[1, list(ds["weight"].values).index("attention.layers.key.weight")] = 0
     assert (others == 0).all()  # nothing else moved
     assert list(monitor.dataset()["step"].values) == [0, 2]
+    # a matrix that was zero: inf once it moves, NaN (0 / 0) while it stays zero
+    Q0, Q1 = (model.blocks[i].attention.layers["query"].weight for i in (0, 1))
+    with torch.no_grad():
+        Q0.zero_()
+        Q1.zero_()
+    monitor(4)
+    with torch.no_grad():
+        Q1.add_(0.1)
+    ds = monitor(6)
+    name = "attention.layers.query.weight"
+    assert np.isnan(float(ds["update_size"].sel(step=6, block=0, weight=name)))
+    assert float(ds["update_size"].sel(step=6, block=1, weight=name)) == np.inf
 
 
 # ---------------------------------------------------------------- the trainer's log
