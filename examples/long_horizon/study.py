@@ -15,12 +15,14 @@ complete): for the first model at its best lr of ``check_horizon`` steps, 3 seed
 cosine run of that horizon against 3 seeds of a WSD run of that horizon alone (``wsd-check``;
 bitwise the branch of the same horizon in the long run, which the report verifies on seed 0).
 
-Runs are tasks of the project's Dask machinery (``simulations.run_trainings``: embedded local
+Runs are tasks of the project's Dask machinery (``simulations.run_planned``: embedded local
 cluster, or ``--scheduler ADDRESS``); each writes ``runs/<model>/d<depth>/lr<lr>_s<seed>/
 result.json`` atomically when all its horizons have ended and resumes from its checkpoints if
-interrupted. The plan is rebuilt from the finished runs: the lr grid (3 values spaced by 3x,
-extended by one point per side while the best lr of any horizon is at an edge), then 3 seeds
-at the best lr of the longest horizon for the two best models per depth, then the check.
+interrupted (interrupted runs go first). The plan is rebuilt from the finished runs: the grid
+centres; 3 seeds for shaped (advise) and pre-LN, whose loss ratio the report states with its
+spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended by one
+point per side while the best lr of any horizon is at an edge); then 3 seeds at the best lr
+of the longest horizon for the two best models per depth; then the check.
 ``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
 (``results.md`` is the written report).
 
@@ -91,6 +93,9 @@ class Setup:
     models: tuple[str, ...]
     seeds: tuple[int, ...] = (0, 1, 2)
     best_models: int = 2
+    # the pair whose loss ratio the report states with its spread: seeded as soon as each is
+    # tuned (its best lr of every horizon inside its grid), before other models' grid edges
+    compared: tuple[str, ...] = ("shaped advise", "pre-LN (GPT-2)")
     max_extensions: int = 1
     advise_tokens: int = 8
     check_horizon: int = 1000
@@ -267,8 +272,10 @@ def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
 
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
     """(model, depth, k, seed, schedule) still needed, in priority order: per depth (in
-    ``setup.depths`` order) the grid centres of every model, then the edges and extensions;
-    then seeds at the best lr of the longest horizon for the best models; then the check."""
+    ``setup.depths`` order) the grid centres of every model, then the seeds of each
+    ``setup.compared`` model already tuned (at its best lr of the longest horizon), then the
+    grid edges and extensions; then seeds at the best lr of the longest horizon for the best
+    models of each complete depth; then the check."""
     done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
     models = available_models(setup)
     todo: list[tuple[str, int, int, int, str]] = []
@@ -276,24 +283,28 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
     for depth in setup.depths:
         centres = [(m, depth, 0, 0, "wsd") for m in models]
         todo += [j for j in centres if j not in done]
-        incomplete = False
+        grid: list[tuple[str, int, int, int, str]] = []
+        seeded: list[tuple[str, int, int, int, str]] = []
         for m in models:
             runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
             ks = sorted({-1, 0, 1} | {r["k"] for r in runs if r["seed"] == 0})
             missing = [(m, depth, k, 0, "wsd") for k in ks if (m, depth, k, 0, "wsd") not in done]
             if missing:
-                todo += [j for j in missing if j not in todo]
-                incomplete = True
+                grid += [j for j in missing if j not in todo]
                 continue
             bests = {best_k(runs, h) for h in setup.horizons[depth]} - {None}
             lo, hi = min(ks), max(ks)
+            edges = []
             if lo in bests and lo > -1 - setup.max_extensions:
-                todo.append((m, depth, lo - 1, 0, "wsd"))
-                incomplete = True
+                edges.append((m, depth, lo - 1, 0, "wsd"))
             if hi in bests and hi < 1 + setup.max_extensions:
-                todo.append((m, depth, hi + 1, 0, "wsd"))
-                incomplete = True
-        if not incomplete:
+                edges.append((m, depth, hi + 1, 0, "wsd"))
+            grid += edges
+            k = best_k(runs, max(setup.horizons[depth]))
+            if not edges and m in setup.compared and k is not None:
+                seeded += [(m, depth, k, s, "wsd") for s in setup.seeds]
+        todo += [j for j in seeded if j not in done] + grid
+        if not grid:
             complete_depths.append(depth)
     for depth in complete_depths:
         longest = max(setup.horizons[depth])
@@ -306,7 +317,9 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
                 ranked.append((loss, m, k))
         for _, m, k in sorted(ranked)[: setup.best_models]:
             todo += [
-                (m, depth, k, s, "wsd") for s in setup.seeds if (m, depth, k, s, "wsd") not in done
+                (m, depth, k, s, "wsd")
+                for s in setup.seeds
+                if (m, depth, k, s, "wsd") not in done and (m, depth, k, s, "wsd") not in todo
             ]
     if setup.depths[0] in complete_depths:
         todo += check_plan(setup, results)
@@ -344,15 +357,21 @@ def run_study(
     max_runs: int | None,
     check: bool = False,
 ) -> int:
-    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
-    One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every
-    round of planning (``simulations.run_planned``)."""
+    """Run planned runs until nothing is left (or ``max_runs`` new runs), interrupted ones
+    first; returns how many. One Dask client (an embedded cluster of ``workers``, or
+    ``scheduler``) serves every round of planning (``simulations.run_planned``)."""
     planner = check_plan if check else plan
-    summary = run_planned(
-        lambda: [
+
+    def planned() -> list[TrainingRun]:
+        runs = [
             make_run(setup, out, *job, device=device, compile=compile)
             for job in planner(setup, load_results(out))
-        ],
+        ]
+        # interrupted runs first (they resume from their checkpoints), else in plan order
+        return sorted(runs, key=lambda r: not any(Path(r.folder).glob("h*/checkpoint.pt")))
+
+    summary = run_planned(
+        planned,
         client=scheduler,
         workers=workers,
         max_runs=max_runs,
