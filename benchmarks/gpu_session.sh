@@ -14,6 +14,9 @@
 #       examples/long_horizon/runs) on the GPU, 8 workers, to finish its grid and seeds; each
 #       result.json records its device; the finished runs come back in cpu_grid_runs.tgz
 #       (result.json and log.nc), to be unpacked at the repository root and committed.
+#   STUDY=transfer bash benchmarks/gpu_session.sh
+#       the learning-rate transfer study (examples/transfer, 280+ runs of 1,000 steps) on the
+#       GPU, 8 workers; its finished runs come back in transfer_runs.tgz the same way.
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
@@ -26,6 +29,9 @@ STUDY_SECONDS=${STUDY_SECONDS:-500}
 if [ "${STUDY:-gpu}" = cpu-grid ]; then
   timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --device cuda --compile \
     --workers 8 --depths 16 64 > "$OUT/study.log" 2>&1 &
+elif [ "${STUDY:-gpu}" = transfer ]; then
+  timeout "$STUDY_SECONDS" python3 examples/transfer/study.py --device cuda --workers 8 \
+    > "$OUT/study.log" 2>&1 &
 else
   timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --gpu --device cuda --compile \
     --workers 6 --max-runs 6 --models "shaped advise" "pre-LN (GPT-2)" > "$OUT/study.log" 2>&1 &
@@ -58,7 +64,10 @@ echo "rc $?" >> "$OUT/reproducible.log"
 wait $study
 echo "rc $?" >> "$OUT/study.log"
 nvidia-smi >> "$OUT/machine.txt" 2>&1
-if [ "${STUDY:-gpu}" = cpu-grid ]; then
+if [ "${STUDY:-gpu}" = transfer ]; then
+  find examples/transfer/runs -newer "$OUT/machine.txt" \( -name result.json -o -name log.nc \) \
+    -print0 | tar czf "$OUT/transfer_runs.tgz" --null -T -
+elif [ "${STUDY:-gpu}" = cpu-grid ]; then
   find examples/long_horizon/runs -newer "$OUT/machine.txt" \( -name result.json -o -name log.nc \) \
     -print0 | tar czf "$OUT/cpu_grid_runs.tgz" --null -T -
 else
