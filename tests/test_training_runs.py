@@ -181,6 +181,32 @@ def _load(name: str):
     return module
 
 
+def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    report = _load("report")
+
+    def run(name, loss, diverged=False, step=None, schedule="wsd"):
+        h = {"val_loss": loss, "diverged": diverged, "diverged_step": step}
+        return {"model_name": name, "lr": 0.01, "seed": 0, "schedule": schedule,
+                "horizons": {"100": h}}  # fmt: skip
+
+    runs = [
+        run("b", 3.4),
+        run("a", None, diverged=True, step=65),
+        run("c", 2.0),
+        run("d", 3.4, schedule="cosine"),
+        run("e", None, diverged=True),
+    ]
+    found = report.failures(runs, 100, 3.33)
+    assert [(f["model"], f["what"]) for f in found] == [
+        ("a", "diverged at step 65"),
+        ("b", "no better than the unigram baseline (3.400)"),
+        ("e", "diverged"),
+    ]
+    assert [f["model"] for f in report.failures(runs, 100, None)] == ["a", "e"]
+    assert report.failures(runs, 200, 3.33) == []
+
+
 def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")
@@ -211,6 +237,7 @@ def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypa
     assert check["branch_equals_alone"] is True
     assert (tmp_path / "figures" / "loss_vs_horizon.png").stat().st_size > 0
     assert "Unigram baseline" in (tmp_path / "tables.md").read_text()
+    assert "Failed runs at 40 steps: " in (tmp_path / "tables.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
     assert study.main(args) == 0  # resumes: nothing is trained again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps

@@ -109,6 +109,26 @@ def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[st
     return out
 
 
+def failures(
+    runs: list[dict[str, Any]], horizon: int, unigram: float | None
+) -> list[dict[str, Any]]:
+    """The WSD runs that failed at ``horizon``: diverged (NaN, or above the initial loss), or
+    no better than the unigram baseline (they learned at most the byte frequencies)."""
+    out = []
+    for r in sorted(runs, key=lambda r: (r["model_name"], r["lr"], r["seed"])):
+        h = r["horizons"].get(str(horizon))
+        if r["schedule"] != "wsd" or h is None:
+            continue
+        if h["diverged"]:
+            what = "diverged" + (f" at step {h['diverged_step']}" if h["diverged_step"] else "")
+        elif unigram is not None and h["val_loss"] >= unigram:
+            what = f"no better than the unigram baseline ({h['val_loss']:.3f})"
+        else:
+            continue
+        out.append({"model": r["model_name"], "lr": r["lr"], "seed": r["seed"], "what": what})
+    return out
+
+
 def baseline(setup: Setup, results: list[dict[str, Any]]) -> dict[str, float] | None:
     """The unigram baseline of the runs' corpus: as the runs recorded it, else computed here
     if this machine's default corpus is theirs (same training-split size; the default corpus
@@ -139,9 +159,12 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                 per_model[model] = cells
         if not per_model:
             continue
+        at_depth = [r for r in results if r["depth"] == depth]
+        unigram = base["cross_entropy"] if base else None
         depths[str(depth)] = {
             "horizons": horizons,
             "models": per_model,
+            "failures": failures(at_depth, max(horizons), unigram),
             "crossings": crossings(per_model, horizons),
             "ratio_to_reference": ratios(per_model, horizons),
         }
@@ -259,6 +282,9 @@ def tables(summary: dict[str, Any]) -> str:
                     cells.append(f"{e['ratio']:.3f}{sd}" if e else "-")
                 lines.append(f"| {model} | " + " | ".join(cells) + " |")
             lines.append("")
+        failed = [f"{f['model']} lr {f['lr']:.3g} s{f['seed']}: {f['what']}" for f in d["failures"]]
+        lines.append(f"Failed runs at {max(hs)} steps: {'; '.join(failed) or 'none'}.")
+        lines.append("")
         if d["crossings"]:
             lines.append("Order changes between horizons:")
             for c in d["crossings"]:
