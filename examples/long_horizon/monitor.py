@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         results[label] = info
         diff = info["max_rel_diff_from_log"]
         print(f"{label}: steps {steps}, largest relative difference from log.nc {diff:.1e}")
-        name = f"{folder.parts[-4]} lr {info['lr']:g}"
+        to = info["logged_to"]
+        state = f"{to} steps" if info["status"] == "finished" else f"{info['status']} to step {to}"
+        name = f"{folder.parts[-4]} lr {info['lr']:g}\n({state})"
         log = load_dataset(folder / "log.nc")
         if _last_monitored_step(log) is not None:
             logs[name] = log  # the whole logged trajectory
