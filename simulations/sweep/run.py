@@ -67,6 +67,9 @@ def _check_workers(client: Any, workers: int | None, threads_per_worker: int) ->
     return workers
 
 
+_MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
+
+
 @contextlib.contextmanager
 def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[Any, int | None]]:
     """(client, torch threads per task) for a given client, an address or a LocalCluster."""
@@ -80,11 +83,19 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
         else:
             yield client, None
         return
-    # The workers' statistical profiler samples every thread's stack every 10 ms, taking the
-    # GIL from the task thread each time; the embedded cluster's tasks are long numerical
-    # jobs that need no profile (set before the cluster starts: the nannies pass the config on).
+    # Set before the cluster starts (the nannies pass the config on):
+    # - the workers' statistical profiler samples every thread's stack every 10 ms, taking the
+    #   GIL from the task thread each time; these long numerical tasks need no profile;
+    # - Dask's default MALLOC_TRIM_THRESHOLD_=65536 fixes glibc's mmap threshold at 128 KiB, so
+    #   every activation tensor is a fresh mmap whose pages fault in at each use: a training
+    #   step at width 64 took 1.4-1.5x as long, a third of it in the kernel (benchmarks/RESULTS.md).
+    #   Unset, glibc's adaptive threshold reuses the memory.
+    settings = {
+        "distributed.worker.profile.enabled": False,
+        f"distributed.nanny.pre-spawn-environ.{_MALLOC_TRIM}": None,
+    }
     with (
-        dask.config.set({"distributed.worker.profile.enabled": False}),
+        dask.config.set(settings),
         LocalCluster(
             n_workers=workers,
             threads_per_worker=threads_per_worker,
