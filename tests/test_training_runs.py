@@ -220,6 +220,31 @@ def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):
     assert report.failures(runs, 200, 3.33) == []
 
 
+def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    setup = study.QUICK  # depths (2, 4), horizons 20 and 40, seeds (0, 1)
+    pair = ("shaped advise", "pre-LN (GPT-2)")
+
+    def run(model, depth, k, seed=0):
+        loss = {"val_loss": 2.0 + abs(k), "diverged": False}  # k = 0 best at every horizon
+        return {"model_name": model, "depth": depth, "k": k, "seed": seed, "schedule": "wsd",
+                "horizons": {"20": loss, "40": loss}}  # fmt: skip
+
+    tuned = [run(m, 2, k) for m in pair for k in (-1, 0, 1)]
+    assert study.plan(setup, tuned) == [
+        *[(m, 4, 0, 0, "wsd") for m in pair],  # depth 4's centres first
+        *[(m, 2, 0, 1, "wsd") for m in pair],  # then the tuned pair's seeds at depth 2
+        *[(m, 4, k, 0, "wsd") for m in pair for k in (-1, 1)],  # then depth 4's grid edges
+        *[(pair[0], 2, 0, s, kind) for kind in ("wsd-check", "cosine") for s in (0, 1)],
+    ]
+    # an optimum at the grid's edge extends the grid (max_extensions 0 in the quick setup: no)
+    edge = [run(m, 2, k) for m in pair for k in (-1, 0)] + [run(m, 2, 1) | {"horizons": {
+        "20": {"val_loss": 1.0, "diverged": False}, "40": {"val_loss": 1.0, "diverged": False}}}
+        for m in pair]  # fmt: skip
+    assert study.plan(setup, edge)[2:4] == [(m, 2, 1, 1, "wsd") for m in pair]
+
+
 def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")

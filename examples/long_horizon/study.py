@@ -271,26 +271,27 @@ def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
 
 
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
-    """(model, depth, k, seed, schedule) still needed, in priority order: per depth (in
-    ``setup.depths`` order) the grid centres of every model, then the seeds of each
-    ``setup.compared`` model already tuned (at its best lr of the longest horizon), then the
-    grid edges and extensions; then seeds at the best lr of the longest horizon for the best
-    models of each complete depth; then the check."""
+    """(model, depth, k, seed, schedule) still needed, in priority order, each phase over every
+    depth (in ``setup.depths`` order) before the next: the grid centres of every model; the
+    seeds of each ``setup.compared`` model already tuned (at its best lr of the longest
+    horizon); the grid edges and extensions; seeds at the best lr of the longest horizon for
+    the best models of each complete depth; then the check. So each depth has a first answer
+    for every model before any depth's grid is refined."""
     done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
     models = available_models(setup)
-    todo: list[tuple[str, int, int, int, str]] = []
+    centres: list[tuple[str, int, int, int, str]] = []
+    seeded: list[tuple[str, int, int, int, str]] = []
+    grid: list[tuple[str, int, int, int, str]] = []
     complete_depths = []
     for depth in setup.depths:
-        centres = [(m, depth, 0, 0, "wsd") for m in models]
-        todo += [j for j in centres if j not in done]
-        grid: list[tuple[str, int, int, int, str]] = []
-        seeded: list[tuple[str, int, int, int, str]] = []
+        centres += [(m, depth, 0, 0, "wsd") for m in models if (m, depth, 0, 0, "wsd") not in done]
+        edges_before = len(grid)
         for m in models:
             runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
             ks = sorted({-1, 0, 1} | {r["k"] for r in runs if r["seed"] == 0})
             missing = [(m, depth, k, 0, "wsd") for k in ks if (m, depth, k, 0, "wsd") not in done]
             if missing:
-                grid += [j for j in missing if j not in todo]
+                grid += [j for j in missing if j not in centres]
                 continue
             bests = {best_k(runs, h) for h in setup.horizons[depth]} - {None}
             lo, hi = min(ks), max(ks)
@@ -302,10 +303,14 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
             grid += edges
             k = best_k(runs, max(setup.horizons[depth]))
             if not edges and m in setup.compared and k is not None:
-                seeded += [(m, depth, k, s, "wsd") for s in setup.seeds]
-        todo += [j for j in seeded if j not in done] + grid
-        if not grid:
+                seeded += [
+                    (m, depth, k, s, "wsd")
+                    for s in setup.seeds
+                    if (m, depth, k, s, "wsd") not in done
+                ]
+        if len(grid) == edges_before and not any(j[1] == depth for j in centres):
             complete_depths.append(depth)
+    todo = centres + seeded + grid
     for depth in complete_depths:
         longest = max(setup.horizons[depth])
         ranked = []
