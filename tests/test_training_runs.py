@@ -209,12 +209,15 @@ def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):
         run("c", 2.0),
         run("d", 3.4, schedule="cosine"),
         run("e", None, diverged=True),
+        run("f", 3.30),  # 0.9% below the baseline: noise around it, no learning
+        run("g", 3.25),  # 2.4% below: it learned something
     ]
     found = report.failures(runs, 100, 3.33)
     assert [(f["model"], f["what"]) for f in found] == [
         ("a", "diverged at step 65"),
-        ("b", "no better than the unigram baseline (3.400)"),
+        ("b", "stuck at the unigram baseline (3.400)"),
         ("e", "diverged"),
+        ("f", "stuck at the unigram baseline (3.300)"),
     ]
     assert [f["model"] for f in report.failures(runs, 100, None)] == ["a", "e"]
     assert report.failures(runs, 200, 3.33) == []
@@ -243,6 +246,22 @@ def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(mon
         "20": {"val_loss": 1.0, "diverged": False}, "40": {"val_loss": 1.0, "diverged": False}}}
         for m in pair]  # fmt: skip
     assert study.plan(setup, edge)[2:4] == [(m, 2, 1, 1, "wsd") for m in pair]
+
+
+def test_long_horizon_monitor_takes_each_depths_longest_logged_horizon(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    monitor = _load("monitor")
+    for folder in ("a/d16/lr1_s0/h250", "a/d16/lr1_s0/h5000", "a/d64/lr1_s0/h250",
+                   "a/d64/lr1_s0/h2000", "b/d64/lr1_s0/h500"):  # fmt: skip
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "log.nc").touch()
+    (tmp_path / "b/d64/lr1_s0/h2000").mkdir()  # no log yet: not a run to measure
+    found = [str(f.relative_to(tmp_path)) for f in monitor.run_folders(tmp_path)]
+    assert found == ["a/d16/lr1_s0/h5000", "a/d64/lr1_s0/h2000"]  # not b's shorter run
+    assert [str(f.relative_to(tmp_path)) for f in monitor.run_folders(tmp_path, 250)] == [
+        "a/d16/lr1_s0/h250",
+        "a/d64/lr1_s0/h250",
+    ]
 
 
 def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
@@ -282,8 +301,8 @@ def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypa
     # signal propagation after training: the finished runs' last logged monitor row
     longest = max(setup.horizons[2])
     monitor = _load("monitor")
-    monitor.main(["--runs", str(tmp_path / "runs"), "--horizon", str(longest), "--out",
-                  str(tmp_path)])  # fmt: skip
+    monitor.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path)])  # longest: 40
+    assert (tmp_path / "figures" / "monitor_d2.png").stat().st_size > 0
     measured = json.loads((tmp_path / "monitor.json").read_text())
     finished = [r for r in measured.values() if r["status"] == "finished"]
     assert len(finished) >= 4

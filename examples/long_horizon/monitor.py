@@ -1,24 +1,24 @@
 """Signal propagation of the long-horizon study's models at initialisation and after training.
 
-For every run folder ``runs/<model>/d<depth>/<lr>_s<seed>/h<H>/`` of the longest horizon
-(read only: nothing under ``runs/`` is written), this rebuilds the run's model at
-initialisation (same configs and seed as the trainer) and loads every checkpoint the folder
-still holds (``checkpoint-<step>.pt`` snapshots and ``checkpoint.pt``; a finished run's
-checkpoints are removed by the study, so only its initialisation is measured), and measures
-``shapedtx.Monitor`` on the trainer's own metrics batch (the first ``metrics_batch``
-validation windows of the run's corpus, whose fingerprint is checked). Each measurement's
-covariance metrics are compared with the run's ``log.nc`` at the same step (the same model
-and batch: they must agree), so the table cannot silently describe another model. Runs
-trained since the trainer logs the monitor's metrics (``attention_entropy`` in ``log.nc``)
-also get the row of their last logged step from the log itself: for a finished run, the
-metrics after training (the same Monitor on the same batch, computed by the trainer), and
-their whole logged trajectory in the figure.
+For every run folder ``runs/<model>/d<depth>/<lr>_s<seed>/h<H>/`` of its depth's longest
+horizon (5000 steps at depth 16, 2000 at depth 64; or ``--horizon``; read only: nothing under
+``runs/`` is written), this rebuilds the run's model at initialisation (same configs and seed
+as the trainer) and loads every checkpoint the folder still holds (``checkpoint-<step>.pt``
+snapshots and ``checkpoint.pt``; a finished run's checkpoints are removed by the study, so
+only its initialisation is measured), and measures ``shapedtx.Monitor`` on the trainer's own
+metrics batch (the first ``metrics_batch`` validation windows of the run's corpus, whose
+fingerprint is checked). Each measurement's covariance metrics are compared with the run's
+``log.nc`` at the same step (the same model and batch: they must agree), so the table cannot
+silently describe another model. Runs trained since the trainer logs the monitor's metrics
+(``attention_entropy`` in ``log.nc``) also get the row of their last logged step from the log
+itself: for a finished run, the metrics after training (the same Monitor on the same batch,
+computed by the trainer), and their whole logged trajectory in the figure.
 
 Rows measured by an earlier call are kept (read back from ``monitor.json``): the checkpoints
 of a run measured while in progress are removed when it finishes. Writes ``monitor.json``
-(every measurement), ``monitor.md`` (a table) and
-``figures/monitor.png`` (``shapedtx.plot_monitor`` of the shaped and pre-LN runs side by
-side). Usage::
+(every measurement), ``monitor.md`` (a table) and, per depth,
+``figures/monitor_d<depth>.png`` (``shapedtx.plot_monitor``: that depth's runs side by side).
+Usage::
 
     python examples/long_horizon/monitor.py                 # every run that has a log
     python examples/long_horizon/monitor.py --models "shaped advise" "pre-LN (GPT-2)"
@@ -137,18 +137,31 @@ def _summary(ds: xr.Dataset, step: int) -> dict[str, float]:
     return out
 
 
+def run_folders(runs: Path, horizon: int | None = None) -> list[Path]:
+    """Every run's horizon folder ``runs/<model>/d<depth>/<lr>_s<seed>/h<H>`` that holds a
+    ``log.nc``, of ``horizon`` steps or (None) of its depth's longest horizon (5000 steps at
+    depth 16, 2000 at depth 64; the WSD-vs-cosine check's shorter runs are left out)."""
+    logged = [h for h in sorted(runs.glob("*/d*/*/h*")) if (h / "log.nc").is_file()]
+    logged = [h for h in logged if h.name[1:].isdigit()]
+    longest: dict[str, int] = {}
+    for h in logged:
+        longest[h.parts[-3]] = max(longest.get(h.parts[-3], 0), int(h.name[1:]))
+    return [h for h in logged if int(h.name[1:]) == (horizon or longest[h.parts[-3]])]
+
+
+def _depth(folder: Path) -> int:
+    return int(folder.parts[-3][1:])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, default=HERE / "runs")
-    p.add_argument("--horizon", type=int, default=5000)
+    p.add_argument("--horizon", type=int, help="default: each depth's longest horizon")
     p.add_argument("--models", nargs="*", help="model folder names or labels (default: all)")
     p.add_argument("--out", type=Path, default=HERE)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    folders = sorted(
-        Path(f) for f in glob.glob(str(args.runs / "*" / "d*" / "*" / f"h{args.horizon}"))
-    )
-    folders = [f for f in folders if (f / "log.nc").is_file()]
+    folders = run_folders(args.runs, args.horizon)
     if args.models:
         wanted = {slug(m) for m in args.models} | set(args.models)
         folders = [f for f in folders if f.parts[-4] in wanted]
@@ -160,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         else {}
     )
     results: dict[str, Any] = dict(previous)
-    logs: dict[str, xr.Dataset] = {}
+    logs: dict[int, dict[str, xr.Dataset]] = {}  # depth -> run -> its log
     for folder in folders:
         ds, info = measure_run(folder)
         label = _label(folder)
@@ -180,9 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         name = f"{folder.parts[-4]} lr {info['lr']:g}\n({state})"
         log = load_dataset(folder / "log.nc")
         if _last_monitored_step(log) is not None:
-            logs[name] = log  # the whole logged trajectory
+            logs.setdefault(_depth(folder), {})[name] = log  # the whole logged trajectory
         elif len(steps) > 1:
-            logs[name] = ds
+            logs.setdefault(_depth(folder), {})[name] = ds
     write_json(results, args.out / "monitor.json", indent=1)
     lines = [
         "# Signal propagation at initialisation and at the kept checkpoints",
@@ -209,13 +222,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {label} | {info['status']} | {step} | {source} | " + " | ".join(values) + " |"
             )
     (args.out / "monitor.md").write_text("\n".join(lines) + "\n")
-    if logs:
+    figures = []
+    for depth, runs in sorted(logs.items()):  # one figure per depth: its runs side by side
         (args.out / "figures").mkdir(exist_ok=True)
-        fig = plot_monitor(logs)
-        fig.savefig(args.out / "figures" / "monitor.png", dpi=90)
-    print(
-        f"wrote {args.out / 'monitor.md'}, monitor.json" + (", figures/monitor.png" if logs else "")
-    )
+        figures.append(f"figures/monitor_d{depth}.png")
+        plot_monitor(runs).savefig(args.out / figures[-1], dpi=90)
+    print(f"wrote {args.out / 'monitor.md'}, monitor.json", *figures, sep=", ")
 
 
 if __name__ == "__main__":

@@ -109,11 +109,17 @@ def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[st
     return out
 
 
+STUCK_MARGIN = 0.02
+"""A run within this fraction of the unigram baseline learned nothing beyond byte frequencies."""
+
+
 def failures(
     runs: list[dict[str, Any]], horizon: int, unigram: float | None
 ) -> list[dict[str, Any]]:
     """The WSD runs that failed at ``horizon``: diverged (NaN, or above the initial loss), or
-    no better than the unigram baseline (they learned at most the byte frequencies)."""
+    stuck at the unigram baseline: at most ``STUCK_MARGIN`` (2%) below it, where a run that
+    learned only the byte frequencies lands, up to the noise of the 16 validation batches
+    (every finished depth-16 run that learned more was 27% or more below it at 250 steps)."""
     out = []
     for r in sorted(runs, key=lambda r: (r["model_name"], r["lr"], r["seed"])):
         h = r["horizons"].get(str(horizon))
@@ -121,8 +127,8 @@ def failures(
             continue
         if h["diverged"]:
             what = "diverged" + (f" at step {h['diverged_step']}" if h["diverged_step"] else "")
-        elif unigram is not None and h["val_loss"] >= unigram:
-            what = f"no better than the unigram baseline ({h['val_loss']:.3f})"
+        elif unigram is not None and h["val_loss"] >= (1 - STUCK_MARGIN) * unigram:
+            what = f"stuck at the unigram baseline ({h['val_loss']:.3f})"
         else:
             continue
         out.append({"model": r["model_name"], "lr": r["lr"], "seed": r["seed"], "what": what})
