@@ -67,9 +67,6 @@ def _check_workers(client: Any, workers: int | None, threads_per_worker: int) ->
     return workers
 
 
-_MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
-
-
 @contextlib.contextmanager
 def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[Any, int | None]]:
     """(client, torch threads per task) for a given client, an address or a LocalCluster."""
@@ -92,7 +89,7 @@ def _connect(client, workers, threads_per_worker, processes) -> Iterator[tuple[A
     #   Unset, glibc's adaptive threshold reuses the memory.
     settings = {
         "distributed.worker.profile.enabled": False,
-        f"distributed.nanny.pre-spawn-environ.{_MALLOC_TRIM}": None,
+        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     }
     with (
         dask.config.set(settings),
