@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from simulations.sweep.tasks import run_tasks
 from simulations.training_runs import TrainingRun, run_planned, run_training, run_trainings
 
 distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
 
 STUDY = Path(__file__).parents[1] / "examples" / "long_horizon"
 MODEL = ModelConfig(
@@ -143,6 +145,22 @@ def test_embedded_cluster_leaves_glibc_malloc_adaptive(monkeypatch):
     # step 1.4-1.5x slower; the embedded cluster's workers start without it.
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     summary = run_tasks(_malloc_trim, [0], ["env"], workers=1, progress=False)
+    assert summary.results == {"env": None}
+
+
+def test_user_cluster_with_dasks_malloc_setting_gets_a_warning(cluster, monkeypatch):
+    # the module's cluster runs with Dask's default environment
+    with pytest.warns(UserWarning, match="MALLOC_TRIM_THRESHOLD_=65536"):
+        run_tasks(_malloc_trim, [0], ["env"], client=cluster.scheduler_address, progress=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # the nannies leave it here
+    unset = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+    with (
+        dask.config.set(unset),
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as c,
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error")  # no warning for a cluster started as the docs say
+        summary = run_tasks(_malloc_trim, [0], ["env"], client=c.scheduler_address, progress=False)
     assert summary.results == {"env": None}
 
 
