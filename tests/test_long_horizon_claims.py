@@ -25,11 +25,21 @@ def _bullet() -> str:
         ("shaped advise", 5000),
         ("shaped g=0.1", 5000),
         ("no-norm gpt2", 5000),
+        ("SAS-P no norm", 5000),
+        ("shaped advise", 2000),
     ],
 )
 def test_readme_quotes_the_studys_loss(model, horizon):
     cell = json.loads(RESULTS.read_text())["depths"]["16"]["models"][model][str(horizon)]
     assert f"{cell['mean']:.3f}" in _bullet(), (model, horizon, cell["mean"])
+
+
+def test_readme_quotes_the_studys_depth_64_loss():
+    cell = json.loads(RESULTS.read_text())["depths"]["64"]["models"]["shaped advise"]["2000"]
+    assert (
+        f"At depth 64 the shaped model at `advise`'s gamma (0.05) reaches {cell['mean']:.3f}"
+        in (_bullet())
+    )
 
 
 def test_readme_quotes_the_studys_ratio_and_best_lrs():

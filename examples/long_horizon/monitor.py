@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         state = f"{to} steps" if info["status"] == "finished" else f"{info['status']} to step {to}"
         name = f"{folder.parts[-4]} lr {info['lr']:g}\n({state})"
         log = load_dataset(folder / "log.nc")
-        if _last_monitored_step(log) is not None:
+        if _last_monitored_step(log) is not None and log.sizes["step"] > 1:
             logs.setdefault(_depth(folder), {})[name] = log  # the whole logged trajectory
         elif len(steps) > 1:
             logs.setdefault(_depth(folder), {})[name] = ds
