@@ -90,9 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     envs = _environments()
-    print(
-        f"Dask default adds: { {k: envs['dask default'][k] for k in ('MALLOC_TRIM_THRESHOLD_',)} }"
-    )
+    print("Dask default: MALLOC_TRIM_THRESHOLD_ =", envs["dask default"]["MALLOC_TRIM_THRESHOLD_"])
     ratios: dict[str, float] = {}
     for name in args.presets:
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in envs}

@@ -22,7 +22,8 @@ interrupted (interrupted runs go first). The plan is rebuilt from the finished r
 centres; 3 seeds for shaped (advise) and pre-LN, whose loss ratio the report states with its
 spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended by one
 point per side while the best lr of any horizon is at an edge); then 3 seeds at the best lr
-of the longest horizon for the two best models per depth; then the check.
+of the longest horizon for the two best models per depth; then the check. Each phase covers
+every depth before the next (see ``plan``).
 ``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
 (``results.md`` is the written report).
 
