@@ -43,7 +43,13 @@ if TYPE_CHECKING:
     from .samplers import ExactSampler, Sampler, TokenSampler, WeightsSampler
     from .stability import plot_stability_map, stability_map
     from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
-    from .training_runs import TrainingRun, run_planned, run_training, run_trainings
+    from .training_runs import (
+        TrainingRun,
+        horizon_loss,
+        run_planned,
+        run_training,
+        run_trainings,
+    )
     from .transfer import TransferAdvice, transfer_lr
     from .wishart import wishart, wishart_factor
 
@@ -111,6 +117,7 @@ _LAZY: dict[str, str] = {
     "TaskSummary": ".sweep",
     "run_tasks": ".sweep",
     "TrainingRun": ".training_runs",
+    "horizon_loss": ".training_runs",
     "run_planned": ".training_runs",
     "run_training": ".training_runs",
     "run_trainings": ".training_runs",
@@ -186,6 +193,7 @@ __all__ = [
     "format_stability_map",
     "format_summary",
     "group_seed",
+    "horizon_loss",
     "measure",
     "measure_dataset",
     "open_point",

@@ -119,6 +119,14 @@ def summarise_log(log: Any, horizon: int) -> dict[str, Any]:
     return out
 
 
+def horizon_loss(result: dict[str, Any], horizon: int) -> float:
+    """The final validation loss of a :func:`run_training` result at ``horizon``; ``inf`` when
+    that horizon diverged or the run does not have it (so ``min`` over runs picks a trained one).
+    """
+    h = result["horizons"].get(str(horizon))
+    return math.inf if h is None or h["diverged"] else float(h["val_loss"])
+
+
 def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     """Train ``run`` (resuming what its folder holds) and write ``result.json`` atomically;
     return the result at once if it exists. The checkpoints are removed once every horizon

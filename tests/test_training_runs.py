@@ -18,7 +18,13 @@ import pytest
 
 from shapedtx import ModelConfig, TrainConfig
 from simulations.sweep.tasks import run_tasks
-from simulations.training_runs import TrainingRun, run_planned, run_training, run_trainings
+from simulations.training_runs import (
+    TrainingRun,
+    horizon_loss,
+    run_planned,
+    run_training,
+    run_trainings,
+)
 
 distributed = pytest.importorskip("distributed")
 dask = pytest.importorskip("dask")
@@ -75,6 +81,10 @@ def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
     assert len(h16["mean_rho"]["final"]) == MODEL.depth + 1
     before = run.result_path.stat().st_mtime_ns
     assert run_training(run) == result and run.result_path.stat().st_mtime_ns == before
+    assert horizon_loss(result, 8) == h8["val_loss"] and horizon_loss(result, 16) == h16["val_loss"]
+    assert horizon_loss(result, 32) == float("inf")  # a horizon the run does not have
+    h16["diverged"] = True
+    assert horizon_loss(result, 16) == float("inf")
 
 
 def test_training_run_validates_its_fields(tmp_path):

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import MODELS, Setup, _loss, available_models, best_k
+from study import MODELS, Setup, available_models, best_k
 
 from shapedtx.files import atomic_path, write_json
 from shapedtx.training import load_corpus, unigram_baseline
+from simulations.training_runs import horizon_loss
 
 REFERENCE = "pre-LN (GPT-2)"
 """The model every other is divided by in the loss-ratio table."""
@@ -39,7 +40,7 @@ def cell(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
     out: dict[str, Any] = {
         "lr_curve": {
             "lr": [r["lr"] for r in grid],
-            "val_loss": [_nan_none(_loss(r, horizon)) for r in grid],
+            "val_loss": [_nan_none(horizon_loss(r, horizon)) for r in grid],
         },
         "diverged": sum(r["horizons"][str(horizon)]["diverged"] for r in wsd),
         "runs": len(wsd),
@@ -54,7 +55,7 @@ def cell(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
         best_lr=seeds[0]["lr"],
         at_edge=k in (ks[0], ks[-1]),
         seeds=[r["seed"] for r in seeds],
-        **_stats([_loss(r, horizon) for r in seeds]),
+        **_stats([horizon_loss(r, horizon) for r in seeds]),
     )
     return out
 
@@ -214,8 +215,9 @@ def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]
         "depth": key[1],
         "lr": r0["lr"],
         "horizon": h,
-        "cosine": _stats([_loss(r, h) for r in cosine]) | {"seeds": [r["seed"] for r in cosine]},
-        "wsd": _stats([_loss(r, h) for r in wsd]) | {"seeds": [r["seed"] for r in wsd]},
+        "cosine": _stats([horizon_loss(r, h) for r in cosine])
+        | {"seeds": [r["seed"] for r in cosine]},
+        "wsd": _stats([horizon_loss(r, h) for r in wsd]) | {"seeds": [r["seed"] for r in wsd]},
         "difference": None,
         "difference_se": None,
         "branch_equals_alone": None,
@@ -228,7 +230,7 @@ def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]
     alone = [r for r in wsd if r["seed"] == 0]
     branch = [r for r in full if r["seed"] == 0 and str(h) in r["horizons"]]
     if alone and branch:
-        out["branch_equals_alone"] = _loss(alone[0], h) == _loss(branch[0], h)
+        out["branch_equals_alone"] = horizon_loss(alone[0], h) == horizon_loss(branch[0], h)
     return out
 
 

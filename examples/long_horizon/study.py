@@ -48,7 +48,7 @@ from typing import Any
 
 from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
 from shapedtx.files import write_json
-from simulations.training_runs import TrainingRun, run_planned
+from simulations.training_runs import TrainingRun, horizon_loss, run_planned
 
 HERE = Path(__file__).parent
 
@@ -256,19 +256,14 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/d*/*/result.json"))]
 
 
-def _loss(r: dict[str, Any], horizon: int) -> float:
-    h = r["horizons"].get(str(horizon))
-    return math.inf if h is None or h["diverged"] else h["val_loss"]
-
-
 def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
     """The grid index of the lowest seed-0 validation loss at ``horizon`` (None: all diverged)."""
     ok = [
         r
         for r in runs
-        if r["seed"] == 0 and r["schedule"] == "wsd" and math.isfinite(_loss(r, horizon))
+        if r["seed"] == 0 and r["schedule"] == "wsd" and math.isfinite(horizon_loss(r, horizon))
     ]
-    return min(ok, key=lambda r: _loss(r, horizon))["k"] if ok else None
+    return min(ok, key=lambda r: horizon_loss(r, horizon))["k"] if ok else None
 
 
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
@@ -319,7 +314,7 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
             runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
             k = best_k(runs, longest)
             if k is not None:
-                loss = min(_loss(r, longest) for r in runs if r["k"] == k and r["seed"] == 0)
+                loss = min(horizon_loss(r, longest) for r in runs if r["k"] == k and r["seed"] == 0)
                 ranked.append((loss, m, k))
         for _, m, k in sorted(ranked)[: setup.best_models]:
             todo += [

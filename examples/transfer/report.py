@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import Setup, loss
+from study import Setup
 
 from shapedtx.files import atomic_path, write_json
+from simulations.training_runs import horizon_loss
 
 BOOTSTRAP = 1000
 """Bootstrap resamples of every fit."""
@@ -89,7 +90,7 @@ def seed_stats(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | Non
     """Mean and sd over the seeds run at one lr (the lr with the most seeds; None: one seed)."""
     by_j: dict[int, list[float]] = {}
     for r in runs:
-        by_j.setdefault(r["log2_lr"], []).append(loss(r, horizon))
+        by_j.setdefault(r["log2_lr"], []).append(horizon_loss(r, horizon))
     j, values = max(by_j.items(), key=lambda kv: len(kv[1]))
     ok = [v for v in values if math.isfinite(v)]
     if len(values) < 2:
@@ -159,7 +160,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                 if not grid:
                     continue
                 x = [float(r["log2_lr"]) for r in grid]
-                y = [loss(r, h) for r in grid]
+                y = [horizon_loss(r, h) for r in grid]
                 fit = fit_optimum(x, y)
                 samples[width, depth] = bootstrap(x, y, sd, rng)
                 shapes[f"w{width}_d{depth}"] = {

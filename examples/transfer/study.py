@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from shapedtx import ModelConfig, TrainConfig, preset
-from simulations.training_runs import TrainingRun, run_planned
+from simulations.training_runs import TrainingRun, horizon_loss, run_planned
 
 HERE = Path(__file__).parent
 
@@ -198,16 +198,10 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/w*_d*/*/result.json"))]
 
 
-def loss(r: dict[str, Any], horizon: int) -> float:
-    """Validation loss of a run at ``horizon`` (inf when it diverged or is missing)."""
-    h = r["horizons"].get(str(horizon))
-    return math.inf if h is None or h["diverged"] else h["val_loss"]
-
-
 def best_j(runs: list[dict[str, Any]], horizon: int) -> int | None:
     """The grid's log2 lr with the lowest seed-0 loss at ``horizon`` (None: all diverged)."""
-    ok = [r for r in runs if r["seed"] == 0 and math.isfinite(loss(r, horizon))]
-    return min(ok, key=lambda r: loss(r, horizon))["log2_lr"] if ok else None
+    ok = [r for r in runs if r["seed"] == 0 and math.isfinite(horizon_loss(r, horizon))]
+    return min(ok, key=lambda r: horizon_loss(r, horizon))["log2_lr"] if ok else None
 
 
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
