@@ -251,6 +251,33 @@ def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):
     assert report.failures(runs, 200, 3.33) == []
 
 
+def test_long_horizon_order_changes_skip_level_horizons(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    report = _load("report")
+
+    def cells(*means, sd=None, n=1):
+        return {str(h): {"mean": m, "sd": sd, "n": n} for h, m in enumerate(means, start=1)}
+
+    per_model = {
+        "a": cells(2.00, 1.60, 1.40, 1.20),
+        "b": cells(1.90, 1.59, 1.405, 1.23),  # ahead, level (0.6%, 0.4%), behind (2.5%)
+        "c": cells(2.10, 1.70, 1.50, 1.195),  # behind a up to 3, level at 4 (0.4%): no change
+    }
+    found = report.crossings(per_model, [1, 2, 3, 4])
+    assert found == [
+        {"models": ["a", "b"], "between": [1, 4], "level": [2, 3], "ahead_after": "a"},
+        {"models": ["b", "c"], "between": [3, 4], "level": [], "ahead_after": "c"},
+    ]
+    assert report.level_pairs(per_model, 4) == [["a", "c"]]
+    # seeds widen the band to 2 SE of the difference: sd 0.05 over 3 seeds each -> 0.082
+    seeded = {"a": cells(2.0, 1.0, sd=0.05, n=3), "b": cells(1.9, 1.1, sd=0.05, n=3)}
+    assert report.crossings(seeded, [1, 2]) == [
+        {"models": ["a", "b"], "between": [1, 2], "level": [], "ahead_after": "a"}
+    ]
+    seeded["b"] = cells(1.95, 1.1, sd=0.05, n=3)  # 0.05 apart at 1: level, so no change
+    assert report.crossings(seeded, [1, 2]) == []
+
+
 def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")
