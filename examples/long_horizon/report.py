@@ -345,7 +345,7 @@ def tables(summary: dict[str, Any]) -> str:
         else:
             lines.append(f"No two models change order between the horizons run so far ({margin}).")
         level = "; ".join(f"{a} and {b}" for a, b in d["level_at_longest"])
-        lines.append(f"Level at {max(hs)} steps: {level or 'none'}.")
+        lines += ["", f"Level at {max(hs)} steps: {level or 'none'}."]
         lines.append("")
     check = summary["wsd_vs_cosine"]
     if check:
