@@ -1,4 +1,4 @@
-"""The README's long-horizon claims are the committed study's numbers
+"""The README's long-horizon table and claims are the committed study's numbers
 (examples/long_horizon/results.json, rebuilt by ``study.py --report`` from finished runs)."""
 
 import json
@@ -8,45 +8,95 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "examples" / "long_horizon" / "results.json"
+ROWS = {
+    "pre-LN GPT-2": "pre-LN (GPT-2)",
+    "shaped, `advise`'s gamma": "shaped advise",
+    "shaped, gamma 0.1": "shaped g=0.1",
+    "shaped, gamma 0.35": "shaped g=0.35",
+    "SAS-P (He & Hofmann)": "SAS-P",
+    "SAS-P, no normalisation": "SAS-P no norm",
+    "no normalisation, GPT-2 init": "no-norm gpt2",
+}
+"""README row -> the study's model name."""
+COLUMNS = [("16", "250"), ("16", "1000"), ("16", "5000"), ("64", "250"), ("64", "2000")]
+"""The README table's loss columns: (depth, horizon)."""
 
 
-def _bullet() -> str:
+def _section() -> str:
     readme = (ROOT / "README.md").read_text()
-    start = readme.index("- **Long horizons**")
-    return " ".join(readme[start : readme.index("\n\n", start)].split())
+    start = readme.index("**Long horizons**")
+    return readme[start : readme.index("How to train, horizons and probes", start)]
+
+
+def _text() -> str:
+    return " ".join(_section().split())
+
+
+def _depths() -> dict:
+    return json.loads(RESULTS.read_text())["depths"]
+
+
+def _expected_cell(depth: str, model: str, horizon: str) -> str:
+    c = _depths().get(depth, {}).get("models", {}).get(model, {}).get(horizon)
+    if c is None:
+        return "-"
+    if c.get("mean") is None:
+        return "diverged"
+    return f"{c['mean']:.3f}" + ("*" if c["at_edge"] else "")
+
+
+def _lrs(depth: str, model: str) -> int:
+    cells = _depths().get(depth, {}).get("models", {}).get(model)
+    return len(next(iter(cells.values()))["lr_curve"]["lr"]) if cells else 0
+
+
+def test_readme_table_is_the_studys_results():
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in _section().splitlines()
+        if line.startswith("| ") and not line.startswith("| model")
+    ]
+    assert {r[0] for r in rows} == set(ROWS)
+    for name, lrs, *cells in rows:
+        model = ROWS[name]
+        assert lrs == f"{_lrs('16', model)} / {_lrs('64', model)}", name
+        expected = [_expected_cell(d, model, h) for d, h in COLUMNS]
+        assert cells == expected, (name, cells, expected)
+
+
+def _ratio(depth: str, model: str, horizon: str) -> float:
+    models = _depths()[depth]["models"]
+    return models[model][horizon]["mean"] / models["pre-LN (GPT-2)"][horizon]["mean"]
 
 
 @pytest.mark.parametrize(
-    ("model", "horizon"),
+    ("claim", "depth", "model", "horizon"),
     [
-        ("pre-LN (GPT-2)", 250),
-        ("shaped advise", 250),
-        ("pre-LN (GPT-2)", 5000),
-        ("shaped advise", 5000),
-        ("shaped g=0.1", 5000),
-        ("no-norm gpt2", 5000),
-        ("SAS-P no norm", 5000),
-        ("shaped advise", 2000),
+        ("pre-LN is ahead from 500 steps on, by {}% at 5,000", "16", "shaped advise", "5000"),
+        ("the short study's gamma 0.1 is {}% behind pre-LN at 5,000", "16", "shaped g=0.1", "5000"),
+        (
+            "SAS-P is ahead of pre-LN up to 1,000 steps, level at 2,000 and {}% behind at 5,000",
+            "16",
+            "SAS-P",
+            "5000",
+        ),
     ],
 )
-def test_readme_quotes_the_studys_loss(model, horizon):
-    cell = json.loads(RESULTS.read_text())["depths"]["16"]["models"][model][str(horizon)]
-    assert f"{cell['mean']:.3f}" in _bullet(), (model, horizon, cell["mean"])
+def test_readme_quotes_the_studys_ratios(claim, depth, model, horizon):
+    percent = round(100 * (_ratio(depth, model, horizon) - 1))
+    assert claim.format(percent) in _text()
 
 
-def test_readme_quotes_the_studys_depth_64_loss():
-    cell = json.loads(RESULTS.read_text())["depths"]["64"]["models"]["shaped advise"]["2000"]
-    assert (
-        f"At depth 64 the shaped model at `advise`'s gamma (0.05) reaches {cell['mean']:.3f}"
-        in (_bullet())
-    )
+def test_readme_quotes_the_depth_64_ratios():
+    sas_p = round(100 * (1 - _ratio("64", "SAS-P", "2000")))
+    shaped = 100 * (_ratio("64", "shaped advise", "2000") - 1)
+    assert f"SAS-P is lowest ({sas_p}% below pre-LN at 2,000 steps)" in _text()
+    assert f"and {shaped:.1f}% behind at 2,000" in _text()
+    assert _ratio("64", "shaped advise", "1000") < 1  # "ahead of pre-LN up to 1,000 steps"
 
 
-def test_readme_quotes_the_studys_ratio_and_best_lrs():
-    depth = json.loads(RESULTS.read_text())["depths"]["16"]
-    shaped = depth["models"]["shaped advise"]
-    ratio = shaped["5000"]["mean"] / depth["models"]["pre-LN (GPT-2)"]["5000"]["mean"]
-    assert f"by {round(100 * (ratio - 1))}% at 5,000" in _bullet()
+def test_readme_quotes_the_studys_best_lrs():
+    shaped = _depths()["16"]["models"]["shaped advise"]
     assert [shaped[h]["best_lr"] for h in ("250", "500", "1000", "2000", "5000")] == [
         0.01,
         0.01,
@@ -54,3 +104,4 @@ def test_readme_quotes_the_studys_ratio_and_best_lrs():
         0.00333,
         0.00333,
     ]  # fmt: skip  (the README: 1e-2 at 250-500 steps, 3.3e-3 from 1,000 on)
+    assert "(1e-2 at 250-500 steps, 3.3e-3 from 1,000 on)" in _text()
