@@ -22,7 +22,7 @@ Usage::
     python examples/advise/predict.py                                 # the study (hours, CPU)
     python examples/advise/predict.py --device cuda                   # the same on a GPU
     python examples/advise/predict.py --report                        # results from finished runs
-    python examples/advise/predict.py --depths 16 --horizons 250 1000 5000   # per horizon (WSD)
+    python examples/advise/predict.py --depths 16 --horizons 250 1000 5000   # long_horizon/
 """
 
 from __future__ import annotations
@@ -196,6 +196,12 @@ def training_run(s: Setup, out: Path, depth: int, gamma: float, tau0: float, lr:
     )
 
 
+def default_out(s: Setup) -> Path:
+    """Where a study's files go by default: this folder for the fixed-horizon study, its
+    ``long_horizon/`` subfolder for the per-horizon (WSD) one."""
+    return HERE / "long_horizon" if s.horizons else HERE
+
+
 def _lr_folder(s: Setup, lr: float) -> str:
     return f"lr{lr:g}_wsd" if s.horizons else f"lr{lr:g}"
 
@@ -354,7 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (< 1 min)")
     parser.add_argument("--report", action="store_true", help="rebuild results only")
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder (default: beside this script; long_horizon/ there with "
+        "--horizons, so the short study's results.json is kept)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2, help="embedded Dask workers")
     parser.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
@@ -375,6 +386,8 @@ def main(argv: list[str] | None = None) -> None:
         if (v := getattr(args, k)) is not None
     }
     s = Setup(**{**s.__dict__, **changes})
+    if args.out is None:
+        args.out = default_out(s)
     rows = configurations(s, args.out)
     if not args.report:
         for depth, gamma, tau0, _ in rows:
