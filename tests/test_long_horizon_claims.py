@@ -93,6 +93,15 @@ def test_readme_quotes_the_depth_64_ratios():
     assert f"SAS-P is lowest ({sas_p}% below pre-LN at 2,000 steps)" in _text()
     assert f"and {shaped:.1f}% behind at 2,000" in _text()
     assert _ratio("64", "shaped advise", "1000") < 1  # "ahead of pre-LN up to 1,000 steps"
+    d16, d64 = _depths()["16"]["models"], _depths()["64"]["models"]
+    g01, advised = d64["shaped g=0.1"]["2000"]["mean"], d64["shaped advise"]["2000"]["mean"]
+    assert "15% below gamma 0.1" in _text() and round(100 * (1 - advised / g01)) == 15
+    same_time = f"({d16['shaped g=0.1']['2000']['mean']:.3f} and {advised:.3f},"
+    assert f"they reach the same loss at 2,000 steps {same_time}" in _text()
+    assert (
+        d16["shaped g=0.1"]["2000"]["best_lr"] == 0.01
+        and d64["shaped advise"]["2000"]["best_lr"] == 0.00333
+    )  # "at lr 1e-2 and 3.3e-3"
 
 
 def test_readme_quotes_the_studys_best_lrs():
