@@ -48,6 +48,10 @@ def test_quick_per_horizon_prediction_end_to_end_on_dask(predict, tmp_path):
         assert math.isfinite(spearman["value"])  # every configuration trains at these sizes
         lo, hi = spearman["ci"]
         assert -1 <= lo <= spearman["value"] <= hi <= 1
+        counts = at["best_lr_counts"]
+        assert set(counts) == {"0.003", "0.01", "diverged"} and sum(counts.values()) == 4
+        for lr in ("0.003", "0.01"):
+            assert counts[lr] == sum(f"{c['best_lr']:g}" == lr for c in at["configs"])
         for config in at["configs"]:
             losses = {k: v for k, v in config["losses"].items() if v is not None}
             assert losses  # the best lr of this horizon, not of the longest

@@ -265,6 +265,11 @@ def _report_at(s: Setup, out: Path, rows, horizon: int | None) -> dict[str, Any]
             }
         )
     result: dict[str, Any] = {"setup": s.__dict__, "configs": table}
+    # how many configurations take each lr as their best: a count piled on the smallest or the
+    # largest lr says the grid should be extended there (--lrs; finished runs are reused)
+    result["best_lr_counts"] = {
+        f"{lr:g}": sum(t["best_lr"] == lr for t in table) for lr in s.lrs
+    } | {"diverged": sum(t["best_lr"] is None for t in table)}
     if len(table) >= 3:
         # diverged runs rank as worst (loss +inf); norm inf as the largest score
         loss = [t["loss"] if t["loss"] is not None else math.inf for t in table]
