@@ -114,3 +114,8 @@ def test_readme_quotes_the_studys_best_lrs():
         0.00333,
     ]  # fmt: skip  (the README: 1e-2 at 250-500 steps, 3.3e-3 from 1,000 on)
     assert "(1e-2 at 250-500 steps, 3.3e-3 from 1,000 on)" in _text()
+    for model in ("pre-LN (GPT-2)", "SAS-P"):  # "pre-LN's and SAS-P's best lr (3.3e-3) is the
+        cells = _depths()["16"]["models"][model]  # same at every horizon", from 3 lrs each
+        assert {c["best_lr"] for c in cells.values()} == {0.00333}
+        assert all(len(c["lr_curve"]["lr"]) >= 3 for c in cells.values())
+    assert "pre-LN's and SAS-P's best lr (3.3e-3) is the same at every horizon" in _text()

@@ -33,8 +33,8 @@ the width); each candidate's predicted law at T must meet the safety criteria:
 Ranking (simulations.advise.rank_key; spread_target is --spread-target, default 0.145):
 {ranking}
 Evidence for the score: Spearman 0.92 between rho_spread and the trained loss over 26
-configurations at width 32 after 150 steps, 0.97 over 13 at width 64, depth 64 after 300
-steps; one seed each (examples/advise/README.md).
+configurations at width 32 (depths 16, 32) after 150 steps, 0.97 over 13 at width 64, depth 64
+after 300 steps; one seed each, not yet checked at longer horizons (examples/advise/README.md).
 
 Every candidate is screened with --screen-samples paths (rejected there only for a violation
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
