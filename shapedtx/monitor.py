@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ._validation import ParameterError, check_bool, check_int
 from .attention import causal_mask, split_heads
 from .metrics import covariance
-from .probe import Blocks, _forward_once, _stream, find_blocks
+from .probe import Blocks, _forward_once, _stream, _submodule, find_blocks
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -329,8 +329,6 @@ def find_attention(
     or a GPT-2 / nanoGPT attention (``c_attn`` and ``num_heads`` / ``n_head``). Otherwise one
     entry per block: a module, its name in ``model.named_modules()``, or None.
     """
-    modules = dict(model.named_modules())
-    names = {module: name for name, module in modules.items()}
     if attention is None:
         found: list[_Reader | None] = []
         for block_name, block in blocks:
@@ -358,19 +356,12 @@ def find_attention(
         if entry is None:
             readers.append(None)
             continue
-        if isinstance(entry, str):
-            if entry not in modules:
-                raise ParameterError(
-                    "attention", f"attention[{i}]: model has no submodule named {entry!r}"
-                )
-            entry = modules[entry]
-        if not isinstance(entry, nn.Module) or entry not in names:
-            raise ParameterError("attention", f"attention[{i}] is not a submodule of model")
-        reader = _reader(names[entry], entry)
+        name, entry = _submodule(model, entry, "attention", i)
+        reader = _reader(name, entry)
         if reader is None:
             raise ParameterError(
                 "attention",
-                f"attention[{i}] ({names[entry]!r}, {type(entry).__name__}) is not an attention "
+                f"attention[{i}] ({name!r}, {type(entry).__name__}) is not an attention "
                 f"module the monitor can read (the library's Attention, nn.MultiheadAttention, "
                 f"nn.TransformerEncoderLayer, or a module with c_attn and num_heads / n_head)",
             )

@@ -64,6 +64,22 @@ def _attribute(model: nn.Module, path: str) -> Any:
     return obj
 
 
+def _submodule(model: nn.Module, entry: Any, parameter: str, index: int) -> tuple[str, nn.Module]:
+    """``(name, module)`` of ``entry``, a submodule of ``model`` or its name in
+    ``model.named_modules()``; ParameterError naming ``parameter[index]`` otherwise."""
+    modules = dict(model.named_modules())
+    if isinstance(entry, str):
+        if entry not in modules:
+            raise ParameterError(
+                parameter, f"{parameter}[{index}]: model has no submodule named {entry!r}"
+            )
+        return entry, modules[entry]
+    for name, module in modules.items():
+        if module is entry:
+            return name, module
+    raise ParameterError(parameter, f"{parameter}[{index}] is not a submodule of model")
+
+
 def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.Module]]:
     """The residual blocks of ``model`` as ``(name, module)`` pairs, in order.
 
@@ -115,17 +131,7 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.M
         )
     if len(blocks) == 0:
         raise ParameterError("blocks", "blocks must name at least one block")
-    out = []
-    for i, block in enumerate(blocks):
-        if isinstance(block, str):
-            if block not in modules:
-                raise ParameterError(
-                    "blocks", f"blocks[{i}]: model has no submodule named {block!r}"
-                )
-            block = modules[block]
-        if not isinstance(block, nn.Module) or block not in names:
-            raise ParameterError("blocks", f"blocks[{i}] is not a submodule of model")
-        out.append((names[block], block))
+    out = [_submodule(model, block, "blocks", i) for i, block in enumerate(blocks)]
     if len({id(b) for _, b in out}) != len(out):
         raise ParameterError("blocks", "blocks must not repeat a module")
     return out
