@@ -1,0 +1,85 @@
+"""The documents' claims about the advise prediction at long horizons are the committed
+study's numbers (examples/advise/long_horizon/results.json, rebuilt by ``predict.py --report``
+from finished runs; issue 42 item 4)."""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "examples" / "advise" / "long_horizon" / "results.json"
+HORIZONS = ("250", "500", "1000", "2000", "5000")
+
+
+def _by_horizon() -> dict:
+    return json.loads(RESULTS.read_text())["by_horizon"]
+
+
+def _flat(path: str) -> str:
+    return " ".join((ROOT / path).read_text().split())
+
+
+def _advised_rank(at: dict) -> tuple[int, float, float]:
+    """(rank of the advised configuration among those that trained, its loss, the best)."""
+    losses = sorted(c["loss"] for c in at["configs"] if c["loss"] is not None)
+    advised = next(c["loss"] for c in at["configs"] if c["role"] == "advised")
+    return losses.index(advised) + 1, advised, losses[0]
+
+
+def test_the_study_is_the_one_described():
+    by = _by_horizon()
+    assert tuple(by) == HORIZONS
+    setup = json.loads(RESULTS.read_text())["setup"]
+    assert setup["width"] == 32 and setup["depths"] == [16] and setup["lrs"] == [0.003, 0.01]
+    assert all(len(at["configs"]) == 13 for at in by.values())  # "13 configurations"
+
+
+def test_readme_guide_and_help_quote_the_spearman_per_horizon():
+    by = _by_horizon()
+    r = {h: by[h]["spearman"]["value"] for h in HORIZONS}
+    lo, hi = by["5000"]["spearman"]["ci"]
+    at_5000 = f"{r['5000']:.2f} [{lo:.2f}, {hi:.2f}]"
+    assert f"Spearman r {r['250']:.2f} at 250 steps and {at_5000} at 5,000" in _flat("README.md")
+    later = [round(r[h], 2) for h in HORIZONS[1:]]
+    band = f"{min(later):.2f}-{max(later):.2f} from 500 to 5,000"
+    guide = _flat("docs/guide/advise.md")
+    assert f"Spearman r {r['250']:.2f} at 250 steps and {band} ({at_5000} at 5,000)" in guide
+    assert f"{band}" in _flat("examples/advise/README.md")
+    every = [round(v, 2) for v in r.values()]
+    assert f"{min(every):.2f} to {max(every):.2f} at every horizon" in _flat(
+        "simulations/cli/advise.py"
+    )
+    # "gamma^2 T alone does as well": within 0.02 of rho_spread's r at every horizon
+    assert all(abs(by[h]["scores"]["gamma2T"]["value"] - r[h]) <= 0.02 for h in HORIZONS)
+
+
+def test_the_advice_is_best_at_250_steps_and_second_after():
+    by = _by_horizon()
+    assert _advised_rank(by["250"])[0] == 1
+    assert all(_advised_rank(by[h])[0] == 2 for h in HORIZONS[1:])  # "second of 13 from 500 on"
+    _, advised, best = _advised_rank(by["5000"])
+    behind = f"{100 * (advised / best - 1):.1f}%"
+    assert behind == "2.1%"
+    assert f"{best:.3f} against {advised:.3f}" in _flat("examples/advise/README.md")
+    assert f"{best:.3f} against {advised:.3f}" in _flat("docs/guide/advise.md")
+    smallest = min(c["gamma"] for c in by["5000"]["configs"])
+    winner = min((c for c in by["5000"]["configs"] if c["loss"]), key=lambda c: c["loss"])
+    assert winner["gamma"] == smallest  # "the smallest gamma of the grid"
+
+
+def test_example_readme_table_is_the_studys_results():
+    lines = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in (ROOT / "examples" / "advise" / "README.md").read_text().splitlines()
+        if line.startswith("| ") and line.split("|")[1].strip().replace(",", "").isdigit()
+    ]
+    rows = {row[0].replace(",", ""): row for row in lines if len(row) == 6}
+    assert set(rows) == set(HORIZONS)
+    for h, at in _by_horizon().items():
+        sp = at["spearman"]
+        assert rows[h][1] == f"{sp['value']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
+        assert rows[h][2] == f"{at['scores']['gamma2T']['value']:.2f}"
+        c = at["best_lr_counts"]
+        assert rows[h][3] == f"{c['0.003']} / {c['0.01']} / {c['diverged']}"
+        rank, advised, best = _advised_rank(at)
+        assert rows[h][4] == f"{advised:.3f}, {rank} of {len(at['configs'])}"
+        assert rows[h][5].startswith(f"{best:.3f} ")
