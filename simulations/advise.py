@@ -22,7 +22,7 @@ off-diagonal ``rho_T``, against ``spread_target``, :data:`DEFAULT_SPREAD_TARGET`
 for this score (a pilot training study, then ``examples/advise/predict.py``: the rank
 correlation of each init-time score with the trained loss, and how far the advice was from the
 best trained configuration) is reported in ``examples/advise/README.md`` and summarised in the
-advise guide (``docs/guide/advise.md``), with its scope (widths, depths, seeds).
+advise guide (``docs/guide/advise.md``), with its scope (widths, depths, training horizons, seeds).
 
 Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only
 for a violation beyond 2 standard errors; others stay unresolved); candidates are then
@@ -71,10 +71,10 @@ from .ranking import rank_key, ranking_rule, ranking_score
 DEFAULT_GAMMAS: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 DEFAULT_TAU0S: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_SPREAD_TARGET = 0.145
-"""The sd of the off-diagonal rho_T of the pilot's best configuration (gamma 0.15, T = 16/64,
-shaped ReLU MLP, 1 head, m = 8, rho0 = 0.2), 0.1415 +- 0.0002 with this module (16000 paths,
-100 steps; the same at tau0 0.5 and 1), rounded up to 0.145 so that the pilot's configuration
-itself is accepted despite Monte Carlo error."""
+"""The sd of the off-diagonal rho_T of the pilot's best configuration after 300 steps of training
+(gamma 0.15, T = 16/64, shaped ReLU MLP, 1 head, m = 8, rho0 = 0.2), 0.1415 +- 0.0002 with this
+module (16000 paths, 100 steps; the same at tau0 0.5 and 1), rounded up to 0.145 so that the
+pilot's configuration itself is accepted despite Monte Carlo error."""
 
 SPREAD_BATCHES = 8
 
