@@ -351,12 +351,14 @@ def find_attention(
             "attention",
             f"attention must have one entry per block ({len(blocks)}), got {len(attention)}",
         )
+    modules = dict(model.named_modules())
+    names = {module: name for name, module in modules.items()}
     readers: list[_Reader | None] = []
     for i, entry in enumerate(attention):
         if entry is None:
             readers.append(None)
             continue
-        name, entry = _submodule(model, entry, "attention", i)
+        name, entry = _submodule(modules, names, entry, "attention", i)
         reader = _reader(name, entry)
         if reader is None:
             raise ParameterError(

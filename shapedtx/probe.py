@@ -64,20 +64,24 @@ def _attribute(model: nn.Module, path: str) -> Any:
     return obj
 
 
-def _submodule(model: nn.Module, entry: Any, parameter: str, index: int) -> tuple[str, nn.Module]:
-    """``(name, module)`` of ``entry``, a submodule of ``model`` or its name in
-    ``model.named_modules()``; ParameterError naming ``parameter[index]`` otherwise."""
-    modules = dict(model.named_modules())
+def _submodule(
+    modules: dict[str, nn.Module],
+    names: dict[nn.Module, str],
+    entry: Any,
+    parameter: str,
+    index: int,
+) -> tuple[str, nn.Module]:
+    """``(name, module)`` of ``entry``, a module of ``modules`` (``model.named_modules()``, with
+    ``names`` its inverse) or its name; ParameterError naming ``parameter[index]`` otherwise."""
     if isinstance(entry, str):
         if entry not in modules:
             raise ParameterError(
                 parameter, f"{parameter}[{index}]: model has no submodule named {entry!r}"
             )
         return entry, modules[entry]
-    for name, module in modules.items():
-        if module is entry:
-            return name, module
-    raise ParameterError(parameter, f"{parameter}[{index}] is not a submodule of model")
+    if not isinstance(entry, nn.Module) or entry not in names:
+        raise ParameterError(parameter, f"{parameter}[{index}] is not a submodule of model")
+    return names[entry], entry
 
 
 def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.Module]]:
@@ -131,7 +135,7 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[tuple[str, nn.M
         )
     if len(blocks) == 0:
         raise ParameterError("blocks", "blocks must name at least one block")
-    out = [_submodule(model, block, "blocks", i) for i, block in enumerate(blocks)]
+    out = [_submodule(modules, names, block, "blocks", i) for i, block in enumerate(blocks)]
     if len({id(b) for _, b in out}) != len(out):
         raise ParameterError("blocks", "blocks must not repeat a module")
     return out

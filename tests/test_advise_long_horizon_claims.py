@@ -58,7 +58,7 @@ def test_the_advice_is_best_at_250_steps_and_second_after():
     assert all(_advised_rank(by[h])[0] == 2 for h in HORIZONS[1:])  # "second of 13 from 500 on"
     _, advised, best = _advised_rank(by["5000"])
     behind = f"{100 * (advised / best - 1):.1f}%"
-    assert behind == "2.1%"
+    assert behind == "2.1%" and f"{behind} behind the smallest gamma" in _flat("README.md")
     assert f"{best:.3f} against {advised:.3f}" in _flat("examples/advise/README.md")
     assert f"{best:.3f} against {advised:.3f}" in _flat("docs/guide/advise.md")
     smallest = min(c["gamma"] for c in by["5000"]["configs"])
