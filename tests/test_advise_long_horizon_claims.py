@@ -29,7 +29,7 @@ def test_the_study_is_the_one_described():
     by = _by_horizon()
     assert tuple(by) == HORIZONS
     setup = json.loads(RESULTS.read_text())["setup"]
-    assert setup["width"] == 32 and setup["depths"] == [16] and setup["lrs"] == [0.003, 0.01]
+    assert setup["width"] == 32 and setup["depths"] == [16] and setup["lrs"] == [0.003, 0.01, 0.03]
     assert all(len(at["configs"]) == 13 for at in by.values())  # "13 configurations"
 
 
@@ -43,27 +43,42 @@ def test_readme_guide_and_help_quote_the_spearman_per_horizon():
     band = f"{min(later):.2f}-{max(later):.2f} from 500 to 5,000"
     guide = _flat("docs/guide/advise.md")
     assert f"Spearman r {r['250']:.2f} at 250 steps and {band} ({at_5000} at 5,000)" in guide
-    assert f"{band}" in _flat("examples/advise/README.md")
     every = [round(v, 2) for v in r.values()]
+    assert f"{min(every):.2f}-{max(every):.2f} from 250 to 5,000" in _flat(
+        "examples/advise/README.md"
+    )
     assert f"{min(every):.2f} to {max(every):.2f} at every horizon" in _flat(
         "simulations/cli/advise.py"
     )
-    # "gamma^2 T alone does as well": within 0.02 of rho_spread's r at every horizon
-    assert all(abs(by[h]["scores"]["gamma2T"]["value"] - r[h]) <= 0.02 for h in HORIZONS)
+    # "gamma^2 T alone does as well or slightly better, 0.97-0.99"
+    g = [by[h]["scores"]["gamma2T"]["value"] for h in HORIZONS]
+    assert all(g_h >= r[h] - 0.005 for g_h, h in zip(g, HORIZONS, strict=True))
+    quoted = f"as well or slightly better, {min(g):.2f}-{max(g):.2f}"
+    assert quoted in _flat("README.md")
 
 
-def test_the_advice_is_best_at_250_steps_and_second_after():
+def test_the_advice_ranks_4th_at_250_steps_and_second_from_2000_on():
     by = _by_horizon()
-    assert _advised_rank(by["250"])[0] == 1
-    assert all(_advised_rank(by[h])[0] == 2 for h in HORIZONS[1:])  # "second of 13 from 500 on"
+    ranks = [_advised_rank(by[h])[0] for h in HORIZONS]
+    assert ranks == [4, 4, 3, 2, 2]  # "4th of 13 at 250 steps and second of 13 from 2,000 on"
     _, advised, best = _advised_rank(by["5000"])
     behind = f"{100 * (advised / best - 1):.1f}%"
     assert behind == "2.1%" and f"{behind} behind the smallest gamma" in _flat("README.md")
+    assert "4th of 13 at 250 steps and second of 13 from 2,000 steps on" in _flat("README.md")
     assert f"{best:.3f} against {advised:.3f}" in _flat("examples/advise/README.md")
     assert f"{best:.3f} against {advised:.3f}" in _flat("docs/guide/advise.md")
     smallest = min(c["gamma"] for c in by["5000"]["configs"])
     winner = min((c for c in by["5000"]["configs"] if c["loss"]), key=lambda c: c["loss"])
     assert winner["gamma"] == smallest  # "the smallest gamma of the grid"
+
+
+def test_no_configuration_prefers_the_top_lr_from_2000_steps_on():
+    by = _by_horizon()
+    counts = [by[h]["best_lr_counts"]["0.03"] for h in HORIZONS]
+    assert counts[3:] == [0, 0] and counts[0] > 0  # "changes nothing from 2,000 steps on"
+    assert f"best lr of {counts[0]}, {counts[1]} and {counts[2]} small-gamma" in _flat(
+        "examples/advise/README.md"
+    )
 
 
 def test_example_readme_table_is_the_studys_results():
@@ -79,7 +94,7 @@ def test_example_readme_table_is_the_studys_results():
         assert rows[h][1] == f"{sp['value']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
         assert rows[h][2] == f"{at['scores']['gamma2T']['value']:.2f}"
         c = at["best_lr_counts"]
-        assert rows[h][3] == f"{c['0.003']} / {c['0.01']} / {c['diverged']}"
+        assert rows[h][3] == f"{c['0.003']} / {c['0.01']} / {c['0.03']} / {c['diverged']}"
         rank, advised, best = _advised_rank(at)
         assert rows[h][4] == f"{advised:.3f}, {rank} of {len(at['configs'])}"
         assert rows[h][5].startswith(f"{best:.3f} ")

@@ -34,9 +34,9 @@ Ranking (simulations.advise.rank_key; spread_target is --spread-target, default 
 {ranking}
 Evidence for the score: Spearman 0.92 between rho_spread and the trained loss over 26
 configurations at width 32 (depths 16, 32) after 150 steps, 0.97 over 13 at width 64, depth 64
-after 300 steps; at width 32, depth 16 up to 5,000 steps, 0.93 to 0.98 at every horizon, where
-the advice was second of 13, 2.1% behind the smallest gamma of the grid (gamma^2 T ranks as
-well); one seed each (examples/advise/README.md).
+after 300 steps; at width 32, depth 16 up to 5,000 steps, 0.97 to 0.98 at every horizon, where
+the advice was second of 13 from 2,000 steps on, 2.1% behind the smallest gamma of the grid
+(gamma^2 T ranks as well or better); one seed each (examples/advise/README.md).
 
 Every candidate is screened with --screen-samples paths (rejected there only for a violation
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
