@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ._validation import ParameterError, check_bool, check_int
 from .attention import causal_mask, split_heads
 from .metrics import covariance
-from .probe import Blocks, _forward_once, _stream, _submodule, find_blocks
+from .probe import Blocks, _due_step, _forward_once, _stream, _submodule, find_blocks
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -536,14 +536,10 @@ class Monitor:
     def __call__(self, step: int | None = None) -> xr.Dataset | None:
         """Measure if ``step`` (default: the number of earlier calls) is a multiple of
         ``every``; returns that step's row as a Dataset (None if not due)."""
-        if step is None:
-            step = self.calls
+        step = _due_step(step, self.calls, self.every, self.steps)
         self.calls += 1
-        check_int("step", step, 0)
-        if step % self.every:
+        if step is None:
             return None
-        if self.steps and step <= self.steps[-1]:
-            raise ParameterError("step", f"step must increase, got {step} after {self.steps[-1]}")
         row = self.measure()
         self.steps.append(step)
         self.rows.append(row)

@@ -362,6 +362,20 @@ def probe(
     return ds
 
 
+def _due_step(step: int | None, calls: int, every: int, done: Sequence[int]) -> int | None:
+    """The step a periodic measurement is at (``step``, default ``calls``, the number of earlier
+    calls) if it is a multiple of ``every``, else None. ParameterError (``step``) for a negative
+    step or a due one that does not follow the last recorded step in ``done``."""
+    if step is None:
+        step = calls
+    check_int("step", step, 0)
+    if step % every:
+        return None
+    if done and step <= done[-1]:
+        raise ParameterError("step", f"step must increase, got {step} after {done[-1]}")
+    return step
+
+
 class CovarianceProbe:
     """Token-covariance metrics of a model during a user's own training loop.
 
@@ -409,14 +423,10 @@ class CovarianceProbe:
     def __call__(self, step: int | None = None) -> bool:
         """Measure if ``step`` (default: the number of earlier calls) is a multiple of
         ``every``; returns whether it measured."""
-        if step is None:
-            step = self.calls
+        step = _due_step(step, self.calls, self.every, self._steps)
         self.calls += 1
-        check_int("step", step, 0)
-        if step % self.every:
+        if step is None:
             return False
-        if self._steps and step <= self._steps[-1]:
-            raise ParameterError("step", f"step must increase, got {step} after {self._steps[-1]}")
         V, self.width, self.stream_dtype = _record(self.model, self.inputs, self.blocks, self.eval)
         self._steps.append(step)
         self._pending.append(V)
