@@ -139,14 +139,28 @@ def test_lr_rules_and_proxy_checks():
     assert err.value.parameter == "lr_proxy_width"
 
 
-@pytest.mark.parametrize("name", ["pre_ln_depth_mup", "shaped_t", "pre_ln"])
+# factors from width 16, depth 2 to width 32, depth 8 (m_N = 2, m_L = 4), written out by hand:
+# (hidden, readout, block_vector); embeddings and the final LN keep 1
+_HAND_FACTORS = {
+    "pre_ln_depth_mup": (0.5 * 4**-0.5, 0.5, 4**-0.5),
+    "pre_ln_completep": (0.5, 0.5, 1.0),
+    "shaped_t": (0.5, 0.5, 1.0),
+    "pre_ln": (1.0, 1.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HAND_FACTORS))
 def test_trainer_gives_each_parameter_its_group_lr(name):
     """With lr_proxy_width/depth, every parameter's AdamW lr is lr times its group's factor
-    (each group seen in the model), and without them every lr is the base lr."""
+    (each group seen in the model; the factors written out by hand), and without them every lr
+    is the base lr."""
     target = _config(name, 32, 8)
     model = LanguageModel(target, 8)
     config = TrainConfig(lr=1e-2, lr_proxy_width=16, lr_proxy_depth=2, steps=10)
-    factors = lr_multipliers(target, proxy_config(target, 16, 2))
+    hidden, readout, vector = _HAND_FACTORS[name]
+    factors = {"hidden": hidden, "readout": readout, "block_vector": vector}
+    factors |= {"embedding": 1.0, "final": 1.0}
+    assert lr_multipliers(target, proxy_config(target, 16, 2)) == pytest.approx(factors)
     lr_of = {
         id(p): g["lr"] for g in _make_optimizer(model, config).param_groups for p in g["params"]
     }
@@ -171,3 +185,20 @@ def test_parameter_groups_by_name():
     assert parameter_group("position") == "embedding"
     with pytest.raises(ParameterError):
         parameter_group("head.weight")
+
+
+@pytest.mark.parametrize("name", ["pre_ln_depth_mup", "pre_ln_completep"])
+def test_depth_rule_presets_init_hidden_weights_at_one_over_fan_in(name):
+    """The depth rules' hidden matrices start at N(0, 1/fan_in) at every depth: no GPT-2
+    1/sqrt(2 depth) factor on the output projections (the branch multiplier does that job).
+    Tolerance: 5 standard errors of a sample standard deviation, sqrt(1 / (2 N)) relative."""
+    torch.manual_seed(0)
+    for depth in (2, 16):
+        model = LanguageModel(_config(name, 64, depth), 8)
+        for pname, w in model.named_parameters():
+            if parameter_group(pname) != "hidden":
+                continue
+            fan_in = w.shape[1]
+            rel_se = (2 * w.numel()) ** -0.5
+            ratio = float(w.detach().std()) * fan_in**0.5
+            assert abs(ratio - 1.0) < 5 * rel_se, (depth, pname, ratio)

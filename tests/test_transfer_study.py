@@ -47,11 +47,28 @@ def test_fit_finds_the_vertex_of_a_parabola(modules):
     assert fit["log2_lr"] == pytest.approx(-6.3, abs=1e-9) and fit["convex"]
     assert fit["loss"] == pytest.approx(2.0, abs=1e-9)
     edge = report.fit_optimum(x, [-v for v in x])
-    assert edge["at_edge"] and edge["log2_lr"] == -4.0
+    assert edge["at_edge"] and edge["edge"] == "grid" and edge["log2_lr"] == -4.0
+    # the next lr diverged: bounded by divergence, not a grid edge (plan() does not extend it)
+    bounded = report.fit_optimum(x, [-v for v in x[:-1]] + [math.inf])
+    assert bounded["edge"] == "diverged" and bounded["log2_lr"] == -5.0
     rng = np.random.default_rng(0)
     samples = report.bootstrap(x, y, 0.01, rng)
     assert abs(np.median(samples) + 6.3) < 0.1 and np.std(samples) > 0
     assert report.bootstrap(x, y, None, rng) is None
+
+
+def test_fit_window_is_symmetric_about_the_lowest_point(modules):
+    """Next to the last finite point the window keeps one point per side (three in all), not
+    one on the near side and two on the far side: on a curve steeper above its minimum than
+    below (an asymmetric loss-vs-lr curve) a lopsided window moves the vertex."""
+    _, report = modules
+    x = [-10.0, -9, -8, -7, -6, -5, -4]
+    y = [2.0 + (0.05 if v < -5.2 else 0.4) * (v + 5.2) ** 2 for v in x]
+    fit = report.fit_optimum(x, y)  # lowest at -5: one point on its right
+    assert fit["points"] == [4, 5, 6]
+    xs, ys = np.array(x[4:]), np.array(y[4:])
+    a, b, _ = np.polyfit(xs, ys, 2)
+    assert fit["log2_lr"] == pytest.approx(-b / (2 * a), abs=1e-9)
 
 
 def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
@@ -133,3 +150,17 @@ def test_transfer_lr_refuses_bad_input(args, parameter):
     with pytest.raises(ParameterError) as err:
         transfer_lr(*args)
     assert err.value.parameter == parameter
+
+
+def test_branch_multipliers_are_relative_to_the_proxy_depth(modules):
+    """depth-muP's and CompleteP's multiplier (d / base_depth)^(-a) is 1 at the proxy's depth
+    (CompleteP's (L / L_base)^(-a)), (64 / 8)^(-a) at depth 64; the other presets keep theirs."""
+    study, _ = modules
+    proxy_depth = study.DEFAULT.proxy[1]
+    for name, a in (("pre_ln_depth_mup", 0.5), ("pre_ln_completep", 1.0)):
+        assert study.model_config(name, 64, proxy_depth, proxy_depth).branch_weight == 1.0
+        deep = study.model_config(name, 64, 64, proxy_depth)
+        assert deep.branch_weight == pytest.approx((64 / proxy_depth) ** -a, rel=1e-12)
+    for name in ("shaped_t", "pre_ln"):
+        config = study.model_config(name, 64, 64, proxy_depth)
+        assert config == study.preset(name, width=64, depth=64, heads=4, mlp_ratio=4, causal=True)

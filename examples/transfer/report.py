@@ -3,12 +3,17 @@ runs (``study.py --report``).
 
 Per parametrisation and shape (width, depth), at every horizon: the seed-0 validation loss of
 every base lr, and the optimal log2(lr) located by a least-squares quadratic in log2(lr)
-through the lowest point and up to two points on each side (``fit_optimum``). Its interval is
-a parametric bootstrap: the fitted curve plus Gaussian noise with the seed-to-seed standard
-deviation measured at the optimum (the 3-seed cells of the parametrisation, pooled), refitted
-1000 times; 2.5% and 97.5% quantiles. The drift across depth (width) is the optimum at the
-deepest (widest) shape minus the one at the shallowest (narrowest), with the interval of the
-same bootstrap, and the least-squares slope of the optimum against log2(depth) (log2(width)).
+through the lowest point and the same number of points (two, or one next to the last finite
+point) on each side (``fit_optimum``): a symmetric window, so that the loss curve's asymmetry
+(steeper on the large-lr side) does not move the vertex differently from shape to shape.
+Its interval is a parametric bootstrap: the fitted curve plus Gaussian noise with the
+seed-to-seed standard deviation measured at the optimum (the 3-seed cells of the
+parametrisation, pooled), refitted 1000 times; 2.5% and 97.5% quantiles. Independent noise
+per point with the full seed-to-seed sd is conservative (seeds shift a loss curve mostly as a
+whole, which does not move its optimum): the intervals are wider than the fit's own noise.
+The drift across depth (width) is the optimum at the deepest (widest) shape minus the one at
+the shallowest (narrowest), with the interval of the same bootstrap, and the least-squares
+slope of the optimum against log2(depth) (log2(width)).
 """
 
 from __future__ import annotations
@@ -29,28 +34,37 @@ BOOTSTRAP = 1000
 
 def fit_optimum(x: list[float], y: list[float]) -> dict[str, Any]:
     """The optimum of ``y`` (losses, inf: diverged) over ``x`` (log2 lr, ascending): a quadratic
-    through the lowest finite point and up to two finite neighbours per side (at least three
-    points, one on each side of the minimum). ``at_edge``: the lowest point is the first or last
-    finite one (the optimum is then that point, not a fit); ``convex``: the fitted quadratic
-    has a minimum (else the optimum is the lowest point)."""
+    through the lowest finite point and k = min(2, finite points on either side) finite
+    neighbours on each side. ``at_edge``: the lowest point is the first or last finite one (the
+    optimum is then that point, not a fit), and ``edge`` says why: ``"grid"`` (the grid ends
+    there: a larger or smaller lr may be better) or ``"diverged"`` (the next lr diverged: the
+    optimum is bounded by divergence); ``convex``: the fitted quadratic has a minimum (else the
+    optimum is the lowest point)."""
     pts = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(b)]
     if not pts:
-        return {"log2_lr": None, "loss": None, "at_edge": None, "convex": None, "points": []}
+        empty = ("log2_lr", "loss", "at_edge", "edge", "convex")
+        return {**dict.fromkeys(empty), "points": []}
     xs = np.array([p[0] for p in pts], dtype=float)
     ys = np.array([p[1] for p in pts], dtype=float)
     i = int(np.argmin(ys))
     lowest = {"log2_lr": float(xs[i]), "loss": float(ys[i])}
-    if i == 0 or i == len(xs) - 1 or len(xs) < 3:
-        return {**lowest, "at_edge": True, "convex": None, "points": [i]}
-    idx = list(range(max(0, i - 2), min(len(xs), i + 3)))
+    if i == 0 or i == len(xs) - 1:
+        p = list(x).index(xs[i])
+        ends = [p == 0] if i == 0 else []
+        ends += [p == len(x) - 1] if i == len(xs) - 1 else []
+        edge = "grid" if any(ends) else "diverged"
+        return {**lowest, "at_edge": True, "edge": edge, "convex": None, "points": [i]}
+    k = min(2, i, len(xs) - 1 - i)
+    idx = list(range(i - k, i + k + 1))
     a, b, c = np.polyfit(xs[idx], ys[idx], 2)
     if a <= 0:
-        return {**lowest, "at_edge": False, "convex": False, "points": idx}
+        return {**lowest, "at_edge": False, "edge": None, "convex": False, "points": idx}
     x_star = float(np.clip(-b / (2 * a), xs[idx[0]], xs[idx[-1]]))
     return {
         "log2_lr": x_star,
         "loss": float(np.polyval([a, b, c], x_star)),
         "at_edge": False,
+        "edge": None,
         "convex": True,
         "points": idx,
         "coefficients": [float(a), float(b), float(c)],
@@ -126,6 +140,7 @@ def _drift(
         "sizes": [s for s, _ in ok],
         "log2_lr_opt": opt.tolist(),
         "any_at_edge": any(c["fit"]["at_edge"] for _, c in ok),
+        "edges": sorted({c["fit"]["edge"] for _, c in ok} - {None}),
         "last_minus_first": float(opt[-1] - opt[0]),
         "last_minus_first_interval": _interval(b - a) if a is not None and b is not None else None,
         "range": float(opt.max() - opt.min()),
@@ -186,6 +201,10 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_EDGE_MARK = {None: "", "grid": "*", "diverged": "+"}
+"""The tables' mark of an optimum that is not a fit (``fit_optimum``'s ``edge``)."""
+
+
 def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -196,7 +215,9 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         f"# Transfer study: tables (horizon {h} steps; generated by report.py)",
         "",
         f"Base lr tuned at width {setup.proxy[0]}, depth {setup.proxy[1]}; optimum = quadratic "
-        "fit in log2(lr); [ ] = 95% bootstrap interval; * = lowest point at a grid edge.",
+        "fit in log2(lr); [ ] = 95% bootstrap interval; * = lowest point at a grid edge (a "
+        "better lr may lie beyond); + = the next lr diverged (the optimum is bounded by "
+        "divergence, not fitted).",
         "",
         "| parametrisation | width | depth | optimal log2 lr | interval | loss at optimum | "
         "seeds (mean ± sd) |",
@@ -214,7 +235,7 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
             )
             lines.append(
                 f"| {name} | {c['width']} | {c['depth']} | {_fmt(f['log2_lr'])}"
-                f"{'*' if f['at_edge'] else ''} | "
+                f"{_EDGE_MARK[f['edge']]} | "
                 f"{'-' if iv is None else f'[{iv[0]:.2f}, {iv[1]:.2f}]'} | "
                 f"{_fmt(f['loss'], '.3f')} | {seed_text} |"
             )
@@ -231,7 +252,7 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
             iv = d["last_minus_first_interval"]
             lines.append(
                 f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]} | "
-                f"{d['last_minus_first']:+.2f}{'*' if d['any_at_edge'] else ''} | "
+                f"{d['last_minus_first']:+.2f}{''.join(_EDGE_MARK[e] for e in d['edges'])} | "
                 f"{'-' if iv is None else f'[{iv[0]:+.2f}, {iv[1]:+.2f}]'} | "
                 f"{d['range']:.2f} | {d['slope_per_doubling']:+.2f} |"
             )

@@ -4,8 +4,8 @@ Causal byte-level LMs on the default corpus (Python standard library sources, no
 five parametrisations (docs/guide/transfer.md): the shaped Transformer with a fixed gamma
 (``shaped``, gamma 2^-1.5) and with the SDE's gamma rule (``shaped_t``: gamma^2 d / n held
 fixed), the GPT-2 pre-LN block (``pre_ln``, standard parametrisation), and pre-LN with the
-branch multipliers of depth-muP (``pre_ln_depth_mup``, 1/sqrt(d)) and CompleteP
-(``pre_ln_completep``, 1/d). 4 heads with W^O, MLP hidden 4n, context 64, batch 32.
+branch multipliers of depth-muP (``pre_ln_depth_mup``, (d/8)^(-1/2)) and CompleteP
+(``pre_ln_completep``, (d/8)^(-1)), relative to the proxy's depth 8. 4 heads with W^O, MLP hidden 4n, context 64, batch 32.
 
 The learning rate swept is the *base* lr, tuned at the proxy width 64, depth 8: every run
 trains each parameter group at base lr times the factor of its parametrisation's rule
@@ -149,8 +149,13 @@ Job = tuple[str, int, int, int, int]
 """(parametrisation, width, depth, j, seed): one run at base lr 2^j."""
 
 
-def model_config(name: str, width: int, depth: int) -> ModelConfig:
-    return preset(name, width=width, depth=depth, heads=4, mlp_ratio=4, causal=True)
+def model_config(name: str, width: int, depth: int, proxy_depth: int) -> ModelConfig:
+    """The preset at (width, depth). A branch multiplier ``(depth / base_depth)^(-a)``
+    (depth-muP, CompleteP) is taken relative to the proxy's depth (``base_depth``), as
+    CompleteP's ``(L / L_base)^(-a)``: the proxy is then the plain model, whose best lr the
+    grid's centre is set near, and the multiplier is 1 where the base lr is tuned."""
+    config = preset(name, width=width, depth=depth, heads=4, mlp_ratio=4, causal=True)
+    return config.replace(base_depth=proxy_depth) if config.depth_alpha else config
 
 
 def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
@@ -177,7 +182,7 @@ def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
 def make_run(setup: Setup, out: Path, job: Job, device: str = "cpu") -> TrainingRun:
     name, width, depth, j, seed = job
     return TrainingRun(
-        model=model_config(name, width, depth),
+        model=model_config(name, width, depth, setup.proxy[1]),
         train=train_config(setup, j, seed),
         horizons=setup.horizons,
         folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"lr{j}_s{seed}"),
