@@ -119,3 +119,15 @@ def test_readme_quotes_the_studys_best_lrs():
         assert {c["best_lr"] for c in cells.values()} == {0.00333}
         assert all(len(c["lr_curve"]["lr"]) >= 3 for c in cells.values())
     assert "pre-LN's and SAS-P's best lr (3.3e-3) is the same at every horizon" in _text()
+
+
+def test_readme_quotes_the_seed_spread_of_the_compared_pair():
+    """The README's "three seeds each: shaped mean ± sd vs pre-LN mean ± sd" (depth 16, 5,000)."""
+    models = _depths()["16"]["models"]
+    shaped, pre_ln = models["shaped advise"]["5000"], models["pre-LN (GPT-2)"]["5000"]
+    assert shaped["n"] == pre_ln["n"] == 3 and shaped["best_lr"] == pre_ln["best_lr"]
+    quoted = (
+        f"three seeds each: {shaped['mean']:.3f} ± {shaped['sd']:.3f} vs "
+        f"{pre_ln['mean']:.3f} ± {pre_ln['sd']:.3f} nats/byte"
+    )
+    assert quoted in _text()
