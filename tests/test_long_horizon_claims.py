@@ -131,3 +131,25 @@ def test_readme_quotes_the_seed_spread_of_the_compared_pair():
         f"{pre_ln['mean']:.3f} ± {pre_ln['sd']:.3f} nats/byte"
     )
     assert quoted in _text()
+
+
+def test_readme_quotes_the_outlier_features_at_the_pairs_best_lr():
+    """The README's kurtosis of the compared pair at lr 3.3e-3 (depth 16, seeds 1 and 2, after
+    5,000 steps) is monitor.json's (examples/long_horizon/monitor.py)."""
+    monitor = json.loads((RESULTS.parent / "monitor.json").read_text())
+
+    def after(model: str, seed: int, column: str) -> float:
+        run = monitor[f"{model}/d16/lr0.00333_s{seed}"]
+        assert run["status"] == "finished" and run["steps"] == 5000
+        return run["measured"]["5000"][column]
+
+    peak = "kurtosis (max over layers)"
+    shaped = [after("shaped_advise", s, peak) for s in (1, 2)]
+    pre_ln = [after("pre-LN__GPT-2", s, peak) for s in (1, 2)]
+    assert (
+        f"the shaped model at `advise`'s gamma reaches {shaped[0]:.1f} and {shaped[1]:.1f} in "
+        f"its middle layers, pre-LN {pre_ln[0]:.1f} and {pre_ln[1]:.1f}"
+    ) in _text()
+    last = [after("pre-LN__GPT-2", s, "kurtosis (last layer)") for s in (1, 2)]
+    assert f"pre-LN carries them to its last layer ({last[0]:.1f} and {last[1]:.1f};" in _text()
+    assert all(abs(after("shaped_advise", s, "kurtosis (last layer)")) < 0.2 for s in (1, 2))
