@@ -5,7 +5,8 @@ five parametrisations (docs/guide/transfer.md): the shaped Transformer with a fi
 (``shaped``, gamma 2^-1.5) and with the SDE's gamma rule (``shaped_t``: gamma^2 d / n held
 fixed), the GPT-2 pre-LN block (``pre_ln``, standard parametrisation), and pre-LN with the
 branch multipliers of depth-muP (``pre_ln_depth_mup``, (d/8)^(-1/2)) and CompleteP
-(``pre_ln_completep``, (d/8)^(-1)), relative to the proxy's depth 8. 4 heads with W^O, MLP hidden 4n, context 64, batch 32.
+(``pre_ln_completep``, (d/8)^(-1)), relative to the proxy's depth 8. 4 heads with W^O, MLP
+hidden 4n, context 64, batch 32.
 
 The learning rate swept is the *base* lr, tuned at the proxy width 64, depth 8: every run
 trains each parameter group at base lr times the factor of its parametrisation's rule
