@@ -73,7 +73,7 @@ def _ratio(depth: str, model: str, horizon: str) -> float:
     ("claim", "depth", "model", "horizon"),
     [
         ("pre-LN is ahead from 500 steps on, by {}% at 5,000", "16", "shaped advise", "5000"),
-        ("the short study's gamma 0.1 is {}% behind pre-LN at 5,000", "16", "shaped g=0.1", "5000"),
+        ("seed 0 each) and {}% behind pre-LN at 5,000", "16", "shaped g=0.1", "5000"),
         (
             "SAS-P is ahead of pre-LN up to 1,000 steps, level at 2,000 and {}% behind at 5,000",
             "16",
@@ -119,6 +119,16 @@ def test_readme_quotes_the_studys_best_lrs():
         assert {c["best_lr"] for c in cells.values()} == {0.00333}
         assert all(len(c["lr_curve"]["lr"]) >= 3 for c in cells.values())
     assert "pre-LN's and SAS-P's best lr (3.3e-3) is the same at every horizon" in _text()
+    g01 = _depths()["16"]["models"]["shaped g=0.1"]  # "and so is gamma 0.1's (1e-2; ...)"
+    assert {c["best_lr"] for c in g01.values()} == {0.01}
+    assert all(len(c["lr_curve"]["lr"]) == 3 and not c["at_edge"] for c in g01.values())
+    assert "and so is gamma 0.1's (1e-2; 3.3e-3 is worse at every horizon, 3e-2 diverges)" in (
+        _text()
+    )
+    advised = _depths()["16"]["models"]["shaped advise"]
+    seed0 = {h: c["values"][c["seeds"].index(0)] for h, c in advised.items()}
+    assert all(g01[h]["mean"] < seed0[h] for h in g01)  # "below advise's gamma at every horizon"
+    assert f"({g01['5000']['mean']:.3f} vs {seed0['5000']:.3f} at 5,000, seed 0 each)" in _text()
 
 
 def test_readme_quotes_the_seed_spread_of_the_compared_pair():
