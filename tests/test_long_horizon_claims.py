@@ -165,14 +165,26 @@ def test_readme_quotes_the_outlier_features_at_the_pairs_best_lr():
     assert all(abs(after("shaped_advise", s, "kurtosis (last layer)")) < 0.2 for s in (1, 2))
 
 
-def test_readme_names_the_lowest_model_at_depth_16():
-    """ "the normalisation-free block with GPT-2's small initialisation (tuned ...) is the lowest
-    model from 2,000 steps on, 1% below pre-LN at 5,000 (1.165)"."""
+def test_readme_names_the_lowest_models_at_depth_16():
+    """The README's lowest models of depth 16: the no-norm GPT-2 block at 5,000 steps (tuned,
+    "1% below pre-LN at 5,000 (1.165)"), level with SAS-P without normalisation at 2,000
+    ("1.297 each"), which is the lowest up to 1,000 steps at 1e-2, the top of its grid, and
+    "11% below pre-LN at 1,000"."""
     models = _depths()["16"]["models"]
-    for h in ("2000", "5000"):
+
+    def lowest(h: str) -> str:
         means = {m: c[h]["mean"] for m, c in models.items() if c and c[h].get("mean") is not None}
-        assert min(means, key=means.get) == "no-norm gpt2", h
-    assert not any(c["at_edge"] for c in models["no-norm gpt2"].values())  # "tuned"
+        return min(means, key=means.get)
+
+    nn, sas = models["no-norm gpt2"], models["SAS-P no norm"]
+    assert lowest("5000") == "no-norm gpt2"
+    assert not any(c["at_edge"] for c in nn.values())  # "tuned"
     below = round(100 * (1 - _ratio("16", "no-norm gpt2", "5000")))
-    mean = models["no-norm gpt2"]["5000"]["mean"]
-    assert f"{below}% below pre-LN at 5,000 ({mean:.3f})" in _text()
+    assert f"{below}% below pre-LN at 5,000 ({nn['5000']['mean']:.3f})" in _text()
+    assert f"{nn['2000']['mean']:.3f}" == f"{sas['2000']['mean']:.3f}"
+    assert f"at 2,000 ({nn['2000']['mean']:.3f} each)" in _text()
+    assert all(lowest(h) == "SAS-P no norm" for h in ("250", "500", "1000"))
+    assert all(sas[h]["best_lr"] == 0.01 and sas[h]["at_edge"] for h in ("250", "500", "1000"))
+    assert sas["5000"]["best_lr"] == 0.00333  # "its best lr falls to 3.3e-3"
+    below_1000 = round(100 * (1 - _ratio("16", "SAS-P no norm", "1000")))
+    assert f"({below_1000}% below pre-LN at 1,000)" in _text()
