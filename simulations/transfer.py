@@ -25,6 +25,12 @@ STUDY_RESULTS = Path(__file__).resolve().parents[1] / "examples" / "transfer" / 
 
 NOT_MEASURED = "not yet measured"
 
+_EDGE_NOTES = {
+    "grid": "some optima at a grid edge",
+    "diverged": "some optima bounded by a diverged lr",
+}
+"""The study's reasons (``edges`` of a drift) why an optimum is a grid point, not a fit."""
+
 
 @dataclass(frozen=True)
 class TransferAdvice:
@@ -89,7 +95,7 @@ def _measured(
         measured[f"{axis}_drift"] = drift
         iv = drift["last_minus_first_interval"]
         interval = f" (95% bootstrap [{iv[0]:+.2f}, {iv[1]:+.2f}])" if iv else ""
-        edge = "; some optima at a grid edge" if drift["any_at_edge"] else ""
+        edge = "".join(f"; {_EDGE_NOTES[e]}" for e in drift["edges"])
         sizes = drift["sizes"]
         parts.append(
             f"optimal log2(lr) moves {drift['last_minus_first']:+.2f}{interval} from {axis} "

@@ -139,7 +139,6 @@ def _drift(
     return {
         "sizes": [s for s, _ in ok],
         "log2_lr_opt": opt.tolist(),
-        "any_at_edge": any(c["fit"]["at_edge"] for _, c in ok),
         "edges": sorted({c["fit"]["edge"] for _, c in ok} - {None}),
         "last_minus_first": float(opt[-1] - opt[0]),
         "last_minus_first_interval": _interval(b - a) if a is not None and b is not None else None,
