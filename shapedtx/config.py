@@ -197,6 +197,14 @@ class ModelConfig:
                         f"(the slope 1 + {name}/sqrt(width) must be non-negative), "
                         f"got {getattr(self, name)!r}",
                     )
+            root = math.sqrt(self.width)
+            if 1 + self.c_plus / root == 0 and 1 + self.c_minus / root == 0:
+                raise ParameterError(
+                    "c_minus",
+                    f"c_plus and c_minus must not both be -sqrt(width) = {-root:.4g}: both "
+                    "slopes 0 make the MLP identically zero (its normaliser 2 / (s_+^2 + s_-^2) "
+                    "is undefined)",
+                )
 
     def _check_depth_rules(self) -> None:
         """``gamma_t`` (derives gamma) and ``depth_alpha`` / ``base_depth`` (branch multiplier)."""

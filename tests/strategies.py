@@ -11,6 +11,11 @@ from shapedtx import ModelConfig
 from shapedtx.config import ATTENTIONS, INITS, LAYOUTS, MLPS, NORM_KINDS, NORMS, RESIDUALS
 
 
+def _slope(c: float, width: int) -> float:
+    """The shaped-ReLU slope 1 + c / sqrt(width), as ModelConfig computes it."""
+    return 1 + c / math.sqrt(width)
+
+
 @st.composite
 def model_configs(
     draw, *, min_width: int = 2, max_width: int = 24, max_depth: int = 6, sde: bool = False
@@ -48,8 +53,11 @@ def model_configs(
         out_proj=out_proj,
         tau0=draw(st.floats(0.05, 20.0)),
         gamma=draw(st.floats(0.0, 1.0, exclude_min=True)),
-        c_plus=draw(st.floats(bound, 3.0)),
-        c_minus=draw(st.floats(bound, 3.0)),
+        c_plus=(c_plus := draw(st.floats(bound, 3.0))),
+        # not both slopes 0 (the config refuses an identically zero MLP)
+        c_minus=draw(
+            st.floats(bound, 3.0).filter(lambda c: _slope(c, width) or _slope(c_plus, width))
+        ),
         causal=draw(st.booleans()),
         residual=residual,
         init="fan_in" if sde else draw(st.sampled_from(INITS)),

@@ -61,6 +61,8 @@ def test_every_model_config_field_is_named(name, kind):
         (dict(width=64, heads=2, head_dim=8), "head_dim"),
         (dict(width=4, mlp="shaped_relu", c_plus=-3.0), "c_plus"),
         (dict(width=4, mlp="shaped_relu", c_minus=-3.0), "c_minus"),
+        # both slopes 0: an identically zero MLP (found by test_simulate's property test)
+        (dict(width=4, mlp="shaped_relu", c_plus=-2.0, c_minus=-2.0), "c_minus"),
         (dict(attention="simplified", out_proj=True), "out_proj"),
         (dict(residual="skipless"), "residual"),
         (dict(attention="simplified", residual="skipless", norm="post"), "residual"),
