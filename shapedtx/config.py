@@ -189,16 +189,17 @@ class ModelConfig:
         for name in ("c_plus", "c_minus"):
             object.__setattr__(self, name, check_number(name, getattr(self, name), *C_RANGE))
         if self.mlp == "shaped_relu":
-            for name in ("c_plus", "c_minus"):
-                if 1 + getattr(self, name) / math.sqrt(self.width) < 0:
+            root = math.sqrt(self.width)
+            slopes = {name: 1 + getattr(self, name) / root for name in ("c_plus", "c_minus")}
+            for name, slope in slopes.items():
+                if slope < 0:
                     raise ParameterError(
                         name,
-                        f"{name} must be >= -sqrt(width) = {-math.sqrt(self.width):.4g} "
+                        f"{name} must be >= -sqrt(width) = {-root:.4g} "
                         f"(the slope 1 + {name}/sqrt(width) must be non-negative), "
                         f"got {getattr(self, name)!r}",
                     )
-            root = math.sqrt(self.width)
-            if 1 + self.c_plus / root == 0 and 1 + self.c_minus / root == 0:
+            if not any(slopes.values()):
                 raise ParameterError(
                     "c_minus",
                     f"c_plus and c_minus must not both be -sqrt(width) = {-root:.4g}: both "
