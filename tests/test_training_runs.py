@@ -319,6 +319,22 @@ def test_long_horizon_monitor_takes_each_depths_longest_logged_horizon(tmp_path,
     ]
 
 
+def test_long_horizon_monitor_updates_a_kept_rows_status_from_the_runs_result(
+    tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(STUDY))
+    monitor = _load("monitor")
+    result = tmp_path / "result.json"
+    assert monitor._status_now(result, "running") == "running"  # not finished (or not here)
+    horizons = {"250": {"status": "finished", "diverged": False},
+                "5000": {"status": "finished", "diverged": False}}  # fmt: skip
+    result.write_text(json.dumps({"horizons": horizons}))
+    assert monitor._status_now(result, "running") == "finished"
+    horizons["5000"] = {"status": "diverged", "diverged": True}
+    result.write_text(json.dumps({"horizons": horizons}))
+    assert monitor._status_now(result, "running") == "diverged"  # the longest horizon decides
+
+
 def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")

@@ -117,6 +117,16 @@ def _last_monitored_step(log: xr.Dataset) -> int | None:
     return int(log["step"].values[logged][-1]) if logged.any() else None
 
 
+def _status_now(result: Path, status: str) -> str:
+    """The status a finished run's ``result.json`` gives at its longest horizon, else
+    ``status`` (the run is still in progress, or its folder is not on this machine)."""
+    if not result.is_file():
+        return status
+    horizons = json.loads(result.read_text())["horizons"]
+    last = horizons[max(horizons, key=int)]
+    return "diverged" if last["diverged"] else str(last["status"])
+
+
 def _summary(ds: xr.Dataset, step: int) -> dict[str, float]:
     row = ds.sel(step=step)
     out = {
@@ -173,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         else {}
     )
     results: dict[str, Any] = dict(previous)
+    for label, info in results.items():  # a run measured in progress may have ended since
+        info["status"] = _status_now(args.runs / label / "result.json", info["status"])
     logs: dict[int, dict[str, xr.Dataset]] = {}  # depth -> run -> its log
     for folder in folders:
         ds, info = measure_run(folder)
