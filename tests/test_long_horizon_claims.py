@@ -104,7 +104,9 @@ def test_readme_quotes_the_depth_64_comparison():
     cells = f"({shaped['250']['mean']:.3f} vs {pre_ln['250']['mean']:.3f})"
     assert f"the shaped model is ahead at 250 steps {cells}" in _text()
     percent = round(100 * (_ratio("64", "shaped advise", "2000") - 1))
-    pair = f"({shaped['2000']['mean']:.3f} vs {pre_ln['2000']['mean']:.3f}, one seed each"
+    assert shaped["2000"]["n"] == 3 and pre_ln["2000"]["n"] == 1
+    spread = f"{shaped['2000']['mean']:.3f} ± {shaped['2000']['sd']:.3f} over three seeds"
+    pair = f"({spread} vs {pre_ln['2000']['mean']:.3f}, one seed;"
     assert f"by {percent}% at 2,000 {pair}" in _text()
     # "Pre-LN is the lowest model at 2,000 steps"
     finished = {m: r["2000"]["mean"] for m, r in d64.items() if r["2000"].get("mean")}
@@ -177,6 +179,25 @@ def test_readme_quotes_the_outlier_features_at_the_pairs_best_lr():
     last = [after("pre-LN__GPT-2", s, "kurtosis (last layer)") for s in (1, 2)]
     assert f"pre-LN carries them to its last layer ({last[0]:.1f} and {last[1]:.1f};" in _text()
     assert all(abs(after("shaped_advise", s, "kurtosis (last layer)")) < 0.2 for s in (1, 2))
+
+
+def test_readme_quotes_the_outlier_features_at_depth_64():
+    """Depth 64, lr 3.3e-3, after 2,000 steps: the shaped model's seeds 0-2 and pre-LN's seed 0."""
+    monitor = json.loads((RESULTS.parent / "monitor.json").read_text())
+
+    def after(model: str, seed: int) -> dict[str, float]:
+        run = monitor[f"{model}/d64/lr0.00333_s{seed}"]
+        assert run["status"] == "finished" and run["steps"] == 2000
+        return run["measured"]["2000"]
+
+    peak, rms = "kurtosis (max over layers)", "RMS (last layer)"
+    shaped, pre_ln = [after("shaped_advise", s) for s in (0, 1, 2)], after("pre-LN__GPT-2", 0)
+    kurtosis = ", ".join(f"{r[peak]:.1f}" for r in shaped[:2]) + f" and {shaped[2][peak]:.1f}"
+    assert f"the shaped model's largest kurtosis is {kurtosis} (seeds 0-2)" in _text()
+    assert f"pre-LN's {pre_ln[peak]:.1f} (seed 0)" in _text()
+    assert f"RMS is {pre_ln[rms]:.0f} against the shaped model's {shaped[0][rms]:.1f}" in _text()
+    # "the order of the peaks reverses" (depth 16: shaped 9.2 and 5.0, pre-LN 6.8 and 4.8)
+    assert max(r[peak] for r in shaped) < pre_ln[peak]
 
 
 def test_readme_names_the_lowest_models_at_depth_16():
