@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ._validation import ParameterError
 from .attention import _may_overwrite
-from .config import ModelConfig
+from .config import ModelConfig, shaped_relu_slope
 
 
 def shaped_relu(x: Tensor, s_plus: float, s_minus: float, *, overwrite: bool = False) -> Tensor:
@@ -42,7 +40,6 @@ def relu_slopes(config: ModelConfig) -> tuple[float, float, float]:
         raise ParameterError(
             "mlp", f"mlp must be 'shaped_relu' or 'relu' to have slopes, got {config.mlp!r}"
         )
-    root = math.sqrt(config.width)
-    s_plus = 1.0 + config.c_plus / root
-    s_minus = 1.0 + config.c_minus / root
+    s_plus = shaped_relu_slope(config.c_plus, config.width)
+    s_minus = shaped_relu_slope(config.c_minus, config.width)
     return s_plus, s_minus, 2.0 / (s_plus**2 + s_minus**2)

@@ -190,7 +190,10 @@ class ModelConfig:
             object.__setattr__(self, name, check_number(name, getattr(self, name), *C_RANGE))
         if self.mlp == "shaped_relu":
             root = math.sqrt(self.width)
-            slopes = {name: 1 + getattr(self, name) / root for name in ("c_plus", "c_minus")}
+            slopes = {
+                name: shaped_relu_slope(getattr(self, name), self.width)
+                for name in ("c_plus", "c_minus")
+            }
             for name, slope in slopes.items():
                 if slope < 0:
                     raise ParameterError(
@@ -357,6 +360,12 @@ class ModelConfig:
         """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
         default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
         return cls(**_fields_from_attrs(cls, FIELD_TYPES, attrs, prefix))
+
+
+def shaped_relu_slope(c: float, width: int) -> float:
+    """The shaped-ReLU slope ``1 + c / sqrt(width)`` of ``c_plus`` or ``c_minus``
+    (docs/theory.md#layers)."""
+    return 1.0 + c / math.sqrt(width)
 
 
 def check_config(config: Any, name: str = "config") -> ModelConfig:

@@ -8,12 +8,16 @@ import torch
 from hypothesis import strategies as st
 
 from shapedtx import ModelConfig
-from shapedtx.config import ATTENTIONS, INITS, LAYOUTS, MLPS, NORM_KINDS, NORMS, RESIDUALS
-
-
-def _slope(c: float, width: int) -> float:
-    """The shaped-ReLU slope 1 + c / sqrt(width), as ModelConfig computes it."""
-    return 1 + c / math.sqrt(width)
+from shapedtx.config import (
+    ATTENTIONS,
+    INITS,
+    LAYOUTS,
+    MLPS,
+    NORM_KINDS,
+    NORMS,
+    RESIDUALS,
+    shaped_relu_slope,
+)
 
 
 @st.composite
@@ -56,7 +60,9 @@ def model_configs(
         c_plus=(c_plus := draw(st.floats(bound, 3.0))),
         # not both slopes 0 (the config refuses an identically zero MLP)
         c_minus=draw(
-            st.floats(bound, 3.0).filter(lambda c: _slope(c, width) or _slope(c_plus, width))
+            st.floats(bound, 3.0).filter(
+                lambda c: shaped_relu_slope(c, width) or shaped_relu_slope(c_plus, width)
+            )
         ),
         causal=draw(st.booleans()),
         residual=residual,
