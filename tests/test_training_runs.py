@@ -251,31 +251,93 @@ def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):
     assert report.failures(runs, 200, 3.33) == []
 
 
+def _cells(*columns, edge=()):
+    """A model's report cells: horizon h (1, 2, ...) -> losses of seeds 0, 1, ... (a float:
+    seed 0 alone); ``edge``: the horizons whose best lr is at a grid edge."""
+    out = {}
+    for h, column in enumerate(columns, start=1):
+        values = list(column) if isinstance(column, tuple) else [column]
+        out[str(h)] = {"mean": float(np.mean(values)), "seeds": list(range(len(values))),
+                       "values": values, "at_edge": h in edge}  # fmt: skip
+    return out
+
+
 def test_long_horizon_order_changes_skip_level_horizons(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     report = _load("report")
-
-    def cells(*means, sd=None, n=1):
-        return {str(h): {"mean": m, "sd": sd, "n": n} for h, m in enumerate(means, start=1)}
-
     per_model = {
-        "a": cells(2.00, 1.60, 1.40, 1.20),
-        "b": cells(1.90, 1.59, 1.405, 1.23),  # ahead, level (0.6%, 0.4%), behind (2.5%)
-        "c": cells(2.10, 1.70, 1.50, 1.195),  # behind a up to 3, level at 4 (0.4%): no change
+        "a": _cells(2.00, 1.60, 1.40, 1.20),
+        "b": _cells(1.90, 1.59, 1.405, 1.23),  # ahead, level (0.6%, 0.4%), behind (2.5%)
+        "c": _cells(2.10, 1.70, 1.50, 1.195),  # behind a up to 3, level at 4 (0.4%): no change
     }
     found = report.crossings(per_model, [1, 2, 3, 4])
     assert found == [
-        {"models": ["a", "b"], "between": [1, 4], "level": [2, 3], "ahead_after": "a"},
-        {"models": ["b", "c"], "between": [3, 4], "level": [], "ahead_after": "c"},
-    ]
+        {"models": ["a", "b"], "between": [1, 4], "level": [2, 3], "ahead_after": "a",
+         "provisional": False},
+        {"models": ["b", "c"], "between": [3, 4], "level": [], "ahead_after": "c",
+         "provisional": False},
+    ]  # fmt: skip
     assert report.level_pairs(per_model, 4) == [["a", "c"]]
-    # seeds widen the band to 2 SE of the difference: sd 0.05 over 3 seeds each -> 0.082
-    seeded = {"a": cells(2.0, 1.0, sd=0.05, n=3), "b": cells(1.9, 1.1, sd=0.05, n=3)}
-    assert report.crossings(seeded, [1, 2]) == [
-        {"models": ["a", "b"], "between": [1, 2], "level": [], "ahead_after": "a"}
-    ]
-    seeded["b"] = cells(1.95, 1.1, sd=0.05, n=3)  # 0.05 apart at 1: level, so no change
-    assert report.crossings(seeded, [1, 2]) == []
+    # an end whose best lr is at a grid edge makes the crossing provisional
+    per_model["b"] = _cells(1.90, 1.59, 1.405, 1.23, edge=(4,))
+    assert [c["provisional"] for c in report.crossings(per_model, [1, 2, 3, 4])] == [True, True]
+
+
+def test_long_horizon_models_are_compared_on_the_seeds_both_ran(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    report = _load("report")
+    # seeds both ran: the paired difference decides, widened to 2 SE of it
+    steady = {"a": _cells((2.0, 2.1, 1.9), (1.0, 1.1, 0.9)),
+              "b": _cells((1.9, 2.0, 1.8), (1.1, 1.2, 1.0))}  # fmt: skip
+    assert report.crossings(steady, [1, 2]) == [
+        {"models": ["a", "b"], "between": [1, 2], "level": [], "ahead_after": "a",
+         "provisional": False}
+    ]  # fmt: skip
+    # the same means with a noisy paired difference (mean 0.05, 2 SE 0.115) are level at 1
+    noisy = {"a": _cells((2.0, 2.15, 1.85), (1.0, 1.1, 0.9)),
+             "b": _cells((1.85, 2.2, 1.8), (1.1, 1.2, 1.0))}  # fmt: skip
+    assert report.crossings(noisy, [1, 2]) == []
+    assert report.level_pairs(noisy, 1) == [["a", "b"]]
+    # three seeds against one: seed 0 against seed 0 (a's mean, 2.2, would put b ahead at 1)
+    one = {"a": _cells((2.0, 2.3, 2.3), (1.0, 1.0, 1.0)), "b": _cells(2.1, 1.2)}
+    assert report.crossings(one, [1, 2]) == []
+    assert report._lead(one["a"]["1"], one["b"]["1"]) == -1
+    # the ratio table pairs the same seeds: seed 0's ratio, one pair, no sd
+    one["pre-LN (GPT-2)"] = one.pop("b")
+    ratio = report.ratios(one, [1, 2])["a"]
+    assert ratio["1"] == {"ratio": pytest.approx(2.0 / 2.1), "sd": None, "pairs": 1}
+    # diverged seeds drop out of the pairs; a horizon the runs lack is no cell, not an error
+    steady["pre-LN (GPT-2)"] = _cells((1.9, 2.0, 1.8), (1.1, 1.2, 1.0))
+    steady["a"]["1"]["values"][2] = None
+    assert report.ratios(steady, [1, 2])["a"]["1"]["pairs"] == 2
+    run = {"schedule": "wsd", "seed": 0, "k": 0, "lr": 0.01,
+           "horizons": {"1": {"val_loss": 2.0, "diverged": False}}}  # fmt: skip
+    assert report.cell([run], 2) == {"lr_curve": {"lr": [0.01], "val_loss": [None]},
+                                     "diverged": 0, "runs": 0, "best_lr": None,
+                                     "at_edge": None}  # fmt: skip
+
+
+def test_long_horizon_report_checks_wsd_at_the_lr_the_plan_checks(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    report = _load("report")
+    setup = _load("study").QUICK  # check horizon 20
+
+    def run(k, seed, schedule, loss):
+        return {"model_name": "shaped advise", "depth": 2, "k": k, "lr": 0.01 * 3.0**k,
+                "seed": seed, "schedule": schedule,
+                "horizons": {"20": {"val_loss": loss, "diverged": False}}}  # fmt: skip
+
+    grid = [run(-1, 0, "wsd", 2.5), run(0, 0, "wsd", 2.4), run(1, 0, "wsd", 2.0)]
+    old = [run(0, s, kind, 2.4) for s in (0, 1) for kind in ("wsd-check", "cosine")]
+    # the best lr moved to k = 1 after the check ran at k = 0: the report keeps k = 0 ...
+    assert report.wsd_vs_cosine(setup, grid + old)["lr"] == pytest.approx(0.01)
+    # ... until a check run at k = 1, the lr the plan now checks, has finished
+    new = [run(1, 0, "cosine", 2.1)]
+    found = report.wsd_vs_cosine(setup, grid + new + old)
+    assert found["lr"] == pytest.approx(0.03) and found["cosine"]["n"] == 1
+    cell = {"mean": 1.51, "sd": 0.014, "n": 2, "values": [1.5, 1.52, None],
+            "best_lr": 0.0033, "at_edge": False}  # fmt: skip
+    assert report._fmt_cell(cell) == "1.510 ± 0.014 (n=2 of 3, lr 0.0033)"
 
 
 def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import MODELS, Setup, available_models, best_k
+from study import MODELS, Setup, available_models, best_k, check_point
 
 from shapedtx.files import atomic_path, write_json
 from shapedtx.training import load_corpus, unigram_baseline
@@ -42,8 +42,8 @@ def cell(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
             "lr": [r["lr"] for r in grid],
             "val_loss": [_nan_none(horizon_loss(r, horizon)) for r in grid],
         },
-        "diverged": sum(r["horizons"][str(horizon)]["diverged"] for r in wsd),
-        "runs": len(wsd),
+        "diverged": sum(r["horizons"].get(str(horizon), {}).get("diverged", False) for r in wsd),
+        "runs": sum(str(horizon) in r["horizons"] for r in wsd),
         "best_lr": None,
         "at_edge": None,
     }
@@ -67,43 +67,62 @@ def _nan_none(x: float) -> float | None:
 LEVEL_MARGIN = 0.01
 """Two models within this fraction of each other's loss at a horizon are level there: three
 seeds of one run differ by sd 0.2-0.4% at 1000 steps (the WSD check), and the 3x lr grid
-misplaces each optimum by more. Where both cells have seeds, twice the standard error of the
-difference of their means widens it."""
+misplaces each optimum by more. Where both cells ran two or more of the same seeds, twice the
+standard error of their seed-paired difference widens it."""
+
+
+def _paired(ca: dict[str, Any] | None, cb: dict[str, Any] | None) -> list[tuple[float, float]]:
+    """The losses of the seeds both cells ran (each at its own best lr), seed by seed: every
+    comparison of two models (order, level, ratio) is made on these, so a model with three
+    seeds is compared with a model with one on seed 0, the seed that chose both lrs."""
+    if not ca or not cb or ca.get("mean") is None or cb.get("mean") is None:
+        return []
+    b = {s: y for s, y in zip(cb["seeds"], cb["values"], strict=True) if y is not None}
+    return [
+        (x, b[s])
+        for s, x in zip(ca["seeds"], ca["values"], strict=True)
+        if x is not None and s in b
+    ]
 
 
 def _lead(ca: dict[str, Any] | None, cb: dict[str, Any] | None) -> int | None:
-    """-1: a is ahead (lower loss), +1: b is ahead, 0: level; None: a mean is missing."""
-    if not ca or not cb or ca.get("mean") is None or cb.get("mean") is None:
+    """-1: a is ahead (lower loss), +1: b is ahead, 0: level; None: no seed in common."""
+    pairs = _paired(ca, cb)
+    if not pairs:
         return None
-    margin = LEVEL_MARGIN * min(ca["mean"], cb["mean"])
-    if (ca.get("sd") is not None) and (cb.get("sd") is not None):
-        se = math.sqrt(ca["sd"] ** 2 / ca["n"] + cb["sd"] ** 2 / cb["n"])
-        margin = max(margin, 2 * se)
-    diff = ca["mean"] - cb["mean"]
+    xs, ys = (np.array(v) for v in zip(*pairs, strict=True))
+    diff = float(np.mean(xs - ys))
+    margin = LEVEL_MARGIN * min(float(np.mean(xs)), float(np.mean(ys)))
+    if len(pairs) > 1:
+        margin = max(margin, 2 * float(np.std(xs - ys, ddof=1)) / math.sqrt(len(pairs)))
     return 0 if abs(diff) <= margin else int(np.sign(diff))
 
 
 def crossings(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> list[dict[str, Any]]:
-    """Every pair of models whose order (by the mean loss at each horizon's best lr) changes
+    """Every pair of models whose order (seed-paired, at each horizon's best lr) changes
     between two horizons, ignoring the horizons where they are level (``LEVEL_MARGIN``):
     ``between`` is the last horizon of the old order and the first of the new, ``level`` the
-    horizons between them."""
+    horizons between them; ``provisional``: a best lr at either end is at an edge of its grid
+    run so far, so a better lr may move the crossing."""
     out = []
     for a, b in itertools.combinations(per_model, 2):
+        ca, cb = per_model[a], per_model[b]
         leads = [
             (h, lead)
             for h in horizons
-            if (lead := _lead(per_model[a].get(str(h)), per_model[b].get(str(h)))) is not None
+            if (lead := _lead(ca.get(str(h)), cb.get(str(h)))) is not None
         ]
         ordered = [(h, lead) for h, lead in leads if lead]
         for (h0, s0), (h1, s1) in itertools.pairwise(ordered):
             if s0 != s1:
+                ends = [c.get(str(h)) or {} for c in (ca, cb) for h in (h0, h1)]
                 out.append(
                     {
                         "models": [a, b],
                         "between": [h0, h1],
                         "level": [h for h, lead in leads if h0 < h < h1],
                         "ahead_after": a if s1 < 0 else b,
+                        "provisional": any(e.get("at_edge") for e in ends),
                     }
                 )
     return out
@@ -119,8 +138,8 @@ def level_pairs(per_model: dict[str, dict[str, Any]], horizon: int) -> list[list
 
 
 def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[str, dict[str, Any]]:
-    """model -> horizon -> loss / reference loss: seed-paired where both models ran the same
-    seeds at their best lr (mean and sd over pairs), else the ratio of seed-0 losses."""
+    """model -> horizon -> loss / reference loss over the seeds both ran (``_paired``): the
+    mean and sd over those pairs, and how many there are (1: seed 0's ratio)."""
     out: dict[str, dict[str, Any]] = {}
     ref = per_model.get(REFERENCE, {})
     for model, cells in per_model.items():
@@ -128,21 +147,13 @@ def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[st
             continue
         row = {}
         for h in horizons:
-            c, r = cells.get(str(h)), ref.get(str(h))
-            if not c or not r or c.get("mean") is None or r.get("mean") is None:
-                continue
-            pairs = [
-                (x, y)
-                for s, x in zip(c["seeds"], c["values"], strict=True)
-                for t, y in zip(r["seeds"], r["values"], strict=True)
-                if s == t and x is not None and y is not None
-            ]
-            values = [x / y for x, y in pairs]
-            row[str(h)] = {
-                "ratio": float(np.mean(values)) if values else c["mean"] / r["mean"],
-                "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
-                "pairs": len(values),
-            }
+            if pairs := _paired(cells.get(str(h)), ref.get(str(h))):
+                values = [x / y for x, y in pairs]
+                row[str(h)] = {
+                    "ratio": float(np.mean(values)),
+                    "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+                    "pairs": len(values),
+                }
         out[model] = row
     return out
 
@@ -235,8 +246,11 @@ def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]
     check = [r for r in results if r["schedule"] in ("cosine", "wsd-check")]
     if not check:
         return None
-    r0 = check[0]
-    key = (r0["model_name"], r0["depth"], r0["k"])
+    # the lr the plan checks now; until one of its runs finishes, the lr checked most so far
+    key = check_point(setup, results)
+    if not any((r["model_name"], r["depth"], r["k"]) == key for r in check):
+        keys = [(r["model_name"], r["depth"], r["k"]) for r in check]
+        key = max(keys, key=keys.count)
     h = setup.check_horizon
 
     def of(schedule: str) -> list[dict[str, Any]]:
@@ -251,7 +265,7 @@ def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]
     out: dict[str, Any] = {
         "model": key[0],
         "depth": key[1],
-        "lr": r0["lr"],
+        "lr": next(r["lr"] for r in check if (r["model_name"], r["depth"], r["k"]) == key),
         "horizon": h,
         "cosine": _stats([horizon_loss(r, h) for r in cosine])
         | {"seeds": [r["seed"] for r in cosine]},
@@ -279,7 +293,8 @@ def _fmt_cell(c: dict[str, Any] | None) -> str:
         return f"all diverged ({c['diverged']}/{c['runs']})"
     sd = f" ± {c['sd']:.3f}" if c.get("sd") is not None else ""
     edge = "*" if c["at_edge"] else ""
-    return f"{c['mean']:.3f}{sd} (n={c['n']}, lr {c['best_lr']:.2g}{edge})"
+    n = f"{c['n']}" + (f" of {len(c['values'])}" if len(c["values"]) > c["n"] else "")
+    return f"{c['mean']:.3f}{sd} (n={n}, lr {c['best_lr']:.2g}{edge})"
 
 
 def _header(columns: list[str]) -> list[str]:
@@ -291,8 +306,9 @@ def tables(summary: dict[str, Any]) -> str:
     base = summary["unigram_baseline"]
     lines = [
         "Validation loss (nats/byte; bits/byte = nats / ln 2) at the best peak lr of each "
-        "horizon (seed 0 chooses it; mean ± sd over the seeds run there, n = seeds; * = the "
-        "best lr is at an edge of the grid run so far). "
+        "horizon (seed 0 chooses it; mean ± sd over the seeds run there, n = seeds that did "
+        'not diverge, "of" the seeds run; * = the best lr is at an edge of the grid run so '
+        "far). "
         + (
             f"Unigram baseline {base['cross_entropy']:.3f} nats/byte "
             f"({base['cross_entropy'] / math.log(2):.2f} bits/byte)."
@@ -316,7 +332,8 @@ def tables(summary: dict[str, Any]) -> str:
         lines.append("")
         if d["ratio_to_reference"]:
             lines += [
-                f"Loss / {REFERENCE} loss (seed-paired mean ± sd where seeds exist):",
+                f"Loss / {REFERENCE} loss, over the seeds both ran (mean ± sd; a value "
+                "without sd is seed 0's, as is every comparison where one model has one seed):",
                 "",
                 *_header([str(h) for h in hs]),
             ]
@@ -331,7 +348,10 @@ def tables(summary: dict[str, Any]) -> str:
         failed = [f"{f['model']} lr {f['lr']:.3g} s{f['seed']}: {f['what']}" for f in d["failures"]]
         lines.append(f"Failed runs at {max(hs)} steps: {'; '.join(failed) or 'none'}.")
         lines.append("")
-        margin = f"within {LEVEL_MARGIN:.0%}, or 2 SE of the difference where seeds exist"
+        margin = (
+            f"within {LEVEL_MARGIN:.0%}, or 2 SE of the seed-paired difference where both ran "
+            "several seeds; provisional: a best lr at a grid edge"
+        )
         if d["crossings"]:
             lines.append(f"Order changes between horizons (level: {margin}):")
             for c in d["crossings"]:
@@ -341,6 +361,7 @@ def tables(summary: dict[str, Any]) -> str:
                     f"- {a} vs {b}: between {c['between'][0]} and {c['between'][1]} steps"
                     + (f" (level at {', '.join(map(str, level))})" if level else "")
                     + f"; ahead after: {c['ahead_after']}"
+                    + ("; provisional" if c["provisional"] else "")
                 )
         else:
             lines.append(f"No two models change order between the horizons run so far ({margin}).")

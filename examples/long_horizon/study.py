@@ -327,17 +327,26 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
     return todo
 
 
+def check_point(setup: Setup, results: list[dict[str, Any]]) -> tuple[str, int, int] | None:
+    """(model, depth, k) of the WSD-vs-cosine check: the first model at the first depth, at
+    its best seed-0 lr of ``check_horizon`` steps so far (the grid centre if none has
+    finished); None without models."""
+    models = available_models(setup)
+    if not models:
+        return None
+    m, depth = models[0], setup.depths[0]
+    runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
+    k = best_k(runs, setup.check_horizon)
+    return m, depth, 0 if k is None else k
+
+
 def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
     """The WSD-vs-cosine check still needed: the first model at the first depth, at its best
     seed-0 lr of ``check_horizon`` steps so far (the grid centre if none has finished), every
     seed a cosine run and a WSD run of that horizon alone."""
-    models = available_models(setup)
-    if not models:
+    if (checked := check_point(setup, results)) is None:
         return []
-    m, depth = models[0], setup.depths[0]
-    runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
-    k = best_k(runs, setup.check_horizon)
-    k = 0 if k is None else k
+    m, depth, k = checked
     done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
     return [
         (m, depth, k, s, kind)
