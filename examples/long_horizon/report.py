@@ -247,10 +247,9 @@ def wsd_vs_cosine(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]
     if not check:
         return None
     # the lr the plan checks now; until one of its runs finishes, the lr checked most so far
-    key = check_point(setup, results)
-    if not any((r["model_name"], r["depth"], r["k"]) == key for r in check):
-        keys = [(r["model_name"], r["depth"], r["k"]) for r in check]
-        key = max(keys, key=keys.count)
+    keys = [(r["model_name"], r["depth"], r["k"]) for r in check]
+    planned = check_point(setup, results)
+    key = planned if planned in keys else max(keys, key=keys.count)
     h = setup.check_horizon
 
     def of(schedule: str) -> list[dict[str, Any]]:
