@@ -20,8 +20,8 @@ cluster, or ``--scheduler ADDRESS``); each writes ``runs/<model>/d<depth>/lr<lr>
 result.json`` atomically when all its horizons have ended and resumes from its checkpoints if
 interrupted (interrupted runs go first). The plan is rebuilt from the finished runs: the grid
 centres; 3 seeds for shaped (advise) and pre-LN, whose loss ratio the report states with its
-spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended by one
-point per side while the best lr of any horizon is at an edge); then 3 seeds at the best lr
+spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended one
+point at a time, up to two per side, while the best lr of any horizon is at an edge); then 3 seeds at the best lr
 of the longest horizon for the two best models per depth; then the check. Each phase covers
 every depth before the next (see ``plan``).
 ``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
@@ -97,7 +97,7 @@ class Setup:
     # the pair whose loss ratio the report states with its spread: seeded as soon as each is
     # tuned (its best lr of every horizon inside its grid), before other models' grid edges
     compared: tuple[str, ...] = ("shaped advise", "pre-LN (GPT-2)")
-    max_extensions: int = 1
+    max_extensions: int = 2  # grid points per side beyond the 3 centred ones
     advise_tokens: int = 8
     check_horizon: int = 1000
     lr_scale: float = 1.0  # the lr grid's centre is LR_CENTRE * lr_scale
