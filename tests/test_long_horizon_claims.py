@@ -203,8 +203,9 @@ def test_readme_quotes_the_outlier_features_at_depth_64():
 def test_readme_names_the_lowest_models_at_depth_16():
     """The README's lowest models of depth 16: the no-norm GPT-2 block at 5,000 steps (tuned,
     "1% below pre-LN at 5,000 (1.165)"), level with SAS-P without normalisation at 2,000
-    ("1.297 each"), which is the lowest up to 1,000 steps at 1e-2, the top of its grid, and
-    "11% below pre-LN at 1,000"."""
+    ("1.297 each"), which is the lowest up to 1,000 steps, "13% below pre-LN at 250, 11% at
+    1,000", with its best lr falling from 3e-2 (250 steps, its grid's top) to 1e-2 (500 to
+    2,000) and 3.3e-3 (5,000)."""
     models = _depths()["16"]["models"]
 
     def lowest(h: str) -> str:
@@ -219,7 +220,26 @@ def test_readme_names_the_lowest_models_at_depth_16():
     assert f"{nn['2000']['mean']:.3f}" == f"{sas['2000']['mean']:.3f}"
     assert f"at 2,000 ({nn['2000']['mean']:.3f} each)" in _text()
     assert all(lowest(h) == "SAS-P no norm" for h in ("250", "500", "1000"))
-    assert all(sas[h]["best_lr"] == 0.01 and sas[h]["at_edge"] for h in ("250", "500", "1000"))
-    assert sas["5000"]["best_lr"] == 0.00333  # "its best lr falls to 3.3e-3"
-    below_1000 = round(100 * (1 - _ratio("16", "SAS-P no norm", "1000")))
-    assert f"({below_1000}% below pre-LN at 1,000)" in _text()
+    assert sas["250"]["best_lr"] == 0.03 and sas["250"]["at_edge"]  # "the top of its grid"
+    assert all(sas[h]["best_lr"] == 0.01 and not sas[h]["at_edge"] for h in ("500", "1000", "2000"))
+    assert sas["5000"]["best_lr"] == 0.00333  # "and 3.3e-3 at 5,000"
+    at_250, at_1000 = (round(100 * (1 - _ratio("16", "SAS-P no norm", h))) for h in ("250", "1000"))
+    assert f"({at_250}% below pre-LN at 250, {at_1000}% at 1,000)" in _text()
+
+
+def test_readme_orders_the_shaped_gammas_at_depth_16():
+    """ "over the three shaped gammas the loss grows with gamma at every horizon (0.1, then
+    `advise`'s 0.15, then 0.35; seed 0 each)", and gamma 0.35's "25% behind pre-LN"."""
+    models = _depths()["16"]["models"]
+
+    def seed0(model: str, h: str) -> float:
+        c = models[model][h]
+        return c["values"][c["seeds"].index(0)]
+
+    for h in models["shaped advise"]:
+        losses = [seed0(m, h) for m in ("shaped g=0.1", "shaped advise", "shaped g=0.35")]
+        assert losses == sorted(losses), h
+    g035 = models["shaped g=0.35"]["5000"]
+    behind = round(100 * (_ratio("16", "shaped g=0.35", "5000") - 1))
+    assert f"{behind}% behind pre-LN at 5,000 ({g035['mean']:.3f})" in _text()
+    assert g035["best_lr"] == 0.00333 and len(g035["lr_curve"]["lr"]) == 3
