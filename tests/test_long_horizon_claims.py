@@ -93,11 +93,15 @@ def test_readme_quotes_the_depth_64_comparison():
     # "the shaped model ... is tuned (3.3e-3 at every horizon ...)"
     assert all(shaped[h]["best_lr"] == 0.00333 and not shaped[h]["at_edge"] for h in shaped)
     assert [round(v, 3) for v in shaped["2000"]["lr_curve"]["val_loss"]] == [1.645, 1.499, 1.626]
-    # "pre-LN's best lr is 1.1e-3 at 250 steps and 3.3e-3, the top of its grid so far, from 500"
+    # "and so is pre-LN (1.1e-3 at 250 steps, 3.3e-3 from 500 on; 3.7e-4 and 1e-2 reach ...)"
     assert pre_ln["250"]["best_lr"] == 0.00111 and not pre_ln["250"]["at_edge"]
     assert all(
-        pre_ln[h]["best_lr"] == 0.00333 and pre_ln[h]["at_edge"] for h in ("500", "1000", "2000")
+        pre_ln[h]["best_lr"] == 0.00333 and not pre_ln[h]["at_edge"]
+        for h in ("500", "1000", "2000")
     )
+    edges = [round(v, 3) for v in pre_ln["2000"]["lr_curve"]["val_loss"]]
+    assert pre_ln["2000"]["lr_curve"]["lr"] == [0.00037, 0.00111, 0.00333, 0.01]
+    assert f"3.7e-4 and 1e-2 reach {edges[0]:.3f} and {edges[3]:.3f} at 2,000" in _text()
     # "the shaped model is ahead at 250 steps (2.256 vs 2.388) and pre-LN from 500 on"
     assert _ratio("64", "shaped advise", "250") < 0.99
     assert all(_ratio("64", "shaped advise", h) > 1.01 for h in ("500", "1000", "2000"))
@@ -204,7 +208,7 @@ def test_readme_names_the_lowest_models_at_depth_16():
     """The README's lowest models of depth 16: the no-norm GPT-2 block at 5,000 steps (tuned,
     "1% below pre-LN at 5,000 (1.165)"), level with SAS-P without normalisation at 2,000
     ("1.297 each"), which is the lowest up to 1,000 steps, "13% below pre-LN at 250, 11% at
-    1,000", with its best lr falling from 3e-2 (250 steps, its grid's top) to 1e-2 (500 to
+    1,000", with its best lr falling from 3e-2 (250 steps; 9e-2 diverges) to 1e-2 (500 to
     2,000) and 3.3e-3 (5,000)."""
     models = _depths()["16"]["models"]
 
@@ -220,7 +224,10 @@ def test_readme_names_the_lowest_models_at_depth_16():
     assert f"{nn['2000']['mean']:.3f}" == f"{sas['2000']['mean']:.3f}"
     assert f"at 2,000 ({nn['2000']['mean']:.3f} each)" in _text()
     assert all(lowest(h) == "SAS-P no norm" for h in ("250", "500", "1000"))
-    assert sas["250"]["best_lr"] == 0.03 and sas["250"]["at_edge"]  # "the top of its grid"
+    assert sas["250"]["best_lr"] == 0.03 and not sas["250"]["at_edge"]  # "9e-2 diverges"
+    assert (
+        sas["250"]["lr_curve"]["lr"][-1] == 0.09 and sas["250"]["lr_curve"]["val_loss"][-1] is None
+    )
     assert all(sas[h]["best_lr"] == 0.01 and not sas[h]["at_edge"] for h in ("500", "1000", "2000"))
     assert sas["5000"]["best_lr"] == 0.00333  # "and 3.3e-3 at 5,000"
     at_250, at_1000 = (round(100 * (1 - _ratio("16", "SAS-P no norm", h))) for h in ("250", "1000"))
