@@ -320,7 +320,8 @@ def test_long_horizon_models_are_compared_on_the_seeds_both_ran(monkeypatch):
 def test_long_horizon_report_checks_wsd_at_the_lr_the_plan_checks(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     report = _load("report")
-    setup = _load("study").QUICK  # check horizon 20
+    study = _load("study")
+    setup = study.QUICK  # check horizon 20, seeds (0, 1)
 
     def run(k, seed, schedule, loss):
         return {"model_name": "shaped advise", "depth": 2, "k": k, "lr": 0.01 * 3.0**k,
@@ -328,13 +329,19 @@ def test_long_horizon_report_checks_wsd_at_the_lr_the_plan_checks(monkeypatch):
                 "horizons": {"20": {"val_loss": loss, "diverged": False}}}  # fmt: skip
 
     grid = [run(-1, 0, "wsd", 2.5), run(0, 0, "wsd", 2.4), run(1, 0, "wsd", 2.0)]
-    old = [run(0, s, kind, 2.4) for s in (0, 1) for kind in ("wsd-check", "cosine")]
-    # the best lr moved to k = 1 after the check ran at k = 0: the report keeps k = 0 ...
-    assert report.wsd_vs_cosine(setup, grid + old)["lr"] == pytest.approx(0.01)
+    started = [run(0, 0, kind, 2.4) for kind in ("wsd-check", "cosine")]  # seed 0 of (0, 1)
+    # the best lr moved to k = 1 after a check began at k = 0: the report keeps k = 0 ...
+    assert report.wsd_vs_cosine(setup, grid + started)["lr"] == pytest.approx(0.01)
+    assert study.check_point(setup, grid + started) == ("shaped advise", 2, 1)  # plan: k = 1
     # ... until a check run at k = 1, the lr the plan now checks, has finished
     new = [run(1, 0, "cosine", 2.1)]
-    found = report.wsd_vs_cosine(setup, grid + new + old)
+    found = report.wsd_vs_cosine(setup, grid + new + started)
     assert found["lr"] == pytest.approx(0.03) and found["cosine"]["n"] == 1
+    # a complete check (every seed, both schedules) stays where it is: nothing is run again
+    complete = started + [run(0, 1, kind, 2.4) for kind in ("wsd-check", "cosine")]
+    assert study.check_point(setup, grid + complete) == ("shaped advise", 2, 0)
+    assert study.check_plan(setup, grid + complete) == []
+    assert report.wsd_vs_cosine(setup, grid + new + complete)["lr"] == pytest.approx(0.01)
     cell = {"mean": 1.51, "sd": 0.014, "n": 2, "values": [1.5, 1.52, None],
             "best_lr": 0.0033, "at_edge": False}  # fmt: skip
     assert report._fmt_cell(cell) == "1.510 ± 0.014 (n=2 of 3, lr 0.0033)"

@@ -21,9 +21,9 @@ result.json`` atomically when all its horizons have ended and resumes from its c
 interrupted (interrupted runs go first). The plan is rebuilt from the finished runs: the grid
 centres; 3 seeds for shaped (advise) and pre-LN, whose loss ratio the report states with its
 spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended one
-point at a time, up to two per side, while the best lr of any horizon is at an edge); then 3 seeds at the best lr
-of the longest horizon for the two best models per depth; then the check. Each phase covers
-every depth before the next (see ``plan``).
+point at a time, up to two per side, while the best lr of any horizon is at an edge); then 3
+seeds at the best lr of the longest horizon for the two best models per depth; then the
+check. Each phase covers every depth before the next (see ``plan``).
 ``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
 (``results.md`` is the written report).
 
@@ -329,13 +329,18 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
 
 def check_point(setup: Setup, results: list[dict[str, Any]]) -> tuple[str, int, int] | None:
     """(model, depth, k) of the WSD-vs-cosine check: the first model at the first depth, at
-    its best seed-0 lr of ``check_horizon`` steps so far (the grid centre if none has
-    finished); None without models."""
+    the lr of a check already complete (every seed, both schedules), else at its best seed-0
+    lr of ``check_horizon`` steps so far (the grid centre if none has finished); None without
+    models. A complete check is not run again when the best lr moves later."""
     models = available_models(setup)
     if not models:
         return None
     m, depth = models[0], setup.depths[0]
     runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
+    for k in sorted({r["k"] for r in runs if r["schedule"] in ("cosine", "wsd-check")}):
+        done = {(r["seed"], r["schedule"]) for r in runs if r["k"] == k}
+        if all((s, kind) in done for s in setup.seeds for kind in ("cosine", "wsd-check")):
+            return m, depth, k
     k = best_k(runs, setup.check_horizon)
     return m, depth, 0 if k is None else k
 
