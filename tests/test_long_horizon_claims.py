@@ -117,6 +117,13 @@ def test_readme_quotes_the_depth_64_comparison():
     assert min(finished, key=finished.get) == "pre-LN (GPT-2)"
     others = f"(SAS-P {d64['SAS-P']['2000']['mean']:.3f} and"
     assert f"Pre-LN is the lowest model at 2,000 steps {others}" in _text()
+    # "SAS-P is tuned there: at 3.3e-3 ... it stays at the unigram baseline"
+    sas = d64["SAS-P"]["2000"]
+    assert sas["best_lr"] == 0.00111 and not sas["at_edge"]
+    assert sas["lr_curve"]["lr"] == [0.00037, 0.00111, 0.00333]
+    unigram = json.loads(RESULTS.read_text())["unigram_baseline"]["cross_entropy"]
+    assert sas["lr_curve"]["val_loss"][2] > 0.98 * unigram
+    assert "SAS-P is tuned there: at 3.3e-3 its tokens collapse to rank one" in _text()
     g01, advised = d64["shaped g=0.1"]["2000"]["mean"], shaped["2000"]["mean"]
     assert "15% below gamma 0.1" in _text() and round(100 * (1 - advised / g01)) == 15
     same_time = f"({d16['shaped g=0.1']['2000']['mean']:.3f} and {advised:.3f},"
