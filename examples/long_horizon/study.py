@@ -346,9 +346,8 @@ def check_point(setup: Setup, results: list[dict[str, Any]]) -> tuple[str, int, 
 
 
 def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
-    """The WSD-vs-cosine check still needed: the first model at the first depth, at its best
-    seed-0 lr of ``check_horizon`` steps so far (the grid centre if none has finished), every
-    seed a cosine run and a WSD run of that horizon alone."""
+    """The WSD-vs-cosine check still needed at :func:`check_point`'s (model, depth, lr):
+    every seed a cosine run and a WSD run of ``check_horizon`` steps alone."""
     if (checked := check_point(setup, results)) is None:
         return []
     m, depth, k = checked
