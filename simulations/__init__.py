@@ -42,7 +42,15 @@ if TYPE_CHECKING:
     from .rng import GroupedNormal, group_seed
     from .samplers import ExactSampler, Sampler, TokenSampler, WeightsSampler
     from .stability import plot_stability_map, stability_map
-    from .sweep import SweepSummary, TaskSummary, open_point, open_sweep, run_tasks, sweep
+    from .sweep import (
+        SweepSummary,
+        TaskSummary,
+        open_point,
+        open_sweep,
+        run_replanned,
+        run_tasks,
+        sweep,
+    )
     from .training_runs import (
         TrainingRun,
         horizon_loss,
@@ -115,6 +123,7 @@ _LAZY: dict[str, str] = {
     "open_sweep": ".sweep",
     "sweep": ".sweep",
     "TaskSummary": ".sweep",
+    "run_replanned": ".sweep",
     "run_tasks": ".sweep",
     "TrainingRun": ".training_runs",
     "horizon_loss": ".training_runs",
@@ -210,6 +219,7 @@ __all__ = [
     "run_comparison",
     "run_convergence",
     "run_planned",
+    "run_replanned",
     "run_tasks",
     "run_training",
     "run_trainings",

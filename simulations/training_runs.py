@@ -6,8 +6,8 @@ horizons (several with the WSD schedule, see :func:`shapedtx.training.train_hori
 horizon has ended; :func:`run_trainings` runs many as tasks of the project's Dask machinery
 (:func:`simulations.sweep.run_tasks`): an interrupted study keeps every finished run, a
 second call skips them, and a run whose worker died resumes from its last checkpoint.
-:func:`run_planned` is the loop of a study that plans in rounds (the next runs depend on
-the finished ones: a learning-rate grid extended while its best value is at an edge).
+:func:`run_planned` runs a study whose next runs depend on the finished ones (a learning-rate
+grid extended while its best value is at an edge), planning again each time a run ends.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.training import TrainConfig
 
-from .sweep.tasks import TaskSummary, connect, run_tasks
+from .sweep.tasks import TaskSummary, connect, run_replanned, run_tasks
 
 RESULT = "result.json"
 DTYPE_NAMES = ("float32", "float64")
@@ -183,8 +183,8 @@ def run_trainings(
 ) -> TaskSummary[dict[str, Any]]:
     """Run every run as a Dask task (:func:`simulations.sweep.run_tasks`, whose arguments
     these are; the first run first) and return their results by folder; finished runs are
-    read, not trained again. A study that plans in rounds passes the client of
-    :func:`simulations.sweep.connect` to every round."""
+    read, not trained again. A study whose next runs depend on finished ones uses
+    :func:`run_planned`."""
     keys = [os.path.abspath(r.folder) for r in runs]
     if len(set(keys)) != len(keys):
         raise ParameterError("runs", "runs must have distinct folders")
@@ -216,31 +216,40 @@ def run_planned(
     client: Any = None,
     workers: int | None = None,
     max_runs: int | None = None,
+    progress: bool | None = None,
     describe: Callable[[str, dict[str, Any]], str] | None = None,
 ) -> TaskSummary[dict[str, Any]]:
-    """Run a study that plans in rounds: ``plan()`` gives the runs still needed (it reads the
-    finished ones from disk), they run as Dask tasks of one worker thread each
-    (:func:`run_trainings`), then ``plan()`` is asked again, until it gives nothing, ``max_runs``
-    new runs have run, or a run failed (it would only be planned again). One client serves
-    every round: ``client`` (a ``distributed.Client`` or a scheduler's address) or an embedded
+    """Run a study whose next runs depend on its finished ones: ``plan()`` gives the runs
+    still needed in priority order (it reads the finished ones from disk), and each time a run
+    ends it is asked again and the free worker threads take its first runs not yet started
+    (:func:`simulations.sweep.run_replanned`; one torch thread per run). Ends when ``plan()``
+    gives nothing new and nothing runs, after ``max_runs`` new runs, or once a run failed (it
+    would only be planned again; the running ones finish). One client serves the whole
+    study: ``client`` (a ``distributed.Client`` or a scheduler's address) or an embedded
     cluster of ``workers`` processes (:func:`simulations.sweep.connect`), started only if
-    there is something to run. Returns every round's results and failures by folder."""
+    there is something to run. Returns the new runs' results and failures by folder."""
     if max_runs is not None:
         check_int("max_runs", max_runs, minimum=0)
-    total: TaskSummary[dict[str, Any]] = TaskSummary()
-    if max_runs == 0 or not plan():
-        return total
+
+    def pending() -> list[tuple[str, TrainingRun]]:
+        runs = list(plan())
+        if len({os.path.abspath(r.folder) for r in runs}) != len(runs):
+            raise ParameterError("plan", "plan() must give runs with distinct folders")
+        return [(r.folder, r) for r in runs if not r.result_path.exists()]
+
+    if max_runs == 0 or not pending():
+        return TaskSummary()
     with connect(client, workers=None if client is not None else workers) as dask:
-        while True:
-            left = None if max_runs is None else max_runs - len(total.results)
-            todo = list(plan())[:left] if left != 0 else []
-            if not todo:
-                return total
-            summary = run_trainings(todo, client=dask, threads=1, describe=describe)
-            total.results.update(summary.results)
-            total.failed.update(summary.failed)
-            if summary.failed:
-                return total
+        return run_replanned(
+            run_training,
+            pending,
+            client=dask,
+            threads=1,
+            max_jobs=max_runs,
+            progress=progress,
+            desc="train",
+            describe=describe,
+        )
 
 
 __all__ = [

@@ -97,9 +97,10 @@ def test_training_run_validates_its_fields(tmp_path):
 
 
 def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
-    """A study planning in rounds: ``b`` is planned only once ``a`` has finished (read from
-    disk), ``max_runs`` caps the new runs, a failed round ends the loop (the failed run would
-    be planned again), and an empty plan starts nothing."""
+    """A study whose next runs depend on finished ones: ``b`` is planned only once ``a`` has
+    finished (read from disk), ``max_runs`` caps the new runs, a failed run ends the study (it
+    would be planned again), and an empty plan starts nothing. One worker thread: one run at a
+    time, the plan asked again as each ends."""
     calls = []
 
     def plan(extra: TrainingRun | None = None) -> list[TrainingRun]:
@@ -111,21 +112,47 @@ def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
         calls.append([Path(r.folder).name for r in todo])
         return todo
 
-    first = run_planned(plan, client=cluster.scheduler_address, max_runs=1)
+    first = run_planned(plan, client=cluster.scheduler_address, max_runs=1, progress=False)
     assert list(first.results) == [str(tmp_path / "a")] and first.ok
-    assert calls == [["a"], ["a"]]  # the check, then round 1, cut by max_runs
+    assert calls == [["a"], ["a"]]  # the check, then the start; the cap asks no more
     calls.clear()
     broken = TrainingRun(MODEL, TRAIN, (8,), str(tmp_path / "broken"), max_bytes=20_000,
                          device="no-such-device")  # fmt: skip
-    rest = run_planned(lambda: plan(broken), client=cluster.scheduler_address)
+    rest = run_planned(lambda: plan(broken), client=cluster.scheduler_address, progress=False)
     assert set(rest.results) == {str(tmp_path / "b")}
     assert set(rest.failed) == {broken.folder}
-    assert calls == [["b", "broken"], ["b", "broken"]]  # no round after the failure
+    # check, start b (the one thread), start broken when b ends; nothing after the failure
+    assert calls == [["b", "broken"], ["b", "broken"], ["broken"]]
     calls.clear()
     none = run_planned(plan, client="tcp://127.0.0.1:1")  # would fail to connect: not used
     assert not none.results and not none.failed and calls == [[]]
     with pytest.raises(ValueError, match="max_runs must be an integer >= 0, got -1"):
         run_planned(plan, max_runs=-1)
+    twice = [_run(tmp_path, "c"), _run(tmp_path, "c")]
+    with pytest.raises(ValueError, match="distinct folders"):
+        run_planned(lambda: twice, client="tcp://127.0.0.1:1")
+
+
+def test_run_planned_gives_a_freed_worker_the_next_run_while_another_runs(tmp_path):
+    """Two workers, a long run and a short one; a run planned only once the short one has
+    finished starts while the long one still runs (a study planning in rounds, as before,
+    asked its plan again only when both had ended: the short one's worker idled)."""
+    long = _run(tmp_path, "long", steps=160, eval_interval=40, checkpoint_interval=40)
+    short, after = _run(tmp_path, "short"), None
+    seen: dict[str, bool] = {}
+
+    def plan() -> list[TrainingRun]:
+        nonlocal after
+        todo = [long, short]
+        if short.result_path.exists():
+            after = _run(tmp_path, "after")
+            seen.setdefault("long running when after planned", not long.result_path.exists())
+            todo.append(after)
+        return [r for r in todo if not r.result_path.exists()]
+
+    summary = run_planned(plan, workers=2, progress=False)
+    assert summary.ok and set(summary.results) == {long.folder, short.folder, after.folder}
+    assert seen == {"long running when after planned": True}  # and started: a thread was free
 
 
 def _fail(x: int) -> int:

@@ -372,8 +372,8 @@ def run_study(
     check: bool = False,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs), interrupted ones
-    first; returns how many. One Dask client (an embedded cluster of ``workers``, or
-    ``scheduler``) serves every round of planning (``simulations.run_planned``)."""
+    first; returns how many. The plan is asked again each time a run ends, on one Dask
+    client (an embedded cluster of ``workers``, or ``scheduler``; ``simulations.run_planned``)."""
     planner = check_plan if check else plan
 
     def planned() -> list[TrainingRun]:

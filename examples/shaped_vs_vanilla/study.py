@@ -209,8 +209,8 @@ def _round(lr: float) -> float:
 def run_study(
     setup: Setup, out: Path, device: str, workers: int | None, scheduler: str | None = None
 ) -> list[dict[str, Any]]:
-    """Run every planned run as a Dask task, re-planning until nothing is left
-    (``simulations.run_planned``); returns all results."""
+    """Run every planned run as a Dask task, re-planning each time a run ends until nothing
+    is left (``simulations.run_planned``); returns all results."""
 
     def runs() -> list[TrainingRun]:
         todo = sorted(plan(setup, load_results(out)), key=lambda j: -j[1])  # deepest first

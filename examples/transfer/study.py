@@ -265,8 +265,8 @@ def run_study(
     max_runs: int | None,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
-    One Dask client (an embedded cluster of ``workers``, or ``scheduler``) serves every round
-    of planning (``simulations.run_planned``)."""
+    The plan is asked again each time a run ends, on one Dask client (an embedded cluster of
+    ``workers``, or ``scheduler``; ``simulations.run_planned``)."""
     summary = run_planned(
         lambda: [
             make_run(setup, out, job, device=device) for job in plan(setup, load_results(out))

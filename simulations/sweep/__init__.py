@@ -26,7 +26,8 @@ Store layout (a zarr v2 directory store that ``xr.open_zarr(store)`` reads as on
   method, seed, dtype, ...). Root attrs ``sweep.*`` identify the grid, kind and dtype.
 
 Training studies use the same engine through :func:`run_tasks` (one task per independent,
-resumable job; see :mod:`simulations.training_runs`).
+resumable job; see :mod:`simulations.training_runs`) and :func:`run_replanned` (a study
+whose next jobs depend on finished ones).
 
 Data count only where ``status == 1``: :func:`open_sweep` masks the rest and
 :func:`open_point` returns one point as the usual covariance Dataset (``shapedtx.results``).
@@ -52,7 +53,7 @@ from .point import run_point
 from .read import open_point, open_sweep
 from .run import SweepSummary, sweep
 from .store import STATUS, read_records
-from .tasks import TaskSummary, connect, run_tasks
+from .tasks import TaskSummary, connect, run_replanned, run_tasks
 
 __all__ = [
     "STATUS",
@@ -63,6 +64,7 @@ __all__ = [
     "open_sweep",
     "read_records",
     "run_point",
+    "run_replanned",
     "run_tasks",
     "sweep",
 ]

@@ -7,7 +7,8 @@ a module-level function (workers import it), it writes its own result atomically
 returns that result at once when the result already exists. Then an interrupted study loses
 no finished job and a second call skips them; a worker killed in the middle of a job has the
 job run again by the scheduler on another (or the restarted) worker, which resumes from
-whatever the job saved (a training run from its last checkpoint).
+whatever the job saved (a training run from its last checkpoint). :func:`run_replanned` runs
+a study whose next jobs depend on the finished ones, asking its plan again each time a job ends.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from shapedtx._validation import ParameterError, check_progress
+from shapedtx._validation import ParameterError, check_int, check_progress
 
 from .run import _check_workers, _connect, _disable, _print_dashboard
 
@@ -51,8 +52,8 @@ def _call(fn: Callable[[Any], T], item: Any, threads: int | None) -> T:
 def connect(
     client: Any = None, *, workers: int | None = None, threads_per_worker: int = 1
 ) -> Iterator[Any]:
-    """A ``distributed.Client`` for several :func:`run_tasks` calls (a study that plans in
-    rounds starts its workers once): ``client`` itself, a client of the scheduler at the
+    """A ``distributed.Client`` for :func:`run_replanned` or several :func:`run_tasks` calls
+    (a study starts its workers once): ``client`` itself, a client of the scheduler at the
     address ``client``, or (``client=None``) an embedded ``LocalCluster`` of ``workers``
     processes (default ``min(2, cores)``) of ``threads_per_worker`` threads, closed on exit."""
     workers = _check_workers(client, workers, threads_per_worker)
@@ -126,19 +127,103 @@ def run_tasks(
         }
         with dask.as_current():
             for future in as_completed(futures):
-                key = futures[future]
-                try:
-                    result = future.result()
-                except Exception as err:  # e.g. KilledWorker after repeated deaths
-                    summary.failed[key] = f"{type(err).__name__}: {err}"
-                    bar.set_postfix(failed=len(summary.failed))
-                else:
-                    summary.results[key] = result
-                    if describe is not None:
-                        bar.set_postfix_str(describe(key, result))
-                future.release()
-                bar.update()
+                _collect(future, futures[future], summary, bar, describe)
     return summary
 
 
-__all__ = ["TaskSummary", "connect", "run_tasks"]
+def _collect(
+    future: Any,
+    key: str,
+    summary: TaskSummary[T],
+    bar: Any,
+    describe: Callable[[str, T], str] | None,
+) -> None:
+    """Put a finished future's result (or its error, as text) into ``summary``."""
+    try:
+        result = future.result()
+    except Exception as err:  # e.g. KilledWorker after repeated deaths
+        summary.failed[key] = f"{type(err).__name__}: {err}"
+        bar.set_postfix(failed=len(summary.failed))
+    else:
+        summary.results[key] = result
+        if describe is not None:
+            bar.set_postfix_str(describe(key, result))
+    future.release()
+    bar.update()
+
+
+def run_replanned(
+    fn: Callable[[Any], T],
+    plan: Callable[[], Sequence[tuple[str, Any]]],
+    *,
+    client: Any,
+    threads: int | None = None,
+    max_jobs: int | None = None,
+    progress: bool | None = None,
+    desc: str = "tasks",
+    describe: Callable[[str, T], str] | None = None,
+) -> TaskSummary[T]:
+    """Run the jobs ``plan()`` gives as Dask tasks, asking ``plan()`` again each time a job
+    ends: every free worker thread takes the first planned job not started by this call. So a
+    study whose next jobs depend on finished ones (a grid extended while its best value is at
+    an edge) never leaves a worker idle while another finishes the jobs planned with it.
+    Never raises for a failing job (it is in ``failed``).
+
+    Args:
+        fn: a module-level function (see module doc).
+        plan: ``plan() -> [(key, item), ...]``, the jobs still needed in priority order; it
+            reads the finished ones from wherever ``fn`` writes them.
+        client: a connected ``distributed.Client`` (see :func:`connect`).
+        threads: torch threads per job (default: the worker's own setting).
+        max_jobs: start at most this many jobs (None: no limit).
+        progress, desc, describe: as for :func:`run_tasks`.
+
+    Ends when ``plan()`` gives no job that was not started and none is running, after
+    ``max_jobs`` jobs, or once a job has failed: the running jobs finish and nothing new starts
+    (a failed job would only be planned again).
+    """
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    if max_jobs is not None:
+        check_int("max_jobs", max_jobs, minimum=0)
+    check_progress(progress)
+    summary: TaskSummary[T] = TaskSummary()
+    running: dict[Any, str] = {}
+    started: set[str] = set()
+    run_id = uuid.uuid4().hex[:8]  # a given client may still hold keys of an earlier call
+    with tqdm(total=0, desc=desc, unit="job", disable=_disable(progress)) as bar:
+
+        def start() -> None:
+            free = max(1, sum(client.nthreads().values())) - len(running)
+            if max_jobs is not None:
+                free = min(free, max_jobs - len(started))
+            if free <= 0 or summary.failed:
+                return
+            jobs = list(plan())
+            keys = [key for key, _ in jobs]
+            if len(set(keys)) != len(keys):
+                raise ParameterError("plan", "plan() must give unique keys")
+            new = [(key, item) for key, item in jobs if key not in started]
+            for key, item in new[:free]:
+                future = client.submit(
+                    _call, fn, item, threads, key=f"{desc}-{len(started)}-{run_id}", pure=False
+                )
+                running[future] = key
+                started.add(key)
+                done.add(future)
+            bar.total = len(started) + max(0, len(new) - free)
+            bar.refresh()
+
+        if progress is not False:
+            _print_dashboard(client)
+        with client.as_current():
+            done = as_completed()  # needs the current client
+            start()
+            for future in done:
+                _collect(future, running.pop(future), summary, bar, describe)
+                start()
+    return summary
+
+
+__all__ = ["TaskSummary", "connect", "run_replanned", "run_tasks"]
