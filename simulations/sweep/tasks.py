@@ -192,7 +192,13 @@ def run_replanned(
     running: dict[Any, str] = {}
     started: set[str] = set()
     run_id = uuid.uuid4().hex[:8]  # a given client may still hold keys of an earlier call
-    with tqdm(total=0, desc=desc, unit="job", disable=_disable(progress)) as bar:
+    if progress is not False:
+        _print_dashboard(client)
+    with (
+        tqdm(total=0, desc=desc, unit="job", disable=_disable(progress)) as bar,
+        client.as_current(),
+    ):
+        done = as_completed()  # of the futures started; needs the current client
 
         def start() -> None:
             free = max(1, sum(client.nthreads().values())) - len(running)
@@ -215,14 +221,10 @@ def run_replanned(
             bar.total = len(started) + max(0, len(new) - free)
             bar.refresh()
 
-        if progress is not False:
-            _print_dashboard(client)
-        with client.as_current():
-            done = as_completed()  # needs the current client
+        start()
+        for future in done:
+            _collect(future, running.pop(future), summary, bar, describe)
             start()
-            for future in done:
-                _collect(future, running.pop(future), summary, bar, describe)
-                start()
     return summary
 
 
