@@ -28,7 +28,7 @@ from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.training import TrainConfig
 
-from .sweep.tasks import TaskSummary, connect, run_replanned, run_tasks
+from .sweep.tasks import TaskSummary, run_replanned, run_tasks
 
 RESULT = "result.json"
 DTYPE_NAMES = ("float32", "float64")
@@ -220,36 +220,38 @@ def run_planned(
     describe: Callable[[str, dict[str, Any]], str] | None = None,
 ) -> TaskSummary[dict[str, Any]]:
     """Run a study whose next runs depend on its finished ones: ``plan()`` gives the runs
-    still needed in priority order (it reads the finished ones from disk), and each time a run
-    ends it is asked again and the free worker threads take its first runs not yet started
-    (:func:`simulations.sweep.run_replanned`; one torch thread per run). Ends when ``plan()``
-    gives nothing new and nothing runs, after ``max_runs`` new runs, or once a run failed (it
-    would only be planned again; the running ones finish). One client serves the whole
-    study: ``client`` (a ``distributed.Client`` or a scheduler's address) or an embedded
-    cluster of ``workers`` processes (:func:`simulations.sweep.connect`), started only if
-    there is something to run. Returns the new runs' results and failures by folder."""
+    still needed in priority order (it reads the finished ones from disk, and is called while
+    runs are running), and whenever a worker thread is free it is asked again and the free
+    threads take its first runs not yet started (:func:`simulations.sweep.run_replanned`; one
+    torch thread per run). Ends when ``plan()`` gives nothing new and nothing runs, after
+    ``max_runs`` new runs, or once a run failed (it would only be planned again; the running
+    ones finish). The cluster: ``client`` (a ``distributed.Client`` or a scheduler's address)
+    or an embedded one of ``workers`` processes (ignored with ``client``), started only if
+    there is something to run.
+    Returns the new runs' results and failures by absolute folder."""
     if max_runs is not None:
         check_int("max_runs", max_runs, minimum=0)
 
     def pending() -> list[tuple[str, TrainingRun]]:
         runs = list(plan())
-        if len({os.path.abspath(r.folder) for r in runs}) != len(runs):
+        keys = [os.path.abspath(r.folder) for r in runs]
+        if len(set(keys)) != len(keys):
             raise ParameterError("plan", "plan() must give runs with distinct folders")
-        return [(r.folder, r) for r in runs if not r.result_path.exists()]
+        return [(key, r) for key, r in zip(keys, runs, strict=True) if not r.result_path.exists()]
 
     if max_runs == 0 or not pending():
         return TaskSummary()
-    with connect(client, workers=None if client is not None else workers) as dask:
-        return run_replanned(
-            run_training,
-            pending,
-            client=dask,
-            threads=1,
-            max_jobs=max_runs,
-            progress=progress,
-            desc="train",
-            describe=describe,
-        )
+    return run_replanned(
+        run_training,
+        pending,
+        client=client,
+        workers=None if client is not None else workers,
+        threads=1,
+        max_jobs=max_runs,
+        progress=progress,
+        desc="train",
+        describe=describe,
+    )
 
 
 __all__ = [

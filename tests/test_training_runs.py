@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from shapedtx import ModelConfig, TrainConfig
-from simulations.sweep.tasks import run_tasks
+from simulations.sweep.tasks import run_replanned, run_tasks
 from simulations.training_runs import (
     TrainingRun,
     horizon_loss,
@@ -133,26 +133,44 @@ def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
         run_planned(lambda: twice, client="tcp://127.0.0.1:1")
 
 
-def test_run_planned_gives_a_freed_worker_the_next_run_while_another_runs(tmp_path):
-    """Two workers, a long run and a short one; a run planned only once the short one has
-    finished starts while the long one still runs (a study planning in rounds, as before,
-    asked its plan again only when both had ended: the short one's worker idled)."""
-    long = _run(tmp_path, "long", steps=160, eval_interval=40, checkpoint_interval=40)
-    short, after = _run(tmp_path, "short"), None
-    seen: dict[str, bool] = {}
+def _signal(job: tuple[str, str, str | None]) -> bool:
+    """Write ``<name>.done`` in ``folder``; first wait (up to 60 s) for ``wait_for`` there, if
+    given. Returns whether ``wait_for`` was there."""
+    folder, name, wait_for = job
+    deadline = time.monotonic() + 60
+    while wait_for and not Path(folder, wait_for).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    Path(folder, f"{name}.done").write_text("")
+    return wait_for is None or Path(folder, wait_for).exists()
 
-    def plan() -> list[TrainingRun]:
-        nonlocal after
-        todo = [long, short]
-        if short.result_path.exists():
-            after = _run(tmp_path, "after")
-            seen.setdefault("long running when after planned", not long.result_path.exists())
-            todo.append(after)
-        return [r for r in todo if not r.result_path.exists()]
 
-    summary = run_planned(plan, workers=2, progress=False)
-    assert summary.ok and set(summary.results) == {long.folder, short.folder, after.folder}
-    assert seen == {"long running when after planned": True}  # and started: a thread was free
+def test_run_replanned_gives_a_free_thread_the_next_job_while_another_runs(tmp_path):
+    """Two threads: "long" ends only once "after" has run (or after 60 s), and "after" is
+    planned only once "short" has ended. Asked again when short's thread frees, the plan
+    starts "after" beside "long"; a loop planning in rounds (asking again only when long and
+    short had both ended) leaves long waiting its 60 s and after running alone."""
+    folder = str(tmp_path)
+
+    def plan() -> list[tuple[str, tuple[str, str, str | None]]]:
+        jobs = [("long", (folder, "long", "after.done")), ("short", (folder, "short", None))]
+        if (tmp_path / "short.done").exists():
+            jobs.append(("after", (folder, "after", None)))
+        return [(key, job) for key, job in jobs if not (tmp_path / f"{key}.done").exists()]
+
+    def simple(names: str) -> list[tuple[str, tuple[str, str, None]]]:
+        return [(n, (folder, n, None)) for n in names if not (tmp_path / f"{n}.done").exists()]
+
+    with distributed.Client(
+        processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0"
+    ) as client:
+        summary = run_replanned(_signal, plan, client=client, progress=False, poll=0.5)
+        assert summary.ok and summary.results == {"long": True, "short": True, "after": True}
+        capped = run_replanned(_signal, lambda: simple("abc"), client=client, max_jobs=2)
+        assert set(capped.results) == {"a", "b"} and not (tmp_path / "c.done").exists()
+        with pytest.raises(ValueError, match="plan\\(\\) must give unique keys"):
+            run_replanned(_signal, lambda: simple("dd"), client=client)
+        with pytest.raises(ValueError, match="poll"):
+            run_replanned(_signal, lambda: simple("e"), client=client, poll=0)
 
 
 def _fail(x: int) -> int:

@@ -7,7 +7,7 @@ residual with fan_in and with GPT-2 init), at several depths. Per (model, depth)
 learning rate is tuned on a grid spaced by 3x (extended by one point while the best is at an
 edge), then the best learning rate is re-run with more seeds.
 
-Every run is a task of the project's Dask machinery (``simulations.run_trainings``: an embedded
+Every run is a task of the project's Dask machinery (``simulations.run_planned``: an embedded
 local cluster of ``--workers`` processes, or ``--scheduler ADDRESS``) and writes
 ``<out>/runs/<model>/d<depth>/lr<lr>_s<seed>/result.json`` atomically when it finishes
 (training itself checkpoints and resumes), so an interrupted study loses no finished run and a

@@ -20,7 +20,7 @@ longest horizon is at an edge; seed 0 everywhere, then seeds 1 and 2 at the best
 4 and 64 (width 64). Every run uses the warmup-stable-decay schedule and trains horizons 250,
 500 and 1000 steps in one run (``shapedtx.training.train_horizons``).
 
-Runs are tasks of the project's Dask machinery (``simulations.run_trainings``: embedded local
+Runs are tasks of the project's Dask machinery (``simulations.run_planned``: embedded local
 cluster, or ``--scheduler ADDRESS``); each writes ``runs/<parametrisation>/w<width>_d<depth>/
 lr<j>_s<seed>/result.json`` atomically when all its horizons have ended and resumes from its
 checkpoints if interrupted. ``--report`` writes ``results.json``, ``tables.md`` and

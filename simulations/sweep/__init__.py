@@ -53,13 +53,12 @@ from .point import run_point
 from .read import open_point, open_sweep
 from .run import SweepSummary, sweep
 from .store import STATUS, read_records
-from .tasks import TaskSummary, connect, run_replanned, run_tasks
+from .tasks import TaskSummary, run_replanned, run_tasks
 
 __all__ = [
     "STATUS",
     "SweepSummary",
     "TaskSummary",
-    "connect",
     "open_point",
     "open_sweep",
     "read_records",

@@ -8,18 +8,19 @@ returns that result at once when the result already exists. Then an interrupted 
 no finished job and a second call skips them; a worker killed in the middle of a job has the
 job run again by the scheduler on another (or the restarted) worker, which resumes from
 whatever the job saved (a training run from its last checkpoint). :func:`run_replanned` runs
-a study whose next jobs depend on the finished ones, asking its plan again each time a job ends.
+a study whose next jobs depend on the finished ones, asking its plan again whenever a worker
+thread is free.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from shapedtx._validation import ParameterError, check_int, check_progress
+from shapedtx._validation import ParameterError, check_int, check_positive, check_progress
 
 from .run import _check_workers, _connect, _disable, _print_dashboard
 
@@ -28,8 +29,8 @@ T = TypeVar("T")
 
 @dataclass
 class TaskSummary(Generic[T]):
-    """What a :func:`run_tasks` call did: ``results[key]`` for every job that returned,
-    ``failed[key]`` (the error, as text) for every job that raised."""
+    """What a :func:`run_tasks` or :func:`run_replanned` call did: ``results[key]`` for
+    every job that returned, ``failed[key]`` (the error, as text) for every job that raised."""
 
     results: dict[str, T] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
@@ -46,19 +47,6 @@ def _call(fn: Callable[[Any], T], item: Any, threads: int | None) -> T:
 
         torch.set_num_threads(threads)
     return fn(item)
-
-
-@contextlib.contextmanager
-def connect(
-    client: Any = None, *, workers: int | None = None, threads_per_worker: int = 1
-) -> Iterator[Any]:
-    """A ``distributed.Client`` for :func:`run_replanned` or several :func:`run_tasks` calls
-    (a study starts its workers once): ``client`` itself, a client of the scheduler at the
-    address ``client``, or (``client=None``) an embedded ``LocalCluster`` of ``workers``
-    processes (default ``min(2, cores)``) of ``threads_per_worker`` threads, closed on exit."""
-    workers = _check_workers(client, workers, threads_per_worker)
-    with _connect(client, workers, threads_per_worker, True) as (dask, _):
-        yield dask
 
 
 def run_tasks(
@@ -156,52 +144,60 @@ def run_replanned(
     fn: Callable[[Any], T],
     plan: Callable[[], Sequence[tuple[str, Any]]],
     *,
-    client: Any,
+    client: Any = None,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
     threads: int | None = None,
     max_jobs: int | None = None,
     progress: bool | None = None,
     desc: str = "tasks",
     describe: Callable[[str, T], str] | None = None,
+    poll: float = 30.0,
 ) -> TaskSummary[T]:
-    """Run the jobs ``plan()`` gives as Dask tasks, asking ``plan()`` again each time a job
-    ends: every free worker thread takes the first planned job not started by this call. So a
-    study whose next jobs depend on finished ones (a grid extended while its best value is at
-    an edge) never leaves a worker idle while another finishes the jobs planned with it.
-    Never raises for a failing job (it is in ``failed``).
+    """Run the jobs ``plan()`` gives as Dask tasks, asking ``plan()`` again whenever a worker
+    thread is free (each time a job ends, and every ``poll`` seconds while a thread is free:
+    a restarted or added worker): the free threads take the first planned jobs not started by
+    this call. So a study whose next jobs depend on finished ones (a grid extended while its
+    best value is at an edge) does not leave a worker idle until every job planned with the
+    running ones has ended. Never raises for a failing job (it is in ``failed``).
 
     Args:
         fn: a module-level function (see module doc).
-        plan: ``plan() -> [(key, item), ...]``, the jobs still needed in priority order; it
-            reads the finished ones from wherever ``fn`` writes them.
-        client: a connected ``distributed.Client`` (see :func:`connect`).
-        threads: torch threads per job (default: the worker's own setting).
+        plan: ``plan() -> [(key, item), ...]``, the jobs still needed in priority order. It
+            is called while jobs run and must read the finished ones from wherever ``fn``
+            writes them; a running job it lists again is not started twice.
+        client, workers, threads_per_worker, threads, progress, desc, describe: as for
+            :func:`run_tasks`.
         max_jobs: start at most this many jobs (None: no limit).
-        progress, desc, describe: as for :func:`run_tasks`.
+        poll: seconds between looks for free threads while jobs run.
 
     Ends when ``plan()`` gives no job that was not started and none is running, after
     ``max_jobs`` jobs, or once a job has failed: the running jobs finish and nothing new starts
-    (a failed job would only be planned again).
+    (a failed job would only be planned again). If the caller is interrupted, the jobs not yet
+    running are cancelled; one already running on a cluster the call did not start runs on
+    (Dask cannot stop a running task), so wait for it before running the study again.
     """
-    from distributed import as_completed
+    from distributed import wait
     from tqdm.auto import tqdm
 
+    workers = _check_workers(client, workers, threads_per_worker)
     if max_jobs is not None:
         check_int("max_jobs", max_jobs, minimum=0)
+    check_positive("poll", poll)
     check_progress(progress)
     summary: TaskSummary[T] = TaskSummary()
     running: dict[Any, str] = {}
     started: set[str] = set()
     run_id = uuid.uuid4().hex[:8]  # a given client may still hold keys of an earlier call
-    if progress is not False:
-        _print_dashboard(client)
     with (
+        _connect(client, workers, threads_per_worker, True) as (dask, own),
         tqdm(total=0, desc=desc, unit="job", disable=_disable(progress)) as bar,
-        client.as_current(),
     ):
-        done = as_completed()  # of the futures started; needs the current client
+        per_job = own if client is None else threads
 
         def start() -> None:
-            free = max(1, sum(client.nthreads().values())) - len(running)
+            # with no worker yet (or one restarting), one job waits in the scheduler's queue
+            free = max(1, sum(dask.nthreads().values())) - len(running)
             if max_jobs is not None:
                 free = min(free, max_jobs - len(started))
             if free <= 0 or summary.failed:
@@ -211,21 +207,33 @@ def run_replanned(
             if len(set(keys)) != len(keys):
                 raise ParameterError("plan", "plan() must give unique keys")
             new = [(key, item) for key, item in jobs if key not in started]
-            for key, item in new[:free]:
-                future = client.submit(
-                    _call, fn, item, threads, key=f"{desc}-{len(started)}-{run_id}", pure=False
+            take = new[:free]
+            for key, item in take:
+                future = dask.submit(
+                    _call, fn, item, per_job, key=f"{desc}-{len(started)}-{run_id}", pure=False
                 )
                 running[future] = key
                 started.add(key)
-                done.add(future)
-            bar.total = len(started) + max(0, len(new) - free)
+            bar.total = len(started) + len(new) - len(take)
             bar.refresh()
 
-        start()
-        for future in done:
-            _collect(future, running.pop(future), summary, bar, describe)
-            start()
+        if progress is not False:
+            _print_dashboard(dask)
+        try:
+            with dask.as_current():
+                start()
+                while running:
+                    with contextlib.suppress(TimeoutError):  # no job ended: look for threads
+                        wait(list(running), timeout=poll, return_when="FIRST_COMPLETED")
+                    for future in [f for f in running if f.done()]:
+                        _collect(future, running.pop(future), summary, bar, describe)
+                    start()
+        finally:
+            if running:  # interrupted: release what has not started
+                dask.cancel(list(running))
+            bar.total = bar.n
+            bar.refresh()
     return summary
 
 
-__all__ = ["TaskSummary", "connect", "run_replanned", "run_tasks"]
+__all__ = ["TaskSummary", "run_replanned", "run_tasks"]
