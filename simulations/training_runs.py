@@ -7,7 +7,7 @@ horizon has ended; :func:`run_trainings` runs many as tasks of the project's Das
 (:func:`simulations.sweep.run_tasks`): an interrupted study keeps every finished run, a
 second call skips them, and a run whose worker died resumes from its last checkpoint.
 :func:`run_planned` runs a study whose next runs depend on the finished ones (a learning-rate
-grid extended while its best value is at an edge), planning again each time a run ends.
+grid extended while its best value is at an edge), planning again whenever a worker is free.
 """
 
 from __future__ import annotations
@@ -171,6 +171,14 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     return result
 
 
+def _folders(runs: Sequence[TrainingRun], name: str, message: str) -> list[str]:
+    """Each run's absolute folder; a :class:`ParameterError` on ``name`` if two share one."""
+    keys = [os.path.abspath(r.folder) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise ParameterError(name, message)
+    return keys
+
+
 def run_trainings(
     runs: Sequence[TrainingRun],
     *,
@@ -185,9 +193,7 @@ def run_trainings(
     these are; the first run first) and return their results by folder; finished runs are
     read, not trained again. A study whose next runs depend on finished ones uses
     :func:`run_planned`."""
-    keys = [os.path.abspath(r.folder) for r in runs]
-    if len(set(keys)) != len(keys):
-        raise ParameterError("runs", "runs must have distinct folders")
+    _folders(runs, "runs", "runs must have distinct folders")
     todo = [r for r in runs if not r.result_path.exists()]
     summary: TaskSummary[dict[str, Any]] = TaskSummary()
     for r in runs:
@@ -227,16 +233,14 @@ def run_planned(
     ``max_runs`` new runs, or once a run failed (it would only be planned again; the running
     ones finish). The cluster: ``client`` (a ``distributed.Client`` or a scheduler's address)
     or an embedded one of ``workers`` processes (ignored with ``client``), started only if
-    there is something to run.
-    Returns the new runs' results and failures by absolute folder."""
+    there is something to run. Returns the new runs' results and failures by absolute
+    folder."""
     if max_runs is not None:
         check_int("max_runs", max_runs, minimum=0)
 
     def pending() -> list[tuple[str, TrainingRun]]:
         runs = list(plan())
-        keys = [os.path.abspath(r.folder) for r in runs]
-        if len(set(keys)) != len(keys):
-            raise ParameterError("plan", "plan() must give runs with distinct folders")
+        keys = _folders(runs, "plan", "plan() must give runs with distinct folders")
         return [(key, r) for key, r in zip(keys, runs, strict=True) if not r.result_path.exists()]
 
     if max_runs == 0 or not pending():
