@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -424,6 +425,26 @@ def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(mon
         "20": {"val_loss": 1.0, "diverged": False}, "40": {"val_loss": 1.0, "diverged": False}}}
         for m in pair]  # fmt: skip
     assert study.plan(setup, edge)[2:4] == [(m, 2, 1, 1, "wsd") for m in pair]
+
+
+def test_long_horizon_plan_seeds_the_next_model_when_the_best_ones_seed_diverges(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    setup = replace(study.QUICK, depths=(2,), compared=())  # seeds only for the best model
+    shaped, pre_ln = study.QUICK.models
+
+    def run(model, k, seed=0, loss=None):
+        h = {"val_loss": loss, "diverged": loss is None}
+        return {"model_name": model, "depth": 2, "k": k, "seed": seed, "schedule": "wsd",
+                "horizons": {"20": h, "40": h}}  # fmt: skip
+
+    grid = [run(m, k, loss=2.0 + abs(k) + (m == pre_ln) * 0.1) for m in (shaped, pre_ln)
+            for k in (-1, 0, 1)]  # fmt: skip
+    checks = [j for j in study.plan(setup, grid) if j[4] != "wsd"]
+    assert [j for j in study.plan(setup, grid) if j not in checks] == [(shaped, 2, 0, 1, "wsd")]
+    # seed 1 of the best model diverged: it is not among the best, the next model is seeded
+    diverged = [*grid, run(shaped, 0, seed=1)]
+    assert [j for j in study.plan(setup, diverged) if j[4] == "wsd"] == [(pre_ln, 2, 0, 1, "wsd")]
 
 
 def test_long_horizon_monitor_takes_each_depths_longest_logged_horizon(tmp_path, monkeypatch):

@@ -271,8 +271,9 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
     depth (in ``setup.depths`` order) before the next: the grid centres of every model; the
     seeds of each ``setup.compared`` model already tuned (at its best lr of the longest
     horizon); the grid edges and extensions; seeds at the best lr of the longest horizon for
-    the best models of each complete depth; then the check. So each depth has a first answer
-    for every model before any depth's grid is refined."""
+    the best models of each complete depth (ranked by seed 0; a model with a diverged seed at
+    that lr is not among them, so the next one gets the seeds); then the check. So each depth
+    has a first answer for every model before any depth's grid is refined."""
     done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
     models = available_models(setup)
     centres: list[tuple[str, int, int, int, str]] = []
@@ -313,8 +314,9 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
         for m in models:
             runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
             k = best_k(runs, longest)
-            if k is not None:
-                loss = min(horizon_loss(r, longest) for r in runs if r["k"] == k and r["seed"] == 0)
+            at_k = [r for r in runs if r["k"] == k and r["schedule"] == "wsd"]
+            if k is not None and all(math.isfinite(horizon_loss(r, longest)) for r in at_k):
+                loss = min(horizon_loss(r, longest) for r in at_k if r["seed"] == 0)
                 ranked.append((loss, m, k))
         for _, m, k in sorted(ranked)[: setup.best_models]:
             todo += [
