@@ -164,3 +164,31 @@ def test_branch_multipliers_are_relative_to_the_proxy_depth(modules):
     for name in ("shaped_t", "pre_ln"):
         config = study.model_config(name, 64, 64, proxy_depth)
         assert config == study.preset(name, width=64, depth=64, heads=4, mlp_ratio=4, causal=True)
+
+
+def test_readme_quotes_the_committed_transfer_results():
+    """The README's and examples/transfer/README.md's numbers are the committed study's
+    (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
+    summary = json.loads((STUDY / "results.json").read_text())
+    cell = summary["parametrisations"]["shaped_t"]["1000"]
+    shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
+    readme = " ".join((STUDY.parents[1] / "README.md").read_text().split())
+    study = " ".join((STUDY / "README.md").read_text().split())
+    assert f"the first {summary['runs']} of about 300 runs" in readme
+    assert f"{summary['runs']} of about 300 runs" in study
+    optima = [f"{v:.2f}" for v in depth["log2_lr_opt"]]
+    assert depth["sizes"] == [4, 8, 16] and depth["edges"] == ["diverged"]
+    assert shapes["w64_d16"]["fit"]["edge"] == "diverged"  # "-7.00 is the lowest point"
+    assert f"within {depth['range']:.2f} in log2 from depth 4 to 16" in readme
+    assert f"(log2 optima {optima[0]}, {optima[1]} and {optima[2]} at depths 4, 8" in readme
+    losses = [f"{shapes[f'w64_d{d}']['fit']['loss']:.3f}" for d in (4, 8, 16)]
+    assert f"({losses[0]}, {losses[1]} and {losses[2]})" in readme
+    iv = width["last_minus_first_interval"]
+    moved = f"moves by {width['last_minus_first']:.2f} (95% bootstrap [{iv[0]:.2f}, {iv[1]:.2f}])"
+    assert width["sizes"] == [32, 64] and moved in readme
+    for key, c in shapes.items():  # the study README's table rows
+        w, d = key[1:].split("_d")
+        fit = f"{c['fit']['log2_lr']:.2f}"
+        iv = c["interval"]
+        row = f"| {w} | {d} | {fit}" + (f" | [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+        assert row in study and f"{c['fit']['loss']:.3f}" in study, key
