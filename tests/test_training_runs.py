@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import signal
 import sys
@@ -526,3 +527,25 @@ def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypa
         assert 0 < r["measured"][str(longest)]["entropy / uniform"] <= 1
     table = (tmp_path / "monitor.md").read_text()
     assert f"| finished | {longest} | log.nc |" in table
+
+
+def test_warmup_probe_reports_the_first_non_finite_step_and_applies_its_overrides(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDY))
+    probe = _load("warmup_probe")
+    real, seen = probe.train, []
+
+    def poisoned(model_config, data, config, *, loss_hook, **kw):  # NaN from step 4 on
+        seen.append((model_config.mlp_gain, config.warmup_steps))
+        hook = lambda s, loss: loss_hook(s, loss * math.nan if s >= 4 else loss)  # noqa: E731
+        return real(model_config, data, config, loss_hook=hook, **kw)
+
+    monkeypatch.setattr(probe, "train", poisoned)
+    args = (probe.study.QUICK, "SAS-P no norm", 2, 0, 1)
+    out = probe.probe(*args, steps=10, mlp_gain=0.05, warmup=7)
+    assert seen == [(0.05, 7)] and (out["mlp_gain"], out["warmup_steps"]) == (0.05, 7)
+    assert out["diverged_step"] == 4 and math.isnan(out["loss"])
+    out = probe.probe(*args, steps=3)  # stops before the poison: alive, the study's settings
+    assert out["diverged_step"] is None and math.isfinite(out["loss"])
+    assert seen[1] == (0.1, probe.study.QUICK.warmup_steps)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        probe.probe(*args, steps=0)
