@@ -148,12 +148,23 @@ def test_readme_quotes_the_depth_64_comparison():
     cells = f"({free['250']['mean']:.3f} at 250 steps, {free['2000']['mean']:.3f} at 2,000,"
     assert f"{cells} {below}% below pre-LN's seed 0)" in _text()
     assert f"{trained} of {free['2000']['runs']} runs trained" in _text() and trained == 1
-    # "(best at 3.3e-3 at 2,000 steps, where 1.1e-3 reaches 1.761 and 1e-2 diverges ...)"
+    # "(best at 3.3e-3 at 2,000 steps, where 1.1e-3 reaches 1.761 and 1e-2 diverges ...;
+    # at 500 and 1,000 steps 1.1e-3 is best, and 3.7e-4 is worse at every horizon: 1.969 ...)"
     g = d64["shaped g=0.1"]
+    curve = g["2000"]["lr_curve"]
+    assert curve["lr"] == [0.00037, 0.00111, 0.00333, 0.01] and curve["val_loss"][3] is None
     assert g["2000"]["best_lr"] == 0.00333 and not g["2000"]["at_edge"]
-    assert g["2000"]["lr_curve"]["val_loss"][2] is None
-    assert f"where 1.1e-3 reaches {g['2000']['lr_curve']['val_loss'][0]:.3f}" in _text()
-    assert g["500"]["best_lr"] == g["1000"]["best_lr"] == 0.00111 and g["1000"]["at_edge"]
+    assert f"where 1.1e-3 reaches {curve['val_loss'][1]:.3f}" in _text()
+    assert g["500"]["best_lr"] == g["1000"]["best_lr"] == 0.00111 and not g["1000"]["at_edge"]
+    assert all(g[h]["best_lr"] != 0.00037 for h in g)
+    assert f"worse at every horizon: {curve['val_loss'][0]:.3f} at 2,000)" in _text()
+    # "Shaped gamma 0.35 diverges within 40 steps at 3.3e-3 and 1e-2 and trains at 1.1e-3,
+    # 70% behind pre-LN's seed 0 at 2,000 steps (2.179)"
+    g35 = d64["shaped g=0.35"]["2000"]
+    assert g35["best_lr"] == 0.00111 and g35["at_edge"] and g35["diverged"] == 2
+    behind = round(100 * (_ratio("64", "shaped g=0.35", "2000") - 1))
+    assert f"trains at 1.1e-3, {behind}% behind pre-LN's seed 0 at 2,000 steps" in _text()
+    assert f"({g35['mean']:.3f}): over the three shaped gammas" in _text()
     # "SAS-P is tuned there: at 3.3e-3 ... it stays at the unigram baseline"
     sas = d64["SAS-P"]["2000"]
     assert sas["best_lr"] == 0.00111 and not sas["at_edge"]
