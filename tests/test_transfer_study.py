@@ -167,25 +167,60 @@ def test_branch_multipliers_are_relative_to_the_proxy_depth(modules):
 
 
 def test_readme_quotes_the_committed_transfer_results():
-    """The README's and examples/transfer/README.md's numbers are the committed study's
-    (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
+    """The README's, examples/transfer/README.md's and the transfer guide's numbers are the
+    committed study's (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
     summary = json.loads((STUDY / "results.json").read_text())
-    cell = summary["parametrisations"]["shaped_t"]["1000"]
+    per_h = summary["parametrisations"]["shaped_t"]
+    cell = per_h["1000"]
     shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
     readme = " ".join((STUDY.parents[1] / "README.md").read_text().split())
     study = " ".join((STUDY / "README.md").read_text().split())
+    guide = " ".join((STUDY.parents[1] / "docs" / "guide" / "transfer.md").read_text().split())
     assert f"the first {summary['runs']} of about 300 runs" in readme
     assert f"{summary['runs']} of about 300 runs" in study
+    assert f"**{summary['runs']} of its about 300 runs have run**" in guide
     optima = [f"{v:.2f}" for v in depth["log2_lr_opt"]]
-    assert depth["sizes"] == [4, 8, 16] and depth["edges"] == ["diverged"]
+    assert depth["sizes"] == [4, 8, 16, 32, 64] and depth["edges"] == ["diverged"]
     assert shapes["w64_d16"]["fit"]["edge"] == "diverged"  # "-7.00 is the lowest point"
-    assert f"within {depth['range']:.2f} in log2 from depth 4 to 16" in readme
-    assert f"(log2 optima {optima[0]}, {optima[1]} and {optima[2]} at depths 4, 8" in readme
-    losses = [f"{shapes[f'w64_d{d}']['fit']['loss']:.3f}" for d in (4, 8, 16)]
-    assert f"({losses[0]}, {losses[1]} and {losses[2]})" in readme
+    assert round(max(depth["log2_lr_opt"][:3]) - min(depth["log2_lr_opt"][:3]), 2) == 0.34
+    assert "within 0.34 in log2 from depth 4 to 16" in readme
+    assert f"log2 optima {', '.join(optima[:4])} and {optima[4]} at depths 4, 8, 16, 32" in readme
+    iv = depth["last_minus_first_interval"]
+    drift = f"{depth['last_minus_first']:.2f} from depth 4 to 64 (95% bootstrap [{iv[0]:.2f}, "
+    drift += f"{iv[1]:.2f}]"
+    slope = f"{depth['slope_per_doubling']:.2f} per doubling"
+    for text in (readme, study, guide):
+        assert drift in text and slope in text
+    assert abs(depth["last_minus_first"]) > 0.5  # "does not transfer ... within 0.5 in all"
+    fall = (depth["log2_lr_opt"][4] - depth["log2_lr_opt"][2]) / 2  # depths 16 to 64
+    assert f"(about {fall:.2f} per doubling from 16 to 64)" in study
+    losses = [f"{shapes[f'w64_d{d}']['fit']['loss']:.3f}" for d in (4, 8, 16, 32, 64)]
+    quoted = f"{', '.join(losses[:4])} and {losses[4]} at depths 4"
+    assert quoted in readme and quoted in study and quoted in guide
+    loss = {d: shapes[f"w64_d{d}"]["fit"]["loss"] for d in (4, 8, 16, 32, 64)}
+    assert loss[32] > loss[16] and loss[64] > loss[32]  # "grows beyond depth 16"
+    assert max(loss[4], loss[8]) >= loss[16]  # "does not grow up to depth 16"
+    up = round(100 * (loss[64] / loss[16] - 1))
+    assert f"64 is {up}% above depth 16" in study
+    assert f"about {2 ** -depth['last_minus_first']:.1f} times too large at depth 64" in guide
+    # the cross-check: gamma 0.05, 0.075 and 0.1 at depth 64, 1000 steps, seed 0's best lr
+    long = json.loads((STUDY.parent / "long_horizon" / "results.json").read_text())
+    d64_models = long["depths"]["64"]["models"]
+    best = [
+        min(v for v in c["lr_curve"]["val_loss"] if v is not None)
+        for c in (
+            d64_models["shaped advise"]["1000"],
+            shapes["w64_d64"],
+            d64_models["shaped g=0.1"]["1000"],
+        )
+    ]
+    assert best == sorted(best)  # "a smaller gamma^2 d / n than shaped_t's trains better"
+    assert f"reach {best[0]:.3f}, {best[1]:.3f} and {best[2]:.3f} at their best lrs" in study
     iv = width["last_minus_first_interval"]
     moved = f"moves by {width['last_minus_first']:.2f} (95% bootstrap [{iv[0]:.2f}, {iv[1]:.2f}])"
-    assert width["sizes"] == [32, 64] and moved in readme
+    assert width["sizes"] == [32, 64] and moved in readme and moved in guide
+    short = [f"{per_h[h]['depth_drift']['last_minus_first']:.2f}" for h in ("250", "500")]
+    assert f"by {short[0]} at 250 steps and {short[1]} at 500" in study
     for key, c in shapes.items():  # the study README's table rows
         w, d = key[1:].split("_d")
         fit = f"{c['fit']['log2_lr']:.2f}"
