@@ -6,8 +6,8 @@ It checks the loss at every step (a host sync per step, unlike the trainer), so 
 divergence before the trainer's next log row. The step is the first non-finite *loss*; the
 trainer's ``diverged_step`` also counts a non-finite gradient norm, which can come a step or
 two earlier (SAS-P without normalisation, depth 64, seeds 1 and 2 at 3.3e-3: step 10 in the
-study's runs, 12 here). Used for
-SAS-P without normalisation at depth 64 (results.md, "SAS-P without normalisation at depth 64").
+study's runs, 12 here). Used for SAS-P without normalisation at depth 64 (results.md, "Two of
+He & Hofmann's settings, tried on the diverging seeds, do not fix it").
 
 Usage::
 
