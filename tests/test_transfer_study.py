@@ -123,6 +123,40 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert advice.measured["depth_drift"] == drift
 
 
+def test_drifts_compare_over_the_depths_every_parametrisation_has(modules):
+    """When one parametrisation has run deeper than another, the deeper one also gets its
+    drift over the shared depths only (``depth_drift_shared``), from the same fits; the one
+    whose depths are the shared ones gets none, and tables.md labels the shared row."""
+    study, report = modules
+    setup = replace(
+        study.QUICK, parametrisations=("shaped_t", "pre_ln_completep"), depths=(2, 4, 8),
+        widths=(16,), horizons=(40,), seed_depths=(),
+    )  # fmt: skip
+    vertex = {("shaped_t", 2): -5.3, ("shaped_t", 4): -6.1, ("shaped_t", 8): -7.4}
+    vertex |= {("pre_ln_completep", 2): -4.8, ("pre_ln_completep", 4): -4.6}
+    fake = [
+        {
+            "parametrisation": name, "width": 16, "depth": depth, "log2_lr": j, "seed": 0,
+            "horizons": {"40": {"diverged": False, "val_loss": 2 + 0.1 * (j - v) ** 2}},
+        }
+        for (name, depth), v in vertex.items()
+        for j in range(-9, -1)
+    ]  # fmt: skip
+    summary = report.summarise(setup, fake)
+    shaped = summary["parametrisations"]["shaped_t"]["40"]
+    other = summary["parametrisations"]["pre_ln_completep"]["40"]
+    assert shaped["depth_drift"]["sizes"] == [2, 4, 8]
+    assert shaped["depth_drift"]["last_minus_first"] == pytest.approx(-7.4 + 5.3, abs=1e-9)
+    assert shaped["depth_drift_shared"]["sizes"] == [2, 4]
+    assert shaped["depth_drift_shared"]["last_minus_first"] == pytest.approx(-0.8, abs=1e-9)
+    assert "depth_drift_shared" not in other
+    assert other["depth_drift"]["last_minus_first"] == pytest.approx(0.2, abs=1e-9)
+    assert "width_drift_shared" not in shaped  # one width: no width drift at all
+    table = report.tables(setup, summary)
+    assert "| shaped_t | depth 2->4 (range all share) | -0.80 |" in table
+    assert "| shaped_t | depth 2->8 | -2.10 |" in table
+
+
 def test_transfer_lr_gives_each_group_its_rule():
     a = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_depth_mup", results="/nonexistent.json")
     assert a.lrs["hidden"] == pytest.approx(4e-3 / 4 / math.sqrt(8), rel=1e-10)

@@ -149,6 +149,7 @@ def _drift(
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     rng = np.random.default_rng(0)
+    axes: dict[tuple[str, int], dict[str, Any]] = {}
     out: dict[str, Any] = {
         "proxy": {"width": setup.proxy[0], "depth": setup.proxy[1]},
         "horizons": list(setup.horizons),
@@ -196,8 +197,37 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                 "depth_drift": _drift(depth_axis, depth_samples),
                 "width_drift": _drift(width_axis, width_samples),
             }
+            axes[name, h] = {
+                "depth": (depth_axis, depth_samples),
+                "width": (width_axis, width_samples),
+            }
         out["parametrisations"][name] = per_h
+    for h in setup.horizons:
+        for axis in ("depth", "width"):
+            _shared_drift(out["parametrisations"], axes, h, axis)
     return out
+
+
+def _shared_drift(
+    per_name: dict[str, Any],
+    axes: dict[tuple[str, int], dict[str, Any]],
+    horizon: int,
+    axis: str,
+) -> None:
+    """Add ``<axis>_drift_shared`` (the drift over only the sizes whose optimum every
+    parametrisation has located, so that drifts compare over one range) to each
+    parametrisation whose own drift spans more sizes than that."""
+    drifts = {n: p[str(horizon)][f"{axis}_drift"] for n, p in per_name.items()}
+    located = [set(d["sizes"]) for d in drifts.values() if d is not None]
+    if len(located) < 2:
+        return
+    shared = set.intersection(*located)
+    for name, d in drifts.items():
+        if d is None or set(d["sizes"]) == shared:
+            continue
+        points, samples = axes[name, horizon][axis]
+        kept = [(s, c) for s, c in points if s in shared]
+        per_name[name][str(horizon)][f"{axis}_drift_shared"] = _drift(kept, samples)
 
 
 _EDGE_MARK = {None: "", "grid": "*", "diverged": "+"}
@@ -244,13 +274,19 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, per_h in summary["parametrisations"].items():
-        for axis in ("depth", "width"):
-            d = per_h[h][f"{axis}_drift"]
+        for axis, label in (
+            ("depth", ""),
+            ("depth", "_shared"),
+            ("width", ""),
+            ("width", "_shared"),
+        ):
+            d = per_h[h].get(f"{axis}_drift{label}")
             if d is None:
                 continue
             iv = d["last_minus_first_interval"]
+            shared = " (range all share)" if label else ""
             lines.append(
-                f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]} | "
+                f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]}{shared} | "
                 f"{d['last_minus_first']:+.2f}{''.join(_EDGE_MARK[e] for e in d['edges'])} | "
                 f"{'-' if iv is None else f'[{iv[0]:+.2f}, {iv[1]:+.2f}]'} | "
                 f"{d['range']:.2f} | {d['slope_per_doubling']:+.2f} |"
