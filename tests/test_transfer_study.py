@@ -77,6 +77,9 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
     first = study.plan(setup, [])
     centre = study.LOG2_LR_CENTRE["shaped_t"] + setup.log2_lr_offset
     assert first == [("shaped_t", 16, 2, j, 0) for j in (centre - 1, centre, centre + 1)]
+    # --log2-lrs: only the planned runs at those base lrs, in the plan's order
+    assert study.planned(setup, [], (centre + 1, centre - 1)) == [first[0], first[2]]
+    assert study.planned(setup, [], None) == first
     # the lowest loss at the upper edge: one more lr above it, no seeds yet
     fake = [
         {

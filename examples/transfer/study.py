@@ -255,6 +255,15 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
     return todo + seeds
 
 
+def planned(
+    setup: Setup, results: list[dict[str, Any]], log2_lrs: tuple[int, ...] | None
+) -> list[Job]:
+    """``plan``'s runs, only those at base lrs ``2^j`` for j in ``log2_lrs`` (None: all): to
+    spend a session's compute on the lrs around an expected optimum first."""
+    todo = plan(setup, results)
+    return todo if log2_lrs is None else [job for job in todo if job[3] in log2_lrs]
+
+
 def run_study(
     setup: Setup,
     out: Path,
@@ -263,13 +272,16 @@ def run_study(
     workers: int | None,
     scheduler: str | None,
     max_runs: int | None,
+    log2_lrs: tuple[int, ...] | None = None,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
     The plan is asked again each time a run ends, on one Dask client (an embedded cluster of
-    ``workers``, or ``scheduler``; ``simulations.run_planned``)."""
+    ``workers``, or ``scheduler``; ``simulations.run_planned``). ``log2_lrs``: run only the
+    planned runs at these base lrs (``planned``)."""
     summary = run_planned(
         lambda: [
-            make_run(setup, out, job, device=device) for job in plan(setup, load_results(out))
+            make_run(setup, out, job, device=device)
+            for job in planned(setup, load_results(out), log2_lrs)
         ],
         client=scheduler,
         workers=workers,
@@ -296,6 +308,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--parametrisations", nargs="+", choices=PARAMETRISATIONS, default=None, metavar="NAME"
     )
+    p.add_argument(
+        "--log2-lrs", type=int, nargs="+", default=None, metavar="J",
+        help="run only the planned runs at base lr 2^J (default: all of them)",
+    )  # fmt: skip
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
     return p.parse_args(argv)
@@ -317,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
     if args.plan:
-        todo = plan(setup, load_results(args.out))
+        lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
+        todo = planned(setup, load_results(args.out), lrs)
         for job in todo:
             print(*job)
         print(f"{len(todo)} runs planned now (more follow while an optimum is at a grid edge)")
@@ -331,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,
+                log2_lrs=None if args.log2_lrs is None else tuple(args.log2_lrs),
             )
         from report import report  # type: ignore[import-not-found]  # beside this script
 
