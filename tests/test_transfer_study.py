@@ -264,3 +264,78 @@ def test_readme_quotes_the_committed_transfer_results():
         iv = c["interval"]
         row = f"| {w} | {d} | {fit}" + (f" | [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
         assert row in study and f"{c['fit']['loss']:.3f}" in study, key
+
+
+def _three_point_vertex(curve: dict) -> tuple[float, float, float]:
+    """(best log2 lr of the grid, its loss, vertex of the parabola through it and its two
+    neighbours): the fit with the same window at every shape."""
+    x = np.array(curve["log2_lr"])
+    y = np.array([np.inf if v is None else v for v in curve["val_loss"]])
+    i = int(np.argmin(y))
+    a, b, _ = np.polyfit(x[i - 1 : i + 2], y[i - 1 : i + 2], 2)
+    return float(x[i]), float(y[i]), float(-b / (2 * a))
+
+
+def test_docs_quote_the_committed_depth_mup_transfer_results():
+    """The depth-muP numbers of the README, the study README, the transfer guide and the
+    long-horizon results.md are the committed study's, and the claims hold on them."""
+    summary = json.loads((STUDY / "results.json").read_text())
+    cell = summary["parametrisations"]["pre_ln_depth_mup"]["1000"]
+    shaped = summary["parametrisations"]["shaped_t"]["1000"]
+    root = STUDY.parents[1]
+    readme = " ".join((root / "README.md").read_text().split())
+    study = " ".join((STUDY / "README.md").read_text().split())
+    guide = " ".join((root / "docs" / "guide" / "transfer.md").read_text().split())
+    long_md = (root / "examples" / "long_horizon" / "results.md").read_text()
+    long_md = " ".join(long_md.split())
+    depths = (4, 8, 16, 32, 64)
+    fits = {d: _three_point_vertex(cell["shapes"][f"w64_d{d}"]["lr_curve"]) for d in depths}
+    narrow = _three_point_vertex(cell["shapes"]["w32_d8"]["lr_curve"])
+    # "the best lr of the grid is 2^-7 at every depth from 4 to 64 and at both widths"
+    assert {f[0] for f in fits.values()} == {narrow[0]} == {-7.0}
+    for text in (readme, study, guide):
+        assert "2^-7 at every depth" in text
+    three = round(fits[64][2] - fits[4][2], 2)
+    assert f"moves by +{three:.2f} from depth 4 to 64 with the same 3-point" in readme
+    for text in (study, guide):
+        assert f"by +{three:.2f} from depth 4 to 64 with the same 3-point" in text
+    assert abs(three) < abs(shaped["depth_drift"]["last_minus_first"])  # "transfers best"
+    drift = cell["depth_drift"]
+    iv = drift["last_minus_first_interval"]
+    report = f"the report's +{drift['last_minus_first']:.2f} (95% bootstrap [+{iv[0]:.2f}, "
+    assert report + f"+{iv[1]:.2f}])" in study
+    assert f"the report's fit: +{drift['last_minus_first']:.2f}" in readme
+    report_fits = [cell["shapes"][f"w64_d{d}"]["fit"]["log2_lr"] for d in depths]
+    assert round(max(report_fits[:4]) - min(report_fits[:4]), 2) == 0.19  # "stay within 0.19"
+    assert len(cell["shapes"]["w64_d64"]["lr_curve"]["log2_lr"]) == 3  # "only 2^-8 to 2^-6"
+    losses = [fits[d][1] for d in depths]
+    assert losses == sorted(losses, reverse=True)  # "falls with depth"
+    quoted = ", ".join(f"{v:.3f}" for v in losses[:4]) + f" and {losses[4]:.3f} at depths 4"
+    assert quoted in readme and quoted in study
+    width = cell["width_drift"]
+    assert width["sizes"] == [32, 64]
+    for text in (readme, guide):
+        assert f"by {width['last_minus_first']:.2f} from width 32 to 64" in text
+    assert abs(width["last_minus_first"]) < abs(shaped["width_drift"]["last_minus_first"])
+    for d in depths:  # the study README's table
+        row = f"| 64 | {d} | 2^-7 | {fits[d][1]:.3f}"
+        assert row in study and f"| {fits[d][2]:.2f} |" in study, d
+    seeds = cell["shapes"]["w64_d4"]["seeds"]
+    assert f"(3 seeds: {seeds['mean']:.3f} ± {seeds['sd']:.3f})" in study and seeds["n"] == 3
+    # depth 16, 1000 steps: depth-muP, shaped_t and the long-horizon study's GPT-2 pre-LN
+    long = json.loads((STUDY.parent / "long_horizon" / "results.json").read_text())["depths"]
+    gpt2 = {d: min(v for v in long[d]["models"]["pre-LN (GPT-2)"]["1000"]["lr_curve"]["val_loss"]
+                   if v is not None) for d in ("16", "64")}  # fmt: skip
+    shaped16 = min(v for v in shaped["shapes"]["w64_d16"]["lr_curve"]["val_loss"] if v)
+    claim = f"{fits[16][1]:.3f}, against {shaped16:.3f} for `shaped_t` and {gpt2['16']:.3f} for"
+    assert claim in readme and fits[16][1] < gpt2["16"] < shaped16
+    assert f"reaches {fits[16][1]:.3f} at depth 16 and {fits[64][1]:.3f} at depth 64" in long_md
+    assert f"pre-LN's {gpt2['16']:.3f} and {gpt2['64']:.3f}" in long_md
+    advised = [long[d]["models"]["shaped advise"]["1000"]["mean"] for d in ("16", "64")]
+    assert f"shaped model's {advised[0]:.3f} and {advised[1]:.3f}" in long_md
+    # the overlap: shaped_t at depth 16 is the long-horizon study's shaped model at advise's gamma
+    here = shaped["shapes"]["w64_d16"]["lr_curve"]
+    there = long["16"]["models"]["shaped advise"]["1000"]["lr_curve"]
+    at = f"{here['val_loss'][here['log2_lr'].index(-8)]:.3f} at 3.9e-3"
+    at += f" there, {there['val_loss'][there['lr'].index(0.00333)]:.3f} at 3.3e-3 here"
+    assert at in long_md
