@@ -339,3 +339,12 @@ def test_docs_quote_the_committed_depth_mup_transfer_results():
     at = f"{here['val_loss'][here['log2_lr'].index(-8)]:.3f} at 3.9e-3"
     at += f" there, {there['val_loss'][there['lr'].index(0.00333)]:.3f} at 3.3e-3 here"
     assert at in long_md
+    # the init control at depth 8: pre_ln (GPT-2 init) against pre_ln_depth_mup (1/fan_in)
+    gpt2_d8 = summary["parametrisations"]["pre_ln"]["1000"]["shapes"]["w64_d8"]["lr_curve"]
+    assert gpt2_d8["log2_lr"] == [-8, -7, -6]
+    low, best, high = (f"{v:.3f}" for v in gpt2_d8["val_loss"])
+    v = gpt2_d8["val_loss"]
+    assert v[1] < min(v[0], v[2]) and fits[8][1] < v[1]  # a closed grid; fan_in trains better
+    assert f"`pre_ln` reaches {best} at its best lr, 2^-7 ({low} at 2^-8, {high} at 2^-6;" in study
+    assert f"{fits[8][1]:.3f} with `1/fan_in`, {best} with GPT-2's" in readme
+    assert f"GPT-2's init reaches {best} and `1/fan_in` {fits[8][1]:.3f}" in long_md
