@@ -332,8 +332,8 @@ def setup_of(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
+    lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
     if args.plan:
-        lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
         todo = planned(setup, load_results(args.out), lrs)
         for job in todo:
             print(*job)
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,
-                log2_lrs=None if args.log2_lrs is None else tuple(args.log2_lrs),
+                log2_lrs=lrs,
             )
         from report import report  # type: ignore[import-not-found]  # beside this script
 
