@@ -126,6 +126,42 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert advice.measured["depth_drift"] == drift
 
 
+def test_three_point_drift_uses_one_window_at_every_depth(modules):
+    """On an asymmetric loss curve the vertex moves with the window: a depth with 7 lrs run
+    (5-point fit) and one with 3 (3-point fit) drift apart although their curves are the
+    same; ``depth_drift_3pt`` fits 3 points at both and finds no drift, and tables.md has
+    its row."""
+    study, report = modules
+    setup = replace(
+        study.QUICK, parametrisations=("shaped_t",), depths=(2, 4), widths=(16,),
+        horizons=(40,), seed_depths=(),
+    )  # fmt: skip
+
+    def loss(j: int) -> float:
+        return 2.0 + (0.05 if j < -6.7 else 0.4) * (j + 6.7) ** 2
+
+    grids = {2: range(-10, -3), 4: range(-8, -5)}
+    fake = [
+        {
+            "parametrisation": "shaped_t", "width": 16, "depth": depth, "log2_lr": j,
+            "seed": 0, "horizons": {"40": {"diverged": False, "val_loss": loss(j)}},
+        }
+        for depth, grid in grids.items()
+        for j in grid
+    ]  # fmt: skip
+    summary = report.summarise(setup, fake)
+    cell = summary["parametrisations"]["shaped_t"]["40"]
+    x = [-8.0, -7.0, -6.0]
+    a, b, _ = np.polyfit(x, [loss(int(j)) for j in x], 2)
+    for depth in (2, 4):
+        fit_3pt = cell["shapes"][f"w16_d{depth}"]["fit_3pt"]
+        assert fit_3pt["log2_lr"] == pytest.approx(-b / (2 * a), abs=1e-9)
+    assert abs(cell["depth_drift"]["last_minus_first"]) > 0.1  # 3 points against 5
+    assert cell["depth_drift_3pt"]["last_minus_first"] == pytest.approx(0.0, abs=1e-9)
+    table = report.tables(setup, summary)
+    assert "| shaped_t | depth 2->4 (3-point fits) | +0.00 |" in table
+
+
 def test_drifts_compare_over_the_depths_every_parametrisation_has(modules):
     """When one parametrisation has run deeper than another, the deeper one also gets its
     drift over the shared depths only (``depth_drift_shared``), from the same fits; the one
@@ -266,14 +302,13 @@ def test_readme_quotes_the_committed_transfer_results():
         assert row in study and f"{c['fit']['loss']:.3f}" in study, key
 
 
-def _three_point_vertex(curve: dict) -> tuple[float, float, float]:
-    """(best log2 lr of the grid, its loss, vertex of the parabola through it and its two
-    neighbours): the fit with the same window at every shape."""
-    x = np.array(curve["log2_lr"])
-    y = np.array([np.inf if v is None else v for v in curve["val_loss"]])
-    i = int(np.argmin(y))
-    a, b, _ = np.polyfit(x[i - 1 : i + 2], y[i - 1 : i + 2], 2)
-    return float(x[i]), float(y[i]), float(-b / (2 * a))
+def _grid_best(cell: dict) -> tuple[float, float, float]:
+    """(best log2 lr of the grid, its loss, the report's 3-point vertex): the fit with the
+    same window at every shape."""
+    curve = cell["lr_curve"]
+    losses = [math.inf if v is None else v for v in curve["val_loss"]]
+    i = losses.index(min(losses))
+    return curve["log2_lr"][i], losses[i], cell["fit_3pt"]["log2_lr"]
 
 
 def test_docs_quote_the_committed_depth_mup_transfer_results():
@@ -289,13 +324,13 @@ def test_docs_quote_the_committed_depth_mup_transfer_results():
     long_md = (root / "examples" / "long_horizon" / "results.md").read_text()
     long_md = " ".join(long_md.split())
     depths = (4, 8, 16, 32, 64)
-    fits = {d: _three_point_vertex(cell["shapes"][f"w64_d{d}"]["lr_curve"]) for d in depths}
-    narrow = _three_point_vertex(cell["shapes"]["w32_d8"]["lr_curve"])
+    fits = {d: _grid_best(cell["shapes"][f"w64_d{d}"]) for d in depths}
+    narrow = _grid_best(cell["shapes"]["w32_d8"])
     # "the best lr of the grid is 2^-7 at every depth from 4 to 64 and at both widths"
     assert {f[0] for f in fits.values()} == {narrow[0]} == {-7.0}
     for text in (readme, study, guide):
         assert "2^-7 at every depth" in text
-    three = round(fits[64][2] - fits[4][2], 2)
+    three = round(cell["depth_drift_3pt"]["last_minus_first"], 2)
     assert f"moves by +{three:.2f} from depth 4 to 64 with the same 3-point" in readme
     for text in (study, guide):
         assert f"by +{three:.2f} from depth 4 to 64 with the same 3-point" in text

@@ -13,7 +13,10 @@ per point with the full seed-to-seed sd is conservative (seeds shift a loss curv
 whole, which does not move its optimum): the intervals are wider than the fit's own noise.
 The drift across depth (width) is the optimum at the deepest (widest) shape minus the one at
 the shallowest (narrowest), with the interval of the same bootstrap, and the least-squares
-slope of the optimum against log2(depth) (log2(width)).
+slope of the optimum against log2(depth) (log2(width)). The window is as wide as each shape's
+grid allows, so a shape with fewer lrs run gets a narrower one, and the vertex moves with the
+window where the curve is asymmetric: every optimum and drift is therefore also given from the
+3-point fit (``fit_3pt``, ``*_drift_3pt``: one neighbour on each side at every shape).
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ BOOTSTRAP = 1000
 """Bootstrap resamples of every fit."""
 
 
-def fit_optimum(x: list[float], y: list[float]) -> dict[str, Any]:
+def fit_optimum(x: list[float], y: list[float], half_width: int = 2) -> dict[str, Any]:
     """The optimum of ``y`` (losses, inf: diverged) over ``x`` (log2 lr, ascending): a quadratic
-    through the lowest finite point and k = min(2, finite points on either side) finite
-    neighbours on each side. ``at_edge``: the lowest point is the first or last finite one (the
-    optimum is then that point, not a fit), and ``edge`` says why: ``"grid"`` (the grid ends
-    there: a larger or smaller lr may be better) or ``"diverged"`` (the next lr diverged: the
-    optimum is bounded by divergence); ``convex``: the fitted quadratic has a minimum (else the
-    optimum is the lowest point)."""
+    through the lowest finite point and k = min(``half_width``, finite points on either side)
+    finite neighbours on each side. ``at_edge``: the lowest point is the first or last finite
+    one (the optimum is then that point, not a fit), and ``edge`` says why: ``"grid"`` (the
+    grid ends there: a larger or smaller lr may be better) or ``"diverged"`` (the next lr
+    diverged: the optimum is bounded by divergence); ``convex``: the fitted quadratic has a
+    minimum (else the optimum is the lowest point)."""
     pts = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(b)]
     if not pts:
         empty = ("log2_lr", "loss", "at_edge", "edge", "convex")
@@ -54,7 +57,7 @@ def fit_optimum(x: list[float], y: list[float]) -> dict[str, Any]:
         ends += [p == len(x) - 1] if i == len(xs) - 1 else []
         edge = "grid" if any(ends) else "diverged"
         return {**lowest, "at_edge": True, "edge": edge, "convex": None, "points": [i]}
-    k = min(2, i, len(xs) - 1 - i)
+    k = min(half_width, i, len(xs) - 1 - i)
     idx = list(range(i - k, i + k + 1))
     a, b, c = np.polyfit(xs[idx], ys[idx], 2)
     if a <= 0:
@@ -72,11 +75,15 @@ def fit_optimum(x: list[float], y: list[float]) -> dict[str, Any]:
 
 
 def bootstrap(
-    x: list[float], y: list[float], sd: float | None, rng: np.random.Generator
+    x: list[float],
+    y: list[float],
+    sd: float | None,
+    rng: np.random.Generator,
+    half_width: int = 2,
 ) -> np.ndarray | None:
-    """``BOOTSTRAP`` optima of the fit of ``fit_optimum`` to its own curve plus N(0, sd^2)
-    noise at each fitted point (None without a fit or an sd)."""
-    fit = fit_optimum(x, y)
+    """``BOOTSTRAP`` optima of the fit of ``fit_optimum`` (window ``half_width``) to its own
+    curve plus N(0, sd^2) noise at each fitted point (None without a fit or an sd)."""
+    fit = fit_optimum(x, y, half_width)
     if sd is None or not fit.get("convex"):
         return None
     xs = np.array([v for v, w in zip(x, y, strict=True) if math.isfinite(w)])[fit["points"]]
@@ -126,20 +133,23 @@ def _pooled_sd(cells: list[dict[str, Any] | None]) -> float | None:
 
 
 def _drift(
-    points: list[tuple[int, dict[str, Any]]], samples: dict[int, np.ndarray | None]
+    points: list[tuple[int, dict[str, Any]]],
+    samples: dict[int, np.ndarray | None],
+    fit: str = "fit",
 ) -> dict[str, Any] | None:
-    """Drift of the optimum along one axis: last minus first size, range, slope per doubling."""
-    ok = [(size, c) for size, c in points if c["fit"]["log2_lr"] is not None]
+    """Drift of the optimum (each cell's ``fit``) along one axis: last minus first size,
+    range, slope per doubling."""
+    ok = [(size, c) for size, c in points if c[fit]["log2_lr"] is not None]
     if len(ok) < 2:
         return None
     sizes = np.log2([s for s, _ in ok])
-    opt = np.array([c["fit"]["log2_lr"] for _, c in ok])
+    opt = np.array([c[fit]["log2_lr"] for _, c in ok])
     first, last = ok[0][0], ok[-1][0]
     a, b = samples.get(first), samples.get(last)
     return {
         "sizes": [s for s, _ in ok],
         "log2_lr_opt": opt.tolist(),
-        "edges": sorted({c["fit"]["edge"] for _, c in ok} - {None}),
+        "edges": sorted({c[fit]["edge"] for _, c in ok} - {None}),
         "last_minus_first": float(opt[-1] - opt[0]),
         "last_minus_first_interval": _interval(b - a) if a is not None and b is not None else None,
         "range": float(opt.max() - opt.min()),
@@ -149,6 +159,7 @@ def _drift(
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     rng = np.random.default_rng(0)
+    rng_3pt = np.random.default_rng(1)
     axes: dict[tuple[str, int], dict[str, Any]] = {}
     out: dict[str, Any] = {
         "proxy": {"width": setup.proxy[0], "depth": setup.proxy[1]},
@@ -169,6 +180,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                     seeds[width, depth] = seed_stats(runs, h)
             sd = _pooled_sd(list(seeds.values()))
             samples: dict[tuple[int, int], np.ndarray | None] = {}
+            samples_3pt: dict[tuple[int, int], np.ndarray | None] = {}
             for width, depth in setup.shapes:
                 runs = [r for r in mine if (r["width"], r["depth"]) == (width, depth)]
                 grid = sorted((r for r in runs if r["seed"] == 0), key=lambda r: r["log2_lr"])
@@ -176,14 +188,19 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                     continue
                 x = [float(r["log2_lr"]) for r in grid]
                 y = [horizon_loss(r, h) for r in grid]
-                fit = fit_optimum(x, y)
+                fit, fit_3pt = fit_optimum(x, y), fit_optimum(x, y, half_width=1)
                 samples[width, depth] = bootstrap(x, y, sd, rng)
+                samples_3pt[width, depth] = bootstrap(x, y, sd, rng_3pt, half_width=1)
                 shapes[f"w{width}_d{depth}"] = {
                     "width": width,
                     "depth": depth,
                     "lr_curve": {"log2_lr": x, "val_loss": [_finite(v) for v in y]},
                     "fit": {k: v for k, v in fit.items() if k != "points"},
                     "interval": _interval(samples[width, depth]),
+                    "fit_3pt": {
+                        **{k: v for k, v in fit_3pt.items() if k != "points"},
+                        "interval": _interval(samples_3pt[width, depth]),
+                    },
                     "seeds": seeds.get((width, depth)),
                 }
             by = {(c["width"], c["depth"]): c for c in shapes.values()}
@@ -191,11 +208,15 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
             width_axis = [(w, by[w, setup.depth]) for w in setup.widths if (w, setup.depth) in by]
             depth_samples = {d: samples[setup.width, d] for d, _ in depth_axis}
             width_samples = {w: samples[w, setup.depth] for w, _ in width_axis}
+            depth_3pt = {d: samples_3pt[setup.width, d] for d, _ in depth_axis}
+            width_3pt = {w: samples_3pt[w, setup.depth] for w, _ in width_axis}
             per_h[str(h)] = {
                 "seed_sd": sd,
                 "shapes": shapes,
                 "depth_drift": _drift(depth_axis, depth_samples),
                 "width_drift": _drift(width_axis, width_samples),
+                "depth_drift_3pt": _drift(depth_axis, depth_3pt, "fit_3pt"),
+                "width_drift_3pt": _drift(width_axis, width_3pt, "fit_3pt"),
             }
             axes[name, h] = {
                 "depth": (depth_axis, depth_samples),
@@ -234,6 +255,10 @@ _EDGE_MARK = {None: "", "grid": "*", "diverged": "+"}
 """The tables' mark of an optimum that is not a fit (``fit_optimum``'s ``edge``)."""
 
 
+_DRIFT_ROWS = {"": "", "_shared": " (range all share)", "_3pt": " (3-point fits)"}
+"""The drift rows of the tables: key suffix in the summary -> the row's note."""
+
+
 def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -246,11 +271,13 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         f"Base lr tuned at width {setup.proxy[0]}, depth {setup.proxy[1]}; optimum = quadratic "
         "fit in log2(lr); [ ] = 95% bootstrap interval; * = lowest point at a grid edge (a "
         "better lr may lie beyond); + = the next lr diverged (the optimum is bounded by "
-        "divergence, not fitted).",
+        "divergence, not fitted). 3-point optimum: the same fit through the lowest point and "
+        "one neighbour on each side at every shape (one window everywhere, so that shapes "
+        "with fewer lrs run compare like for like).",
         "",
         "| parametrisation | width | depth | optimal log2 lr | interval | loss at optimum | "
-        "seeds (mean ± sd) |",
-        "|---|---|---|---|---|---|---|",
+        "3-point optimum | seeds (mean ± sd) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, per_h in summary["parametrisations"].items():
         for c in per_h[h]["shapes"].values():
@@ -262,11 +289,13 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
                 if seeds
                 else "-"
             )
+            f3 = c["fit_3pt"]
             lines.append(
                 f"| {name} | {c['width']} | {c['depth']} | {_fmt(f['log2_lr'])}"
                 f"{_EDGE_MARK[f['edge']]} | "
                 f"{'-' if iv is None else f'[{iv[0]:.2f}, {iv[1]:.2f}]'} | "
-                f"{_fmt(f['loss'], '.3f')} | {seed_text} |"
+                f"{_fmt(f['loss'], '.3f')} | {_fmt(f3['log2_lr'])}{_EDGE_MARK[f3['edge']]} | "
+                f"{seed_text} |"
             )
     lines += [
         "",
@@ -274,23 +303,19 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, per_h in summary["parametrisations"].items():
-        for axis, label in (
-            ("depth", ""),
-            ("depth", "_shared"),
-            ("width", ""),
-            ("width", "_shared"),
-        ):
-            d = per_h[h].get(f"{axis}_drift{label}")
-            if d is None:
-                continue
-            iv = d["last_minus_first_interval"]
-            shared = " (range all share)" if label else ""
-            lines.append(
-                f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]}{shared} | "
-                f"{d['last_minus_first']:+.2f}{''.join(_EDGE_MARK[e] for e in d['edges'])} | "
-                f"{'-' if iv is None else f'[{iv[0]:+.2f}, {iv[1]:+.2f}]'} | "
-                f"{d['range']:.2f} | {d['slope_per_doubling']:+.2f} |"
-            )
+        for axis in ("depth", "width"):
+            for label, note in _DRIFT_ROWS.items():
+                d = per_h[h].get(f"{axis}_drift{label}")
+                if d is None:
+                    continue
+                iv = d["last_minus_first_interval"]
+                lines.append(
+                    f"| {name} | {axis} {d['sizes'][0]}->{d['sizes'][-1]}{note} | "
+                    f"{d['last_minus_first']:+.2f}"
+                    f"{''.join(_EDGE_MARK[e] for e in d['edges'])} | "
+                    f"{'-' if iv is None else f'[{iv[0]:+.2f}, {iv[1]:+.2f}]'} | "
+                    f"{d['range']:.2f} | {d['slope_per_doubling']:+.2f} |"
+                )
     return "\n".join(lines) + "\n"
 
 
