@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .training_runs import (
         TrainingRun,
         horizon_loss,
+        one_corpus,
         run_planned,
         run_training,
         run_trainings,
@@ -127,6 +128,7 @@ _LAZY: dict[str, str] = {
     "run_tasks": ".sweep",
     "TrainingRun": ".training_runs",
     "horizon_loss": ".training_runs",
+    "one_corpus": ".training_runs",
     "run_planned": ".training_runs",
     "run_training": ".training_runs",
     "run_trainings": ".training_runs",
@@ -205,6 +207,7 @@ __all__ = [
     "horizon_loss",
     "measure",
     "measure_dataset",
+    "one_corpus",
     "open_point",
     "open_sweep",
     "plot_collapse_metrics",

@@ -43,7 +43,10 @@ class TrainingRun:
         train: the optimisation settings (``steps`` is replaced by each horizon).
         horizons: the horizons in steps (one for a cosine schedule).
         folder: where the run writes ``h<H>/`` training folders and ``result.json``.
-        max_bytes: the default corpus's size (``shapedtx.load_corpus(max_bytes=...)``).
+        max_bytes: the corpus's size (``shapedtx.load_corpus(max_bytes=...)``).
+        data: a corpus file or folder (``shapedtx.load_corpus(data)``); ``None``: the default
+            corpus (this Python's standard library; ``shapedtx.training.export_corpus`` copies
+            it for a machine with another Python).
         device, dtype: where and in which precision it trains.
         compile: train through ``torch.compile`` (see :func:`shapedtx.training.train`).
         labels: anything the study wants back in the result (model name, grid values).
@@ -54,6 +57,7 @@ class TrainingRun:
     horizons: tuple[int, ...]
     folder: str
     max_bytes: int = 8_000_000
+    data: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
     compile: bool = False
@@ -71,6 +75,10 @@ class TrainingRun:
                 "train", f"train must be a TrainConfig, got {type(self.train).__name__}"
             )
         object.__setattr__(self, "horizons", tuple(horizon_configs(self.train, self.horizons)))
+        if self.data is not None and not Path(self.data).exists():
+            raise ParameterError(
+                "data", f"data must be an existing corpus file or folder, got {self.data!r}"
+            )
         if self.dtype not in DTYPE_NAMES:
             raise ParameterError("dtype", f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
 
@@ -138,7 +146,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     from shapedtx.training import LanguageModel, load_corpus, train_horizons, unigram_baseline
 
     start = time.perf_counter()
-    data = load_corpus(max_bytes=run.max_bytes)
+    data = load_corpus(run.data, max_bytes=run.max_bytes)
     logs = train_horizons(
         run.model,
         data,
@@ -169,6 +177,26 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     }
     write_json(result, run.result_path, indent=1)
     return result
+
+
+def one_corpus(results: Sequence[dict[str, Any]]) -> str | None:
+    """The ``corpus_fingerprint`` every result shares (None: none recorded one; results
+    from before it was recorded are not checked); a ValueError naming the fingerprints and
+    their counts when the runs trained on different data (a study's runs compare only on one
+    corpus: a machine with another Python has another default corpus, see
+    ``TrainingRun.data``)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if "corpus_fingerprint" in r:
+            key = str(r["corpus_fingerprint"])
+            counts[key] = counts.get(key, 0) + 1
+    if len(counts) > 1:
+        found = ", ".join(f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+        raise ValueError(
+            f"the runs trained on {len(counts)} different corpora ({found}): a study's runs "
+            "must share one; train the others with TrainingRun.data set to the same corpus"
+        )
+    return next(iter(counts), None)
 
 
 def _folders(runs: Sequence[TrainingRun], name: str, message: str) -> list[str]:

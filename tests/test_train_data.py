@@ -7,6 +7,7 @@ import hashlib
 import pytest
 import torch
 
+from shapedtx.training import export_corpus
 from shapedtx.training.data import (
     default_corpus_root,
     fixed_windows,
@@ -60,6 +61,23 @@ def test_default_corpus_is_the_python_stdlib_and_respects_max_bytes():
     again = load_corpus(max_bytes=100_000)
     assert corpus.fingerprint() == again.fingerprint()
     assert b"def " in bytes(corpus.train.numpy())
+
+
+def test_an_exported_corpus_loads_to_the_same_bytes_and_split(tmp_path):
+    """export_corpus writes the documents the default corpus reads (the last one cut), so
+    that another machine, whose Python has another standard library, trains on the same
+    data: same fingerprint, same split, also at another val_fraction; nothing is left
+    beside the folder, and a folder that is not empty is refused."""
+    dest = export_corpus(tmp_path / "corpus", max_bytes=100_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) == 100_000
+    for fraction in (0.1, 0.3):
+        here = load_corpus(max_bytes=100_000, val_fraction=fraction)
+        there = load_corpus(dest, val_fraction=fraction)
+        assert there.fingerprint() == here.fingerprint()
+        assert there.val.numel() == here.val.numel() and there.documents == here.documents
+    with pytest.raises(ValueError, match="dest must be a new or empty folder"):
+        export_corpus(dest, max_bytes=100)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from simulations.sweep.tasks import run_replanned, run_tasks
 from simulations.training_runs import (
     TrainingRun,
     horizon_loss,
+    one_corpus,
     run_planned,
     run_training,
     run_trainings,
@@ -96,6 +97,26 @@ def test_training_run_validates_its_fields(tmp_path):
         TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), dtype="float16")
     with pytest.raises(ValueError, match="model"):
         TrainingRun("shaped", TRAIN, (16,), str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="data must be an existing corpus"):
+        TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), data=str(tmp_path / "absent"))
+
+
+def test_a_run_on_an_exported_corpus_trains_on_the_default_corpus_bytes(tmp_path):
+    """A run given ``data`` (the default corpus exported, as a machine with another Python
+    gets it) records the same corpus fingerprint and the same losses as one on the default
+    corpus; a study's results on two corpora are refused by ``one_corpus``, naming both."""
+    from shapedtx.training import export_corpus
+
+    corpus = export_corpus(tmp_path / "corpus", max_bytes=20_000)
+    here = run_training(_run(tmp_path, "here"))
+    there = run_training(replace(_run(tmp_path, "there"), data=str(corpus)))
+    assert there["corpus"] == str(corpus) and here["corpus"] != there["corpus"]
+    assert there["corpus_fingerprint"] == here["corpus_fingerprint"]
+    assert there["horizons"]["16"]["val_loss"] == here["horizons"]["16"]["val_loss"]
+    assert one_corpus([here, there, {"old": "no fingerprint"}]) == here["corpus_fingerprint"]
+    other = {"corpus_fingerprint": "0123456789abcdef"}
+    with pytest.raises(ValueError, match=r"2 different corpora .*0123456789abcdef \(1 runs\)"):
+        one_corpus([here, there, other])
 
 
 def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):

@@ -96,13 +96,20 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
 def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch):
     """--quick on an embedded Dask cluster, one parametrisation at two depths: every run's
     result.json, the fitted optima, figures, tables; a second call trains nothing again; and
-    transfer_lr cites the drift the study measured."""
+    transfer_lr cites the drift the study measured. It trains on an exported corpus
+    (``--data``, as on a device with another Python): the default corpus's bytes."""
+    from shapedtx.training import export_corpus, load_corpus
+
     study, _ = modules
     monkeypatch.setattr(study, "QUICK", replace(study.QUICK, max_extensions=0))
-    args = ["--quick", "--out", str(tmp_path), "--parametrisations", "shaped_t"]
+    corpus = export_corpus(tmp_path / "corpus", max_bytes=study.QUICK.max_bytes)
+    out = tmp_path / "study"
+    args = ["--quick", "--out", str(out), "--parametrisations", "shaped_t", "--data", str(corpus)]
     args += ["--depths", "2", "4", "--widths", "16", "--workers", "1"]
     assert study.main(args) == 0
-    summary = json.loads((tmp_path / "results.json").read_text())
+    summary = json.loads((out / "results.json").read_text())
+    default = load_corpus(max_bytes=study.QUICK.max_bytes).fingerprint()
+    assert summary["corpus_fingerprint"] == default
     cell = summary["parametrisations"]["shaped_t"]["40"]
     assert set(cell["shapes"]) == {"w16_d2", "w16_d4"}
     for c in cell["shapes"].values():
@@ -111,15 +118,15 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     drift = cell["depth_drift"]
     opt = [cell["shapes"][f"w16_d{d}"]["fit"]["log2_lr"] for d in (2, 4)]
     assert drift["last_minus_first"] == pytest.approx(opt[1] - opt[0])
-    assert (tmp_path / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
-    assert (tmp_path / "figures" / "optimum_drift.png").stat().st_size > 0
-    assert "shaped_t | 16 | 4" in (tmp_path / "tables.md").read_text()
-    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
+    assert (out / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
+    assert (out / "figures" / "optimum_drift.png").stat().st_size > 0
+    assert "shaped_t | 16 | 4" in (out / "tables.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/result.json")}
     assert len(stamps) == 8  # 2 shapes x 3 lrs + seed 1 at 2 depths
     assert study.main(args) == 0  # resumes: nothing is trained again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
-    advice = transfer_lr(1e-2, 16, 2, 16, 8, "shaped_t", results=tmp_path / "results.json")
+    advice = transfer_lr(1e-2, 16, 2, 16, 8, "shaped_t", results=out / "results.json")
     assert f"{drift['last_minus_first']:+.2f}" in advice.evidence
     assert "from depth 2 to 4" in advice.evidence
     assert "target depth 8 is outside the measured 2-4" in advice.evidence

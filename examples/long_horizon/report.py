@@ -13,7 +13,7 @@ from study import MODELS, Setup, available_models, best_k, check_point
 
 from shapedtx.files import atomic_path, write_json
 from shapedtx.training import load_corpus, unigram_baseline
-from simulations.training_runs import horizon_loss
+from simulations.training_runs import horizon_loss, one_corpus
 
 REFERENCE = "pre-LN (GPT-2)"
 """The model every other is divided by in the loss-ratio table."""
@@ -234,6 +234,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
         "unigram_baseline": base,
         "models": {m: MODELS[m] for m in available_models(setup)},
         "runs": len(results),
+        "corpus_fingerprint": one_corpus(results),
         "depths": depths,
         "wsd_vs_cosine": wsd_vs_cosine(setup, results),
     }

@@ -228,6 +228,7 @@ def make_run(
     schedule: str = "wsd",
     device: str = "cpu",
     compile: bool = False,
+    data: str | None = None,
 ) -> TrainingRun:
     lr = lr_grid(setup, model, depth, k)
     trained = "cosine" if schedule == "cosine" else "wsd"  # "wsd-check": WSD, one horizon
@@ -239,6 +240,7 @@ def make_run(
         horizons=tuple(horizons),
         folder=str(out / "runs" / slug(model) / f"d{depth}" / f"lr{lr:.3g}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,
+        data=data,
         device=device,
         compile=compile,
         labels={
@@ -372,15 +374,17 @@ def run_study(
     scheduler: str | None,
     max_runs: int | None,
     check: bool = False,
+    data: str | None = None,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs), interrupted ones
     first; returns how many. The plan is asked again each time a run ends, on one Dask
-    client (an embedded cluster of ``workers``, or ``scheduler``; ``simulations.run_planned``)."""
+    client (an embedded cluster of ``workers``, or ``scheduler``; ``simulations.run_planned``).
+    ``data``: the corpus (``TrainingRun.data``; default: this Python's standard library)."""
     planner = check_plan if check else plan
 
     def planned() -> list[TrainingRun]:
         runs = [
-            make_run(setup, out, *job, device=device, compile=compile)
+            make_run(setup, out, *job, device=device, compile=compile, data=data)
             for job in planner(setup, load_results(out))
         ]
         # interrupted runs first (they resume from their checkpoints), else in plan order
@@ -421,7 +425,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--check", action="store_true", help="only the WSD-vs-cosine check (first model, now)"
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--data", default=None, metavar="PATH",
+        help="corpus file or folder (default: this Python's standard library; on a machine "
+        "with another Python use the folder shapedtx.training.export_corpus wrote here)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.data is not None and not Path(args.data).exists():
+        p.error(f"--data must be an existing corpus file or folder, got {args.data!r}")
+    return args
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
@@ -463,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,
                 check=args.check,
+                data=args.data,
             )
         from report import report  # type: ignore[import-not-found]  # beside this script
 

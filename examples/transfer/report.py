@@ -29,7 +29,7 @@ import numpy as np
 from study import Setup
 
 from shapedtx.files import atomic_path, write_json
-from simulations.training_runs import horizon_loss
+from simulations.training_runs import horizon_loss, one_corpus
 
 BOOTSTRAP = 1000
 """Bootstrap resamples of every fit."""
@@ -166,6 +166,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
         "horizons": list(setup.horizons),
         "bootstrap": BOOTSTRAP,
         "runs": len(results),
+        "corpus_fingerprint": one_corpus(results),
         "parametrisations": {},
     }
     for name in setup.parametrisations:

@@ -180,7 +180,14 @@ def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
     )
 
 
-def make_run(setup: Setup, out: Path, job: Job, device: str = "cpu") -> TrainingRun:
+def make_run(
+    setup: Setup,
+    out: Path,
+    job: Job,
+    device: str = "cpu",
+    data: str | None = None,
+    compile: bool = False,
+) -> TrainingRun:
     name, width, depth, j, seed = job
     return TrainingRun(
         model=model_config(name, width, depth, setup.proxy[1]),
@@ -188,7 +195,9 @@ def make_run(setup: Setup, out: Path, job: Job, device: str = "cpu") -> Training
         horizons=setup.horizons,
         folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"lr{j}_s{seed}"),
         max_bytes=setup.max_bytes,
+        data=data,
         device=device,
+        compile=compile,
         labels={
             "parametrisation": name,
             "width": width,
@@ -273,14 +282,17 @@ def run_study(
     scheduler: str | None,
     max_runs: int | None,
     log2_lrs: tuple[int, ...] | None = None,
+    data: str | None = None,
+    compile: bool = False,
 ) -> int:
     """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
     The plan is asked again each time a run ends, on one Dask client (an embedded cluster of
     ``workers``, or ``scheduler``; ``simulations.run_planned``). ``log2_lrs``: run only the
-    planned runs at these base lrs (``planned``)."""
+    planned runs at these base lrs (``planned``); ``data``: the corpus (``TrainingRun.data``;
+    default: this Python's standard library); ``compile``: train through ``torch.compile``."""
     summary = run_planned(
         lambda: [
-            make_run(setup, out, job, device=device)
+            make_run(setup, out, job, device=device, data=data, compile=compile)
             for job in planned(setup, load_results(out), log2_lrs)
         ],
         client=scheduler,
@@ -300,6 +312,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="train through torch.compile")
     p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
     p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
@@ -312,9 +325,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--log2-lrs", type=int, nargs="+", default=None, metavar="J",
         help="run only the planned runs at base lr 2^J (default: all of them)",
     )  # fmt: skip
+    p.add_argument(
+        "--data", default=None, metavar="PATH",
+        help="corpus file or folder (default: this Python's standard library; on a machine "
+        "with another Python use the folder shapedtx.training.export_corpus wrote here)",
+    )  # fmt: skip
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.data is not None and not Path(args.data).exists():
+        p.error(f"--data must be an existing corpus file or folder, got {args.data!r}")
+    return args
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
@@ -333,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
     lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
+            return 2
     if args.plan:
         todo = planned(setup, load_results(args.out), lrs)
         for job in todo:
@@ -349,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler=args.scheduler,
                 max_runs=args.max_runs,
                 log2_lrs=lrs,
+                data=args.data,
+                compile=args.compile,
             )
         from report import report  # type: ignore[import-not-found]  # beside this script
 

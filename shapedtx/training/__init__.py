@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from .config import TrainConfig
-    from .data import ByteCorpus, load_corpus, unigram_baseline
+    from .data import ByteCorpus, export_corpus, load_corpus, unigram_baseline
     from .horizons import horizon_configs, train_horizons
     from .log import final_val_loss, log_dataset
     from .model import LanguageModel
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
 # with the corpus, the model or the trainer; matplotlib with the plots): public name -> module.
 _LAZY: dict[str, str] = {
     "TrainConfig": "config",
-    **dict.fromkeys(("ByteCorpus", "load_corpus", "unigram_baseline"), "data"),
+    **dict.fromkeys(("ByteCorpus", "export_corpus", "load_corpus", "unigram_baseline"), "data"),
     **dict.fromkeys(("horizon_configs", "train_horizons"), "horizons"),
     **dict.fromkeys(("final_val_loss", "log_dataset"), "log"),
     "LanguageModel": "model",
@@ -61,6 +61,7 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "configs_of",
+    "export_corpus",
     "final_val_loss",
     "horizon_configs",
     "load_corpus",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,58 @@ def load_corpus(
             default corpus). Not with a file ``path``.
     """
     check_number("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    texts, source = _read_documents(path, max_bytes, suffix)
+    train = b"".join(d for name, d in texts if _hash_fraction(name) >= val_fraction)
+    val = b"".join(d for name, d in texts if _hash_fraction(name) < val_fraction)
+    if not train or not val:
+        joined = b"".join(d for _, d in texts)
+        cut = len(joined) - max(1, round(val_fraction * len(joined)))
+        train, val = joined[:cut], joined[cut:]
+    return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts))
+
+
+def export_corpus(
+    dest: str | os.PathLike,
+    path: str | os.PathLike | None = None,
+    *,
+    max_bytes: int | None = 8_000_000,
+    suffix: str | None = None,
+) -> Path:
+    """Write the documents :func:`load_corpus` reads (the last one cut as it cuts it) under
+    ``dest``, each at its relative path, so that ``load_corpus(dest)`` gives the same bytes
+    and split (the same ``fingerprint()``) on any machine: the default corpus is this
+    Python's standard library, which differs from one Python version to the next. The files
+    are written in a hidden sibling folder renamed to ``dest`` at the end, so an interrupted
+    export leaves nothing.
+
+    Args:
+        dest: a folder that does not exist yet or is empty.
+        path, max_bytes, suffix: as for :func:`load_corpus`.
+    """
+    out = Path(dest)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ParameterError("dest", f"dest must be a new or empty folder, got {str(dest)!r}")
+    texts, _ = _read_documents(path, max_bytes, suffix)
+    # written beside dest and renamed at the end: an interrupted export leaves no half corpus
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        for name, data in texts:
+            target = partial / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if out.exists():
+            out.rmdir()
+        partial.rename(out)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
+    return out
+
+
+def _read_documents(
+    path: str | os.PathLike | None, max_bytes: int | None, suffix: str | None
+) -> tuple[list[tuple[str, bytes]], str]:
+    """The (relative name, bytes) documents of a corpus in reading order, and its source."""
     if max_bytes is not None:
         check_int("max_bytes", max_bytes, 16)
     if suffix is not None and not isinstance(suffix, str):
@@ -140,13 +193,7 @@ def load_corpus(
         raise ParameterError(
             "path", f"data at {source!r} holds fewer than 16 bytes of text{skipped}"
         )
-    train = b"".join(d for name, d in texts if _hash_fraction(name) >= val_fraction)
-    val = b"".join(d for name, d in texts if _hash_fraction(name) < val_fraction)
-    if not train or not val:
-        joined = b"".join(d for _, d in texts)
-        cut = len(joined) - max(1, round(val_fraction * len(joined)))
-        train, val = joined[:cut], joined[cut:]
-    return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts))
+    return texts, source
 
 
 def unigram_baseline(corpus: ByteCorpus) -> dict[str, float]:
