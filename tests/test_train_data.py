@@ -66,8 +66,9 @@ def test_default_corpus_is_the_python_stdlib_and_respects_max_bytes():
 def test_an_exported_corpus_loads_to_the_same_bytes_and_split(tmp_path):
     """export_corpus writes the documents the default corpus reads (the last one cut), so
     that another machine, whose Python has another standard library, trains on the same
-    data: same fingerprint, same split, also at another val_fraction; nothing is left
-    beside the folder, and a folder that is not empty is refused."""
+    data: same fingerprint, same split, also at another val_fraction and at a smaller
+    max_bytes; nothing is left beside the folder, and a folder that is not empty is
+    refused."""
     dest = export_corpus(tmp_path / "corpus", max_bytes=100_000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
     assert sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) == 100_000
@@ -78,6 +79,9 @@ def test_an_exported_corpus_loads_to_the_same_bytes_and_split(tmp_path):
         assert there.val.numel() == here.val.numel() and there.documents == here.documents
     with pytest.raises(ValueError, match="dest must be a new or empty folder"):
         export_corpus(dest, max_bytes=100)
+    # a larger export serves every smaller max_bytes: the same leading documents, cut alike
+    smaller = load_corpus(dest, max_bytes=60_000)
+    assert smaller.fingerprint() == load_corpus(max_bytes=60_000).fingerprint()
 
 
 @pytest.mark.parametrize(
