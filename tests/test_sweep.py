@@ -249,8 +249,20 @@ def test_restart_recomputes_only_a_half_written_point(client, tmp_path):
 KILL_GRID = {"width": [16, 32, 48], "depth": 20, "tokens": 4, "samples": [100, 200]}
 KILL_SCRIPT = f"""
 import sys
+import time
 from distributed import Client, LocalCluster
 from simulations import sweep
+import simulations.driver as driver
+
+_simulate = driver.simulate
+
+
+def _slow(*args, **kwargs):  # a second per point: the kill lands between two points
+    time.sleep(1.0)
+    return _simulate(*args, **kwargs)
+
+
+driver.simulate = _slow  # the worker runs in this process (processes=False)
 
 if __name__ == "__main__":
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
