@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     )
     from .training_runs import (
         TrainingRun,
+        check_run_options,
         horizon_loss,
         one_corpus,
         run_planned,
@@ -127,6 +128,7 @@ _LAZY: dict[str, str] = {
     "run_replanned": ".sweep",
     "run_tasks": ".sweep",
     "TrainingRun": ".training_runs",
+    "check_run_options": ".training_runs",
     "horizon_loss": ".training_runs",
     "one_corpus": ".training_runs",
     "run_planned": ".training_runs",
@@ -195,6 +197,7 @@ __all__ = [
     "at_width",
     "baselines",
     "causal_pairs",
+    "check_run_options",
     "collapse_report",
     "compare",
     "convergence",

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from shapedtx._validation import ParameterError, check_int
+from shapedtx._validation import ParameterError, check_device, check_int
 from shapedtx.config import ModelConfig
 from shapedtx.files import write_json
 from shapedtx.training import TrainConfig
@@ -75,10 +76,7 @@ class TrainingRun:
                 "train", f"train must be a TrainConfig, got {type(self.train).__name__}"
             )
         object.__setattr__(self, "horizons", tuple(horizon_configs(self.train, self.horizons)))
-        if self.data is not None and not Path(self.data).exists():
-            raise ParameterError(
-                "data", f"data must be an existing corpus file or folder, got {self.data!r}"
-            )
+        _check_data(self.data)
         if self.dtype not in DTYPE_NAMES:
             raise ParameterError("dtype", f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
 
@@ -179,17 +177,28 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     return result
 
 
+def _check_data(data: str | None) -> None:
+    if data is not None and not Path(data).exists():
+        message = f"data must be an existing corpus file or folder, got {data!r}"
+        raise ParameterError("data", message)
+
+
+def check_run_options(device: str, data: str | None) -> None:
+    """What a study checks before it starts a cluster: ``device`` is available on this
+    machine and ``data`` (``TrainingRun.data``) exists; a ParameterError naming the one that
+    is not. (``TrainingRun`` itself does not check the device: its runs may train on the
+    workers of another machine.)"""
+    check_device(device)
+    _check_data(data)
+
+
 def one_corpus(results: Sequence[dict[str, Any]]) -> str | None:
     """The ``corpus_fingerprint`` every result shares (None: none recorded one; results
     from before it was recorded are not checked); a ValueError naming the fingerprints and
     their counts when the runs trained on different data (a study's runs compare only on one
     corpus: a machine with another Python has another default corpus, see
     ``TrainingRun.data``)."""
-    counts: dict[str, int] = {}
-    for r in results:
-        if "corpus_fingerprint" in r:
-            key = str(r["corpus_fingerprint"])
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter(str(r["corpus_fingerprint"]) for r in results if "corpus_fingerprint" in r)
     if len(counts) > 1:
         found = ", ".join(f"{k} ({n} runs)" for k, n in sorted(counts.items()))
         raise ValueError(

@@ -22,6 +22,7 @@ from shapedtx import ModelConfig, TrainConfig
 from simulations.sweep.tasks import run_replanned, run_tasks
 from simulations.training_runs import (
     TrainingRun,
+    check_run_options,
     horizon_loss,
     one_corpus,
     run_planned,
@@ -99,6 +100,32 @@ def test_training_run_validates_its_fields(tmp_path):
         TrainingRun("shaped", TRAIN, (16,), str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="data must be an existing corpus"):
         TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), data=str(tmp_path / "absent"))
+
+
+def test_a_studys_run_options_are_checked_before_it_starts(tmp_path, monkeypatch):
+    """check_run_options: the device must be available here and the data must exist; the
+    error names the one that is not (the studies turn it into a usage error, exit 2)."""
+    import torch
+
+    from shapedtx import ParameterError
+
+    check_run_options("cpu", None)
+    check_run_options("cpu", str(tmp_path))
+    with pytest.raises(ParameterError) as err:
+        check_run_options("cpu", str(tmp_path / "absent"))
+    assert err.value.parameter == "data"
+    with pytest.raises(ParameterError) as err:
+        check_run_options("tpu", None)
+    assert err.value.parameter == "device"
+    if not torch.cuda.is_available():
+        with pytest.raises(ParameterError, match="CUDA is not available") as err:
+            check_run_options("cuda", None)
+        assert err.value.parameter == "device"
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    with pytest.raises(SystemExit) as exit_:
+        study.parse(["--data", str(tmp_path / "absent")])
+    assert exit_.value.code == 2
 
 
 def test_a_run_on_an_exported_corpus_trains_on_the_default_corpus_bytes(tmp_path):

@@ -46,9 +46,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
+from shapedtx import PRESETS, ModelConfig, ParameterError, TrainConfig, preset
 from shapedtx.files import write_json
-from simulations.training_runs import TrainingRun, horizon_loss, run_planned
+from simulations.training_runs import TrainingRun, check_run_options, horizon_loss, run_planned
 
 HERE = Path(__file__).parent
 
@@ -431,8 +431,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "with another Python use the folder shapedtx.training.export_corpus wrote here)",
     )  # fmt: skip
     args = p.parse_args(argv)
-    if args.data is not None and not Path(args.data).exists():
-        p.error(f"--data must be an existing corpus file or folder, got {args.data!r}")
+    try:
+        check_run_options(args.device, args.data)
+    except ParameterError as err:
+        p.error(f"--{err.parameter}: {err}")
     return args
 
 
@@ -454,12 +456,6 @@ def main(argv: list[str] | None = None) -> int:
     setup = setup_of(args)
     if args.out is None:
         args.out = HERE / "gpu" if args.gpu else HERE
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
-            return 2
     if args.plan:
         for job in (check_plan if args.check else plan)(setup, load_results(args.out)):
             print(*job)

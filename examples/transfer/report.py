@@ -35,6 +35,10 @@ from simulations.training_runs import horizon_loss, one_corpus
 BOOTSTRAP = 1000
 """Bootstrap resamples of every fit."""
 
+_WINDOWS = {"": 2, "_3pt": 1}
+"""The fit windows: summary key suffix (``fit``/``fit_3pt``, ``*_drift``/``*_drift_3pt``) ->
+``fit_optimum``'s ``half_width``."""
+
 
 def fit_optimum(x: list[float], y: list[float], half_width: int = 2) -> dict[str, Any]:
     """The optimum of ``y`` (losses, inf: diverged) over ``x`` (log2 lr, ascending): a quadratic
@@ -166,7 +170,7 @@ def _drift(
 
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
-    axes: dict[tuple[str, int], dict[str, Any]] = {}
+    axes: dict[tuple[str, int, str], tuple[list[Any], dict[int, Any]]] = {}
     out: dict[str, Any] = {
         "proxy": {"width": setup.proxy[0], "depth": setup.proxy[1]},
         "horizons": list(setup.horizons),
@@ -186,8 +190,10 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                 if runs:
                     seeds[width, depth] = seed_stats(runs, h)
             sd = _pooled_sd(list(seeds.values()))
-            samples: dict[tuple[int, int], np.ndarray | None] = {}
-            samples_3pt: dict[tuple[int, int], np.ndarray | None] = {}
+            # per fit window (summary key suffix): each shape's bootstrap optima
+            samples: dict[str, dict[tuple[int, int], np.ndarray | None]] = {
+                suffix: {} for suffix in _WINDOWS
+            }
             for width, depth in setup.shapes:
                 runs = [r for r in mine if (r["width"], r["depth"]) == (width, depth)]
                 grid = sorted((r for r in runs if r["seed"] == 0), key=lambda r: r["log2_lr"])
@@ -195,42 +201,37 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                     continue
                 x = [float(r["log2_lr"]) for r in grid]
                 y = [horizon_loss(r, h) for r in grid]
-                fit, fit_3pt = fit_optimum(x, y), fit_optimum(x, y, half_width=1)
-                samples[width, depth] = bootstrap(x, y, sd, _rng(name, width, depth, h, 2))
-                samples_3pt[width, depth] = bootstrap(
-                    x, y, sd, _rng(name, width, depth, h, 1), half_width=1
-                )
+                fits = {}
+                for suffix, k in _WINDOWS.items():
+                    fit = fit_optimum(x, y, k)
+                    fits[suffix] = {key: v for key, v in fit.items() if key != "points"}
+                    rng = _rng(name, width, depth, h, k)
+                    samples[suffix][width, depth] = bootstrap(x, y, sd, rng, k)
                 shapes[f"w{width}_d{depth}"] = {
                     "width": width,
                     "depth": depth,
                     "lr_curve": {"log2_lr": x, "val_loss": [_finite(v) for v in y]},
-                    "fit": {k: v for k, v in fit.items() if k != "points"},
-                    "interval": _interval(samples[width, depth]),
+                    "fit": fits[""],
+                    "interval": _interval(samples[""][width, depth]),
                     "fit_3pt": {
-                        **{k: v for k, v in fit_3pt.items() if k != "points"},
-                        "interval": _interval(samples_3pt[width, depth]),
+                        **fits["_3pt"],
+                        "interval": _interval(samples["_3pt"][width, depth]),
                     },
                     "seeds": seeds.get((width, depth)),
                 }
             by = {(c["width"], c["depth"]): c for c in shapes.values()}
-            depth_axis = [(d, by[setup.width, d]) for d in setup.depths if (setup.width, d) in by]
-            width_axis = [(w, by[w, setup.depth]) for w in setup.widths if (w, setup.depth) in by]
-            depth_samples = {d: samples[setup.width, d] for d, _ in depth_axis}
-            width_samples = {w: samples[w, setup.depth] for w, _ in width_axis}
-            depth_3pt = {d: samples_3pt[setup.width, d] for d, _ in depth_axis}
-            width_3pt = {w: samples_3pt[w, setup.depth] for w, _ in width_axis}
-            per_h[str(h)] = {
-                "seed_sd": sd,
-                "shapes": shapes,
-                "depth_drift": _drift(depth_axis, depth_samples),
-                "width_drift": _drift(width_axis, width_samples),
-                "depth_drift_3pt": _drift(depth_axis, depth_3pt, "fit_3pt"),
-                "width_drift_3pt": _drift(width_axis, width_3pt, "fit_3pt"),
+            keys = {
+                "depth": [(d, (setup.width, d)) for d in setup.depths if (setup.width, d) in by],
+                "width": [(w, (w, setup.depth)) for w in setup.widths if (w, setup.depth) in by],
             }
-            axes[name, h] = {
-                "depth": (depth_axis, depth_samples),
-                "width": (width_axis, width_samples),
-            }
+            per_h[str(h)] = {"seed_sd": sd, "shapes": shapes}
+            for suffix in _WINDOWS:
+                for axis, sizes in keys.items():
+                    points = [(size, by[key]) for size, key in sizes]
+                    drawn = {size: samples[suffix][key] for size, key in sizes}
+                    per_h[str(h)][f"{axis}_drift{suffix}"] = _drift(points, drawn, f"fit{suffix}")
+                    if not suffix:
+                        axes[name, h, axis] = (points, drawn)
         out["parametrisations"][name] = per_h
     for h in setup.horizons:
         for axis in ("depth", "width"):
@@ -240,7 +241,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _shared_drift(
     per_name: dict[str, Any],
-    axes: dict[tuple[str, int], dict[str, Any]],
+    axes: dict[tuple[str, int, str], tuple[list[Any], dict[int, Any]]],
     horizon: int,
     axis: str,
 ) -> None:
@@ -255,7 +256,7 @@ def _shared_drift(
     for name, d in drifts.items():
         if d is None or set(d["sizes"]) == shared:
             continue
-        points, samples = axes[name, horizon][axis]
+        points, samples = axes[name, horizon, axis]
         kept = [(s, c) for s, c in points if s in shared]
         per_name[name][str(horizon)][f"{axis}_drift_shared"] = _drift(kept, samples)
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shapedtx import ModelConfig, TrainConfig, preset
-from simulations.training_runs import TrainingRun, horizon_loss, run_planned
+from shapedtx import ModelConfig, ParameterError, TrainConfig, preset
+from simulations.training_runs import TrainingRun, check_run_options, horizon_loss, run_planned
 
 HERE = Path(__file__).parent
 
@@ -333,8 +333,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
     args = p.parse_args(argv)
-    if args.data is not None and not Path(args.data).exists():
-        p.error(f"--data must be an existing corpus file or folder, got {args.data!r}")
+    try:
+        check_run_options(args.device, args.data)
+    except ParameterError as err:
+        p.error(f"--{err.parameter}: {err}")
     return args
 
 
@@ -354,12 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
     lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            sys.stderr.write("study.py: --device cuda requested but CUDA is not available\n")
-            return 2
     if args.plan:
         todo = planned(setup, load_results(args.out), lrs)
         for job in todo:
