@@ -91,6 +91,14 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
     assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre + 2, 0)]
     fake[-1]["horizons"]["40"]["val_loss"] = 10.0  # now the centre is best: its seeds follow
     assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre, 1)]
+    # a wider grid with its outer lrs not run yet: the best lr is bracketed by run neighbours,
+    # so its seeds are planned (after the grid's missing lrs) without waiting for the outer ones
+    wide = replace(setup, half_grid=2)
+    outer = [("shaped_t", 16, 2, j, 0) for j in (centre - 2, centre + 2)]
+    assert study.plan(wide, fake) == [*outer, ("shaped_t", 16, 2, centre, 1)]
+    assert study.planned(wide, fake, (centre,)) == [("shaped_t", 16, 2, centre, 1)]
+    # ... but not while the best lr is one of the run grid's edges
+    assert study.plan(wide, fake[1:]) == [outer[0], ("shaped_t", 16, 2, centre - 1, 0), outer[1]]
 
 
 def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch):

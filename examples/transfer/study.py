@@ -219,10 +219,17 @@ def best_j(runs: list[dict[str, Any]], horizon: int) -> int | None:
     return min(ok, key=lambda r: horizon_loss(r, horizon))["log2_lr"] if ok else None
 
 
+def _bracketed(runs: list[dict[str, Any]], best: int | None) -> bool:
+    """Whether seed-0 runs at both neighbours of ``best`` (2^(best -+ 1)) have finished."""
+    js = {r["log2_lr"] for r in runs if r["seed"] == 0}
+    return best is not None and {best - 1, best + 1} <= js
+
+
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
     """Runs still needed, in priority order: per parametrisation and shape the grid (then its
     extensions while the best lr at the longest horizon is at an edge), then the seeds at the
-    best lr of ``seed_depths`` once their grid is complete."""
+    best lr of ``seed_depths`` once it is bracketed: its grid complete and not extended, or
+    both its neighbours run (so the seeds need not wait for the grid's outer lrs)."""
     done = {
         (r["parametrisation"], r["width"], r["depth"], r["log2_lr"], r["seed"]) for r in results
     }
@@ -241,21 +248,19 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
             js |= {r["log2_lr"] for r in runs if r["seed"] == 0}
             missing = [(name, width, depth, j, 0) for j in sorted(js)]
             missing = [job for job in missing if job not in done]
+            best = best_j(runs, longest)
             if missing:
                 todo += missing
-                continue
-            best = best_j(runs, longest)
-            lo, hi = min(js), max(js)
-            reach = setup.half_grid + setup.max_extensions
-            edge = False
-            if best == lo and lo > centre - reach:
-                todo.append((name, width, depth, lo - 1, 0))
-                edge = True
-            if best == hi and hi < centre + reach:
-                todo.append((name, width, depth, hi + 1, 0))
-                edge = True
+                ready = _bracketed(runs, best)
+            else:
+                lo, hi = min(js), max(js)
+                reach = setup.half_grid + setup.max_extensions
+                extend = [lo - 1] if best == lo and lo > centre - reach else []
+                extend += [hi + 1] if best == hi and hi < centre + reach else []
+                todo += [(name, width, depth, j, 0) for j in extend]
+                ready = not extend
             seeded = width == setup.width and depth in setup.seed_depths
-            if seeded and not edge and best is not None:
+            if seeded and ready and best is not None:
                 seeds += [
                     (name, width, depth, best, s)
                     for s in setup.seeds
