@@ -128,7 +128,15 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert drift["last_minus_first"] == pytest.approx(opt[1] - opt[0])
     assert (out / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
     assert (out / "figures" / "optimum_drift.png").stat().st_size > 0
-    assert "shaped_t | 16 | 4" in (out / "tables.md").read_text()
+    tables = (out / "tables.md").read_text()
+    assert "shaped_t | 16 | 4" in tables
+    # the summary row: the drift with its interval, sizes, and the losses at the two ends
+    iv = drift["last_minus_first_interval"]
+    losses = " -> ".join(f"{cell['shapes'][f'w16_d{d}']['fit']['loss']:.3f}" for d in (2, 4))
+    row = f"| shaped_t | {drift['last_minus_first']:+.2f}"
+    row += "".join({"grid": "*", "diverged": "+"}[e] for e in drift["edges"])
+    row += (f" [{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else "") + " (2->4) | "
+    assert row in tables and f"| {losses} | - |" in tables
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/result.json")}
     assert len(stamps) == 8  # 2 shapes x 3 lrs + seed 1 at 2 depths
     assert study.main(args) == 0  # resumes: nothing is trained again
