@@ -25,7 +25,7 @@ COLUMNS = [("16", "250"), ("16", "1000"), ("16", "5000"), ("64", "250"), ("64", 
 def _section() -> str:
     readme = (ROOT / "README.md").read_text()
     start = readme.index("**Long horizons**")
-    return readme[start : readme.index("How to train, horizons and probes", start)]
+    return readme[start : readme.index("**Learning-rate transfer**", start)]
 
 
 def _text() -> str:
