@@ -301,7 +301,7 @@ def summary_table(setup: Setup, summary: dict[str, Any]) -> list[str]:
             ("width", lambda s: (s, setup.depth)),
         ):
             d = cell[f"{axis}_drift"]
-            ends = [shape(s) for s in d["sizes"][:: len(d["sizes"]) - 1]] if d else []
+            ends = [shape(d["sizes"][0]), shape(d["sizes"][-1])] if d else []
             loss = [cell["shapes"][f"w{w}_d{dd}"]["fit"]["loss"] for w, dd in ends]
             losses.append(" -> ".join(f"{v:.3f}" for v in loss) or "-")
         rows.append(
