@@ -16,8 +16,10 @@
 #       (result.json and log.nc), to be unpacked at the repository root and committed.
 #   STUDY=transfer bash benchmarks/gpu_session.sh
 #       the learning-rate transfer study (examples/transfer, 280+ runs of 1,000 steps) on the
-#       GPU, 8 workers (uncompiled: a run of 1,150 steps would spend much of its time
-#       compiling); its finished runs come back in transfer_runs.tgz the same way.
+#       GPU, $WORKERS workers (default 8; uncompiled: a run of 1,150 steps would spend much of
+#       its time compiling); its finished runs come back in transfer_runs.tgz the same way.
+#       TRANSFER_PHASES="ARGS|ARGS..." runs study.py once per argument set, in turn.
+#   BENCH=0 skips benchmarks/gpu.py (its timings would be under load anyway).
 #   Every mode trains on the CPU machine's corpus, which the device's Python (another version,
 #   another standard library: 10.8 MB of sources on the H200 of 2026-11-26, against 31.5 MB
 #   here) does not have: write all of it first on the CPU machine and carry it (the device
@@ -34,6 +36,7 @@ STUDY_SECONDS=${STUDY_SECONDS:-500}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
   nproc; } > "$OUT/machine.txt" 2>&1
+started=$(mktemp)  # the runs newer than this came from this session (machine.txt grows later)
 
 if [ ! -d .corpus ]; then
   echo "gpu_session.sh: the CPU machine's corpus must be carried in .corpus (see the header)" >&2
@@ -43,8 +46,13 @@ if [ "${STUDY:-gpu}" = cpu-grid ]; then
   timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --device cuda --compile \
     --workers 8 --depths 16 64 --data .corpus > "$OUT/study.log" 2>&1 &
 elif [ "${STUDY:-gpu}" = transfer ]; then
-  timeout "$STUDY_SECONDS" python3 examples/transfer/study.py --device cuda --workers 8 \
-    --data .corpus > "$OUT/study.log" 2>&1 &
+  # TRANSFER_PHASES: study.py argument sets separated by '|', run in turn under the one timeout
+  # (e.g. the shapes slowest on a CPU first: "--depths 32 64 --widths 256|--depths 16 --widths 128")
+  export WORKERS=${WORKERS:-8} TRANSFER_PHASES=${TRANSFER_PHASES:-}
+  timeout "$STUDY_SECONDS" bash -c 'IFS="|" read -ra phases <<< "$TRANSFER_PHASES"
+    for args in "${phases[@]:-}"; do
+      python3 examples/transfer/study.py --device cuda --workers "$WORKERS" --data .corpus $args
+    done' > "$OUT/study.log" 2>&1 &
 else
   timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --gpu --device cuda --compile \
     --workers 6 --max-runs 6 --models "shaped advise" "pre-LN (GPT-2)" --data .corpus \
@@ -55,8 +63,10 @@ study=$!
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sde_steppers.py -k host_sync \
   > "$OUT/cuda_tests.log" 2>&1
 echo "rc $?" >> "$OUT/cuda_tests.log"
-timeout 200 python3 benchmarks/gpu.py --device cuda --json "$OUT/gpu.json" > "$OUT/gpu_bench.log" 2>&1
-echo "rc $?" >> "$OUT/gpu_bench.log"
+if [ "${BENCH:-1}" = 1 ]; then  # BENCH=0: leave the GPU to the study
+  timeout 200 python3 benchmarks/gpu.py --device cuda --json "$OUT/gpu.json" > "$OUT/gpu_bench.log" 2>&1
+  echo "rc $?" >> "$OUT/gpu_bench.log"
+fi
 timeout 120 python3 - > "$OUT/reproducible.log" 2>&1 <<'PY'
 import sys
 import numpy as np
@@ -79,10 +89,10 @@ wait $study
 echo "rc $?" >> "$OUT/study.log"
 nvidia-smi >> "$OUT/machine.txt" 2>&1
 if [ "${STUDY:-gpu}" = transfer ]; then
-  find examples/transfer/runs -newer "$OUT/machine.txt" \( -name result.json -o -name log.nc \) \
+  find examples/transfer/runs -newer "$started" \( -name result.json -o -name log.nc \) \
     -print0 | tar czf "$OUT/transfer_runs.tgz" --null -T -
 elif [ "${STUDY:-gpu}" = cpu-grid ]; then
-  find examples/long_horizon/runs -newer "$OUT/machine.txt" \( -name result.json -o -name log.nc \) \
+  find examples/long_horizon/runs -newer "$started" \( -name result.json -o -name log.nc \) \
     -print0 | tar czf "$OUT/cpu_grid_runs.tgz" --null -T -
 else
   tar czf "$OUT/gpu_runs.tgz" --exclude='*.pt' examples/long_horizon/gpu
