@@ -99,6 +99,28 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
     assert study.planned(wide, fake, (centre,)) == [("shaped_t", 16, 2, centre, 1)]
     # ... but not while the best lr is one of the run grid's edges
     assert study.plan(wide, fake[1:]) == [outer[0], ("shaped_t", 16, 2, centre - 1, 0), outer[1]]
+    # every lr diverged: the optimum lies below the grid, one more lr below it, no seeds
+    for r in fake:
+        r["horizons"]["40"] = {"diverged": True, "val_loss": None}
+    assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre - 2, 0)]
+
+
+def test_plan_runs_completep_width_axis_once(modules):
+    """At the proxy's depth CompleteP is depth-muP (bit for bit in the committed runs, tested):
+    its width axis is not planned, its depth axis (the proxy included) is; depth-muP's width
+    axis is planned."""
+    study, _ = modules
+    setup = replace(
+        study.QUICK, parametrisations=("pre_ln_depth_mup", "pre_ln_completep"), half_grid=0,
+        depths=(2, 4), widths=(8, 16, 32), seed_depths=(),
+    )  # fmt: skip
+    shapes = {(name, w, d) for name, w, d, _, _ in study.plan(setup, [])}
+    assert shapes == {
+        *(("pre_ln_depth_mup", w, 2) for w in (8, 16, 32)),
+        ("pre_ln_depth_mup", 16, 4),
+        ("pre_ln_completep", 16, 2),
+        ("pre_ln_completep", 16, 4),
+    }
 
 
 def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch):
@@ -118,8 +140,10 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     summary = json.loads((out / "results.json").read_text())
     default = load_corpus(max_bytes=study.QUICK.max_bytes).fingerprint()
     assert summary["corpus_fingerprint"] == default
+    assert summary["devices"] == {"cpu": 8}  # 2 shapes x 3 lrs + seed 1 at 2 depths
     cell = summary["parametrisations"]["shaped_t"]["40"]
     assert set(cell["shapes"]) == {"w16_d2", "w16_d4"}
+    assert [c["devices"] for c in cell["shapes"].values()] == [{"cpu": 4}] * 2
     for c in cell["shapes"].values():
         assert len(c["lr_curve"]["log2_lr"]) == 3
         assert c["seeds"]["n"] + c["seeds"]["diverged"] == 2  # seeds 0 and 1 at the best lr
@@ -129,7 +153,7 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert (out / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
     assert (out / "figures" / "optimum_drift.png").stat().st_size > 0
     tables = (out / "tables.md").read_text()
-    assert "shaped_t | 16 | 4" in tables
+    assert "shaped_t | 16 | 4" in tables and "| cpu 4 |" in tables
     # the summary row: the drift with its interval, sizes, and the losses at the two ends
     iv = drift["last_minus_first_interval"]
     losses = " -> ".join(f"{cell['shapes'][f'w16_d{d}']['fit']['loss']:.3f}" for d in (2, 4))

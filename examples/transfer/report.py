@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,13 @@ def _drift(
     }
 
 
+def _devices(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``runs`` trained on each kind of device (``cpu``, ``cuda``; ``unrecorded``
+    for a result without one)."""
+    kinds = Counter(str(r.get("device", "unrecorded")).split(":")[0] for r in runs)
+    return dict(sorted(kinds.items()))
+
+
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     axes: dict[tuple[str, int, str], tuple[list[Any], dict[int, Any]]] = {}
     out: dict[str, Any] = {
@@ -176,6 +184,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
         "horizons": list(setup.horizons),
         "bootstrap": BOOTSTRAP,
         "runs": len(results),
+        "devices": _devices(results),
         "corpus_fingerprint": one_corpus(results),
         "parametrisations": {},
     }
@@ -218,6 +227,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                         "interval": _interval(samples["_3pt"][width, depth]),
                     },
                     "seeds": seeds.get((width, depth)),
+                    "devices": _devices(runs),
                 }
             by = {(c["width"], c["depth"]): c for c in shapes.values()}
             keys = {
@@ -329,11 +339,14 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "better lr may lie beyond); + = the next lr diverged (the optimum is bounded by "
         "divergence, not fitted). 3-point optimum: the same fit through the lowest point and "
         "one neighbour on each side at every shape (one window everywhere, so that shapes "
-        "with fewer lrs run compare like for like).",
+        "with fewer lrs run compare like for like). Runs on: the devices its runs trained on "
+        "(cpu, or cuda: a lent GPU, uncompiled, on the same corpus bytes); a CPU and a GPU run "
+        "of one configuration differ by floating-point rounding, by how much was not measured "
+        "here (no configuration ran on both).",
         "",
         "| parametrisation | width | depth | optimal log2 lr | interval | loss at optimum | "
-        "3-point optimum | seeds (mean ± sd) |",
-        "|---|---|---|---|---|---|---|---|",
+        "3-point optimum | seeds (mean ± sd) | runs on |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per_h in summary["parametrisations"].items():
         for c in per_h[h]["shapes"].values():
@@ -351,7 +364,7 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
                 f"{_EDGE_MARK[f['edge']]} | "
                 f"{'-' if iv is None else f'[{iv[0]:.2f}, {iv[1]:.2f}]'} | "
                 f"{_fmt(f['loss'], '.3f')} | {_fmt(f3['log2_lr'])}{_EDGE_MARK[f3['edge']]} | "
-                f"{seed_text} |"
+                f"{seed_text} | {', '.join(f'{k} {n}' for k, n in c['devices'].items())} |"
             )
     lines += [
         "",

@@ -69,6 +69,11 @@ LOG2_LR_CENTRE: dict[str, int] = {
 """Centre j of each parametrisation's grid of base lrs 2^j: near the best lr at width 64 of the
 long-horizon study (shaped 1e-2, pre-LN 3.3e-3, examples/long_horizon/results.md)."""
 
+SAME_AT_PROXY_DEPTH: dict[str, str] = {"pre_ln_completep": "pre_ln_depth_mup"}
+"""At the proxy's depth a branch multiplier (depth / base_depth)^(-a) and the depth factor of
+the lr rule are 1, so CompleteP's runs there are depth-muP's bit for bit (tested): its width
+axis (at the proxy's depth) is depth-muP's and is not planned twice."""
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -227,7 +232,8 @@ def _bracketed(runs: list[dict[str, Any]], best: int | None) -> bool:
 
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
     """Runs still needed, in priority order: per parametrisation and shape the grid (then its
-    extensions while the best lr at the longest horizon is at an edge), then the seeds at the
+    extensions while the best lr at the longest horizon is at an edge, or downwards while every
+    lr diverged; no width axis for ``SAME_AT_PROXY_DEPTH``), then the seeds at the
     best lr of ``seed_depths`` once it is bracketed: its grid complete and not extended, or
     both its neighbours run (so the seeds need not wait for the grid's outer lrs)."""
     done = {
@@ -239,6 +245,9 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
     for name in setup.parametrisations:
         centre = LOG2_LR_CENTRE[name] + setup.log2_lr_offset
         for width, depth in setup.shapes:
+            on_width_axis = depth == setup.proxy[1] and width != setup.proxy[0]
+            if name in SAME_AT_PROXY_DEPTH and on_width_axis:
+                continue  # its width axis is SAME_AT_PROXY_DEPTH[name]'s
             runs = [
                 r
                 for r in results
@@ -255,7 +264,8 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
             else:
                 lo, hi = min(js), max(js)
                 reach = setup.half_grid + setup.max_extensions
-                extend = [lo - 1] if best == lo and lo > centre - reach else []
+                # every lr diverged (best None): the optimum lies below the grid
+                extend = [lo - 1] if best in (lo, None) and lo > centre - reach else []
                 extend += [hi + 1] if best == hi and hi < centre + reach else []
                 todo += [(name, width, depth, j, 0) for j in extend]
                 ready = not extend
