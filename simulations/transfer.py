@@ -88,9 +88,12 @@ def _measured(
         "horizon": int(horizon),
         "runs": summary["runs"],
     }
+    proxy = summary.get("proxy", {})
     for axis, index in (("depth", 1), ("width", 0)):
         drift = cell.get(f"{axis}_drift")
         if drift is None:
+            if target[index] != proxy.get(axis):
+                parts.append(f"no drift measured across {axis} (target {axis} {target[index]})")
             continue
         measured[f"{axis}_drift"] = drift
         iv = drift["last_minus_first_interval"]
@@ -105,9 +108,8 @@ def _measured(
             parts.append(
                 f"target {axis} {target[index]} is outside the measured {sizes[0]}-{sizes[-1]}"
             )
-    if not parts:
+    if "depth_drift" not in measured and "width_drift" not in measured:
         return NOT_MEASURED, None
-    proxy = summary.get("proxy", {})
     head = (
         f"examples/transfer, {summary['runs']} runs, horizon {horizon} steps, proxy width "
         f"{proxy.get('width')}, depth {proxy.get('depth')}: "

@@ -257,6 +257,32 @@ def test_transfer_lr_gives_each_group_its_rule():
     assert "evidence: " in str(s)
 
 
+def test_transfer_lr_says_which_axis_was_not_measured(tmp_path):
+    """A parametrisation measured across depth only (CompleteP: its width axis is
+    depth-muP's) quotes its depth drift and says that no width drift was measured, only when
+    the target's width is not the proxy's."""
+    drift = {
+        "sizes": [4, 64], "last_minus_first": -1.2, "last_minus_first_interval": None,
+        "range": 1.2, "edges": [],
+    }  # fmt: skip
+    summary = {
+        "proxy": {"width": 64, "depth": 8}, "horizons": [1000], "runs": 9,
+        "parametrisations": {"pre_ln_completep": {"1000": {"depth_drift": drift}}},
+    }  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(summary))
+    wide = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", results=path).evidence
+    assert "moves -1.20 from depth 4 to 64" in wide
+    assert "no drift measured across width (target width 256)" in wide
+    narrow = transfer_lr(4e-3, 64, 8, 64, 64, "pre_ln_completep", results=path).evidence
+    assert "moves -1.20" in narrow and "across width" not in narrow
+    none = {**summary, "parametrisations": {"pre_ln_completep": {"1000": {}}}}
+    path.write_text(json.dumps(none))
+    assert transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", results=path).evidence == (
+        NOT_MEASURED
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "parameter"),
     [
