@@ -273,6 +273,8 @@ def _shared_drift(
 
 _EDGE_MARK = {None: "", "grid": "*", "diverged": "+"}
 """The tables' mark of an optimum that is not a fit (``fit_optimum``'s ``edge``)."""
+_EDGE_MARKER = {"grid": "s", "diverged": "^"}
+"""The figure's open marker for the same."""
 
 
 _DRIFT_ROWS = {"": "", "_shared": " (range all share)", "_3pt": " (3-point fits)"}
@@ -438,8 +440,18 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
             ivs = [per_h[h]["shapes"][k]["interval"] for k in keys]
             lo = [o - iv[0] if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
             hi = [iv[1] - o if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
-            ax.errorbar(d["sizes"], d["log2_lr_opt"], yerr=[lo, hi], marker="o", capsize=3,
-                        label=name)  # fmt: skip
+            line = ax.errorbar(d["sizes"], d["log2_lr_opt"], yerr=[lo, hi], marker="o",
+                               capsize=3, label=name)  # fmt: skip
+            # an optimum that is not a fit (a grid edge: a better lr may lie beyond; or next
+            # to a diverged lr): an open marker, as tables.md's * and +
+            edge = [
+                (size, opt, per_h[h]["shapes"][k]["fit"]["edge"])
+                for size, opt, k in zip(d["sizes"], d["log2_lr_opt"], keys, strict=True)
+                if per_h[h]["shapes"][k]["fit"]["at_edge"]
+            ]
+            for size, opt, why in edge:
+                ax.plot([size], [opt], _EDGE_MARKER[why], ms=10, mfc="white",
+                        color=line[0].get_color())  # fmt: skip
     for ax, axis in zip(axes, ("depth", "width"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
@@ -448,7 +460,12 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
         else:  # no optimum located on this axis yet
             ax.text(0.5, 0.5, "no optimum located", ha="center", transform=ax.transAxes)
     axes[0].set_ylabel("optimal log2(base lr) (95% bootstrap interval)")
-    fig.tight_layout()
+    fig.text(
+        0.01, 0.01, "open square: lowest lr at a grid edge (a better lr may lie beyond); "
+        "open triangle: the next lr diverged (bounded, not fitted); a shape whose lrs all "
+        "diverged has no point", fontsize=7,
+    )  # fmt: skip
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     with atomic_path(folder / "optimum_drift.png") as tmp:
         fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
