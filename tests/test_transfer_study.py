@@ -153,7 +153,15 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert (out / "figures" / "loss_vs_lr_shaped_t.png").stat().st_size > 0
     assert (out / "figures" / "optimum_drift.png").stat().st_size > 0
     tables = (out / "tables.md").read_text()
-    assert "shaped_t | 16 | 4" in tables and "| cpu 4 |" in tables
+    # the shape's row: lrs run, the grid's best, the fit, where and how long the runs trained
+    c4 = cell["shapes"]["w16_d4"]
+    js, losses = c4["lr_curve"]["log2_lr"], c4["lr_curve"]["val_loss"]
+    best = min((v, j) for j, v in zip(js, losses, strict=True) if v is not None)
+    lo, hi = c4["wall_minutes"]["cpu"]
+    assert 0 < lo <= hi
+    row = f"| shaped_t | 16 | 4 | 3: 2^{js[0]:.0f} to 2^{js[2]:.0f} | 2^{best[1]:.0f}: "
+    row += f"{best[0]:.3f} | {c4['fit']['log2_lr']:.2f}"
+    assert row in tables and f"| cpu 4 | cpu {lo:.1f}-{hi:.1f} |" in tables
     # the summary row: the drift with its interval, sizes, and the losses at the two ends
     iv = drift["last_minus_first_interval"]
     losses = " -> ".join(f"{cell['shapes'][f'w16_d{d}']['fit']['loss']:.3f}" for d in (2, 4))

@@ -170,11 +170,24 @@ def _drift(
     }
 
 
+def _device(run: dict[str, Any]) -> str:
+    """The kind of device a run trained on (``cpu``, ``cuda``; ``unrecorded`` if none)."""
+    return str(run.get("device", "unrecorded")).split(":")[0]
+
+
 def _devices(runs: list[dict[str, Any]]) -> dict[str, int]:
-    """How many of ``runs`` trained on each kind of device (``cpu``, ``cuda``; ``unrecorded``
-    for a result without one)."""
-    kinds = Counter(str(r.get("device", "unrecorded")).split(":")[0] for r in runs)
-    return dict(sorted(kinds.items()))
+    """How many of ``runs`` trained on each kind of device."""
+    return dict(sorted(Counter(_device(r) for r in runs).items()))
+
+
+def _walls(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per kind of device, the shortest and longest wall time (minutes) of the runs that
+    trained every horizon (a diverged run stops early)."""
+    minutes: dict[str, list[float]] = {}
+    for r in runs:
+        if "wall_seconds" in r and not any(h["diverged"] for h in r["horizons"].values()):
+            minutes.setdefault(_device(r), []).append(r["wall_seconds"] / 60)
+    return {kind: [min(v), max(v)] for kind, v in sorted(minutes.items())}
 
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,6 +241,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
                     },
                     "seeds": seeds.get((width, depth)),
                     "devices": _devices(runs),
+                    "wall_minutes": _walls(runs),
                 }
             by = {(c["width"], c["depth"]): c for c in shapes.values()}
             keys = {
@@ -324,6 +338,53 @@ def summary_table(setup: Setup, summary: dict[str, Any]) -> list[str]:
     return rows
 
 
+SHAPE_HEADER = (
+    "| parametrisation | width | depth | lrs run | best of the grid | optimal log2 lr | "
+    "interval | loss at optimum | 3-point optimum | seeds (mean ± sd) | runs on | "
+    "wall per run (min) |"
+)
+"""The per-shape table's header (tables.md; the study README quotes rows under it)."""
+
+
+def _shape_row(name: str, c: dict[str, Any]) -> str:
+    """One shape's row under ``SHAPE_HEADER``."""
+    f, f3, iv, seeds = c["fit"], c["fit_3pt"], c["interval"], c["seeds"]
+    curve = c["lr_curve"]
+    js = [int(j) for j in curve["log2_lr"]]
+    losses = [math.inf if v is None else v for v in curve["val_loss"]]
+    i = losses.index(min(losses))
+    best = f"2^{js[i]}: {losses[i]:.3f}" if math.isfinite(losses[i]) else "all diverged"
+    seed_text = (
+        f"{_fmt(seeds['mean'], '.3f')} ± {_fmt(seeds['sd'], '.3f')} (n={seeds['n']})"
+        if seeds
+        else "-"
+    )
+    cells = [
+        name,
+        str(c["width"]),
+        str(c["depth"]),
+        f"{len(js)}: 2^{js[0]} to 2^{js[-1]}",
+        best,
+        f"{_fmt(f['log2_lr'])}{_EDGE_MARK[f['edge']]}",
+        "-" if iv is None else f"[{iv[0]:.2f}, {iv[1]:.2f}]",
+        _fmt(f["loss"], ".3f"),
+        f"{_fmt(f3['log2_lr'])}{_EDGE_MARK[f3['edge']]}",
+        seed_text,
+        ", ".join(f"{k} {n}" for k, n in c["devices"].items()),
+        "; ".join(f"{k} {lo:.1f}-{hi:.1f}" for k, (lo, hi) in c["wall_minutes"].items()) or "-",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def shape_table(summary: dict[str, Any], horizon: str) -> list[str]:
+    """Markdown rows, one per parametrisation and shape at ``horizon``: the lrs run, the grid's
+    best, the fitted optima, the seeds, where the runs trained and how long they took."""
+    lines = [SHAPE_HEADER, "|" + "---|" * SHAPE_HEADER.count(" | ") + "---|"]
+    for name, per_h in summary["parametrisations"].items():
+        lines += [_shape_row(name, c) for c in per_h[horizon]["shapes"].values()]
+    return lines
+
+
 def tables(setup: Setup, summary: dict[str, Any]) -> str:
     h = str(max(setup.horizons))
     lines = [
@@ -344,30 +405,13 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "with fewer lrs run compare like for like). Runs on: the devices its runs trained on "
         "(cpu, or cuda: a lent GPU, uncompiled, on the same corpus bytes); a CPU and a GPU run "
         "of one configuration differ by floating-point rounding, by how much was not measured "
-        "here (no configuration ran on both).",
+        "here (no configuration ran on both). Wall per run: `result.json`'s `wall_seconds` of "
+        "the runs that trained every horizon, by device; a record of the machines' load (CPU "
+        "runs one per core beside other work, GPU runs 12 to 15 at a time on one GPU), not a "
+        "benchmark.",
         "",
-        "| parametrisation | width | depth | optimal log2 lr | interval | loss at optimum | "
-        "3-point optimum | seeds (mean ± sd) | runs on |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *shape_table(summary, h),
     ]
-    for name, per_h in summary["parametrisations"].items():
-        for c in per_h[h]["shapes"].values():
-            f = c["fit"]
-            iv = c["interval"]
-            seeds = c["seeds"]
-            seed_text = (
-                f"{_fmt(seeds['mean'], '.3f')} ± {_fmt(seeds['sd'], '.3f')} (n={seeds['n']})"
-                if seeds
-                else "-"
-            )
-            f3 = c["fit_3pt"]
-            lines.append(
-                f"| {name} | {c['width']} | {c['depth']} | {_fmt(f['log2_lr'])}"
-                f"{_EDGE_MARK[f['edge']]} | "
-                f"{'-' if iv is None else f'[{iv[0]:.2f}, {iv[1]:.2f}]'} | "
-                f"{_fmt(f['loss'], '.3f')} | {_fmt(f3['log2_lr'])}{_EDGE_MARK[f3['edge']]} | "
-                f"{seed_text} | {', '.join(f'{k} {n}' for k, n in c['devices'].items())} |"
-            )
     lines += [
         "",
         "| parametrisation | axis | drift (last - first) | interval | range | slope per doubling |",
