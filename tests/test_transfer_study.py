@@ -164,7 +164,13 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     assert row in tables and f"| cpu 4 | cpu {lo:.1f}-{hi:.1f} |" in tables
     # the summary row: the drift with its interval, sizes, and the losses at the two ends
     iv = drift["last_minus_first_interval"]
-    losses = " -> ".join(f"{cell['shapes'][f'w16_d{d}']['fit']['loss']:.3f}" for d in (2, 4))
+    ends = [cell["shapes"][f"w16_d{d}"] for d in (2, 4)]
+    for c in ends:  # the grid's lowest loss, seed 0
+        curve = c["lr_curve"]
+        low = min(v for v in curve["val_loss"] if v is not None)
+        assert c["best"] == {"log2_lr": curve["log2_lr"][curve["val_loss"].index(low)],
+                             "val_loss": low}  # fmt: skip
+    losses = " -> ".join(f"{c['best']['val_loss']:.3f}" for c in ends)
     row = f"| shaped_t | {drift['last_minus_first']:+.2f}"
     row += "".join({"grid": "*", "diverged": "+"}[e] for e in drift["edges"])
     row += (f" [{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else "") + " (2->4) | "
