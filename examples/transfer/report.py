@@ -407,12 +407,11 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "divergence, not fitted). 3-point optimum: the same fit through the lowest point and "
         "one neighbour on each side at every shape (one window everywhere, so that shapes "
         "with fewer lrs run compare like for like). Runs on: the devices its runs trained on "
-        "(cpu, or cuda: a lent GPU, uncompiled, on the same corpus bytes); a CPU and a GPU run "
-        "of one configuration differ by floating-point rounding, by how much was not measured "
-        "here (no configuration ran on both). Wall per run: `result.json`'s `wall_seconds` of "
-        "the runs that trained every horizon, by device; a record of the machines' load (CPU "
-        "runs one per core beside other work, GPU runs 12 to 15 at a time on one GPU), not a "
-        "benchmark.",
+        "(each `result.json` records its device and whether it compiled; every run reads the "
+        "same corpus bytes); a CPU and a GPU run of one configuration differ by floating-point "
+        "rounding, by how much is not measured here. Wall per run: `result.json`'s "
+        "`wall_seconds` of the runs that trained every horizon, by device; a record of the "
+        "load the runs shared their machine with, not a benchmark.",
         "",
         *shape_table(summary, h),
     ]
@@ -492,14 +491,11 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
                                capsize=3, label=name)  # fmt: skip
             # an optimum that is not a fit (a grid edge: a better lr may lie beyond; or next
             # to a diverged lr): an open marker, as tables.md's * and +
-            edge = [
-                (size, opt, per_h[h]["shapes"][k]["fit"]["edge"])
-                for size, opt, k in zip(d["sizes"], d["log2_lr_opt"], keys, strict=True)
-                if per_h[h]["shapes"][k]["fit"]["at_edge"]
-            ]
-            for size, opt, why in edge:
-                ax.plot([size], [opt], _EDGE_MARKER[why], ms=10, mfc="white",
-                        color=line[0].get_color())  # fmt: skip
+            for size, opt, k in zip(d["sizes"], d["log2_lr_opt"], keys, strict=True):
+                fit = per_h[h]["shapes"][k]["fit"]
+                if fit["at_edge"]:
+                    ax.plot([size], [opt], _EDGE_MARKER[fit["edge"]], ms=10, mfc="white",
+                            color=line[0].get_color())  # fmt: skip
     for ax, axis in zip(axes, ("depth", "width"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
