@@ -327,14 +327,14 @@ def test_branch_multipliers_are_relative_to_the_proxy_depth(modules):
 
 
 def test_readme_quotes_the_committed_transfer_results():
-    """The README's, examples/transfer/README.md's and the transfer guide's numbers are the
+    """The README's, examples/transfer/results.md's and the transfer guide's numbers are the
     committed study's (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
     summary = json.loads((STUDY / "results.json").read_text())
     per_h = summary["parametrisations"]["shaped_t"]
     cell = per_h["1000"]
     shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
     readme = " ".join((STUDY.parents[1] / "README.md").read_text().split())
-    study = " ".join((STUDY / "README.md").read_text().split())
+    study = " ".join((STUDY / "results.md").read_text().split())
     guide = " ".join((STUDY.parents[1] / "docs" / "guide" / "transfer.md").read_text().split())
     assert f"the first {summary['runs']} of about 300 runs" in readme
     assert f"{summary['runs']} of about 300 runs" in study
@@ -405,14 +405,14 @@ def _grid_best(cell: dict) -> tuple[float, float, float]:
 
 
 def test_docs_quote_the_committed_depth_mup_transfer_results():
-    """The depth-muP numbers of the README, the study README, the transfer guide and the
+    """The depth-muP numbers of the README, the study's results.md, the transfer guide and the
     long-horizon results.md are the committed study's, and the claims hold on them."""
     summary = json.loads((STUDY / "results.json").read_text())
     cell = summary["parametrisations"]["pre_ln_depth_mup"]["1000"]
     shaped = summary["parametrisations"]["shaped_t"]["1000"]
     root = STUDY.parents[1]
     readme = " ".join((root / "README.md").read_text().split())
-    study = " ".join((STUDY / "README.md").read_text().split())
+    study = " ".join((STUDY / "results.md").read_text().split())
     guide = " ".join((root / "docs" / "guide" / "transfer.md").read_text().split())
     long_md = (root / "examples" / "long_horizon" / "results.md").read_text()
     long_md = " ".join(long_md.split())
@@ -493,20 +493,20 @@ def _summary_rows() -> list[str]:
     return lines[start:end]
 
 
-def test_study_readme_quotes_the_per_shape_table(modules):
-    """The study README carries tables.md's per-shape table (report.shape_table) as it is:
+def test_study_results_quote_the_per_shape_table(modules):
+    """The study's results.md carries tables.md's per-shape table (report.shape_table) as it is:
     its header and every row, so its per-shape numbers are the committed report's."""
     lines = (STUDY / "tables.md").read_text().splitlines()
     start = lines.index(modules[1].SHAPE_HEADER)
     rows = lines[start : lines.index("", start)]
     assert len(rows) > 2
-    study = (STUDY / "README.md").read_text()
+    study = (STUDY / "results.md").read_text()
     for row in rows:
         assert row in study, row
 
 
 def test_docs_quote_the_comparison_of_the_parametrisations():
-    """The README and the study README carry the report's comparison table as it is, and the
+    """The README and the study's results.md carry the report's comparison table as it is, and the
     verdicts around it hold on the committed results: depth-muP's optimum moves least across
     depth of the parametrisations run to depth 64; CompleteP's and GPT-2 pre-LN's fall; at the
     proxy (depth 8) CompleteP's runs are depth-muP's, bit for bit."""
@@ -515,7 +515,7 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     rows = _summary_rows()
     assert len(rows) == 2 + len(cells)
     readme = (STUDY.parents[1] / "README.md").read_text()
-    study = (STUDY / "README.md").read_text()
+    study = (STUDY / "results.md").read_text()
     guide = (STUDY.parents[1] / "docs" / "guide" / "transfer.md").read_text()
     for row in rows:
         assert row in readme and row in study and row in guide, row

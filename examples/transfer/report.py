@@ -349,7 +349,7 @@ SHAPE_HEADER = (
     "interval | loss at optimum | 3-point optimum | seeds (mean ± sd) | runs on | "
     "wall per run (min) |"
 )
-"""The per-shape table's header (tables.md; the study README quotes rows under it)."""
+"""The per-shape table's header (tables.md; the study's results.md quotes rows under it)."""
 
 
 def _shape_row(name: str, c: dict[str, Any]) -> str:
