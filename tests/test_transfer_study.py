@@ -533,9 +533,20 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
         assert cells[name]["depth_drift_3pt"]["last_minus_first"] < -0.5  # "falls"
     proxy_cp = cells["pre_ln_completep"]["shapes"]["w64_d8"]["lr_curve"]
     proxy_mup = cells["pre_ln_depth_mup"]["shapes"]["w64_d8"]["lr_curve"]
-    for j, loss in zip(proxy_cp["log2_lr"], proxy_cp["val_loss"], strict=True):
-        assert loss == proxy_mup["val_loss"][proxy_mup["log2_lr"].index(j)]
-    assert "reproduce depth-muP's to the last bit" in " ".join(study.split())
+    mup_at = dict(zip(proxy_mup["log2_lr"], proxy_mup["val_loss"], strict=True))
+    cp_at = dict(zip(proxy_cp["log2_lr"], proxy_cp["val_loss"], strict=True))
+    for j in (-8, -7, -6):  # run on the same machine: the same model, the same bits
+        assert cp_at[j] == mup_at[j]
+    for j in (-11, -10, -9):  # another machine: float32 rounding ("within 2.4e-7")
+        assert cp_at[j] == pytest.approx(mup_at[j], abs=2.4e-7)
+    flat = " ".join(study.split())
+    assert "reproduce depth-muP's, to the last bit where both ran on the same machine" in flat
+    assert f"rounding grows into {cp_at[-5]:.3f} against {mup_at[-5]:.3f} at 1000 steps" in flat
+    fits = [
+        cells[n]["shapes"]["w64_d8"]["fit"]["log2_lr"]
+        for n in ("pre_ln_completep", "pre_ln_depth_mup")
+    ]
+    assert f"differ by {abs(fits[0] - fits[1]):.2f} for that reason ({fits[0]:.2f} and " in flat
     # the fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-10 the lowest run trains;
     # the optimum falls by the quoted amount from depth 4 to 32
     fixed = cells["shaped"]["shapes"]
