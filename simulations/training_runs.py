@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -169,12 +170,29 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         "train_config": run.train.to_attrs(),
         "device": run.device,
         "compiled": run.compile,
+        "host": _host(run.device),
         # of this call: the whole run when it was not resumed
         "wall_seconds": round(time.perf_counter() - start, 1),
         "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},
     }
     write_json(result, run.result_path, indent=1)
     return result
+
+
+def _host(device: str) -> dict[str, str]:
+    """What sets a run's last bits besides its seed and configuration: torch's build and the
+    kernels it dispatches to (the CPU's vector extension; the GPU's name on CUDA). Two machines
+    can differ in rounding, and a run at the edge of stability amplifies it."""
+    import torch
+
+    host = {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    if torch.device(device).type == "cuda":
+        host["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return host
 
 
 def _check_data(data: str | None) -> None:

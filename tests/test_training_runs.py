@@ -76,6 +76,10 @@ def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
     result = run_training(run)
     assert json.loads(run.result_path.read_text()) == result
     assert set(result["horizons"]) == {"8", "16"} and result["name"] == "a"
+    import torch
+
+    assert result["host"]["torch"] == torch.__version__  # what sets the last bits
+    assert result["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     h8, h16 = result["horizons"]["8"], result["horizons"]["16"]
     assert h8["branch_step"] == 6 and h16["branch_step"] is None
     assert h8["val_curve"]["step"][-1] == 8 and h16["val_curve"]["step"][-1] == 16

@@ -106,7 +106,7 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
 
 
 def test_plan_runs_completep_width_axis_once(modules):
-    """At the proxy's depth CompleteP is depth-muP (bit for bit in the committed runs, tested):
+    """At the proxy's depth CompleteP is depth-muP (bit for bit on one machine, tested):
     its width axis is not planned, its depth axis (the proxy included) is; depth-muP's width
     axis is planned."""
     study, _ = modules
@@ -509,7 +509,7 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     """The README and the study's results.md carry the report's comparison table as it is, and the
     verdicts around it hold on the committed results: depth-muP's optimum moves least across
     depth of the parametrisations run to depth 64; CompleteP's and GPT-2 pre-LN's fall; at the
-    proxy (depth 8) CompleteP's runs are depth-muP's, bit for bit."""
+    proxy (depth 8) CompleteP's runs are depth-muP's, bit for bit on one machine."""
     summary = json.loads((STUDY / "results.json").read_text())
     cells = {n: p["1000"] for n, p in summary["parametrisations"].items()}
     rows = _summary_rows()
