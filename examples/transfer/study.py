@@ -72,8 +72,7 @@ long-horizon study (shaped 1e-2, pre-LN 3.3e-3, examples/long_horizon/results.md
 SAME_AT_PROXY_DEPTH: dict[str, str] = {"pre_ln_completep": "pre_ln_depth_mup"}
 """At the proxy's depth a branch multiplier (depth / base_depth)^(-a) and the depth factor of
 the lr rule are 1, so CompleteP's runs there are depth-muP's (bit for bit on one machine,
-tested): its width
-axis (at the proxy's depth) is depth-muP's and is not planned twice."""
+tested): its width axis (at the proxy's depth) is depth-muP's and is not planned twice."""
 
 
 @dataclass(frozen=True)
