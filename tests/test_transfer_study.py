@@ -558,6 +558,20 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     assert f"(sd {seeds['sd']:.3f}; seed 2 is behind" in flat
     assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is four times the next largest" in flat
     assert f"(95% bootstrap [{lo:.2f}, +{hi:.2f}]), -0.20 per doubling" in flat
+    # CompleteP against depth-muP: best losses within 0.011 at every depth; depth 64's seeds
+    cp, mup = cells["pre_ln_completep"]["shapes"], cells["pre_ln_depth_mup"]["shapes"]
+    gaps = [
+        abs(cp[f"w64_d{d}"]["best"]["val_loss"] - mup[f"w64_d{d}"]["best"]["val_loss"])
+        for d in (4, 8, 16, 32, 64)
+    ]
+    assert round(max(gaps), 3) <= 0.011  # "within 0.011 of depth-muP's at every depth"
+    a, b = cp["w64_d64"]["seeds"], mup["w64_d64"]["seeds"]
+    assert a["n"] == b["n"] == 3 and (a["log2_lr"], b["log2_lr"]) == (-8, -7)
+    quoted = f"CompleteP reaches {a['mean']:.3f} ± {a['sd']:.3f} (2^-8) and depth-muP "
+    quoted += f"{b['mean']:.3f} ± {b['sd']:.3f} (2^-7)"
+    assert quoted in flat
+    assert f"ahead there by {b['mean'] - a['mean']:.3f}" in flat
+    assert 1.5 * a["sd"] < b["mean"] - a["mean"] < 3 * a["sd"]  # "about twice its seed sd"
     # the fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-10 the lowest run trains;
     # the optimum falls by the quoted amount from depth 4 to 32
     fixed = cells["shaped"]["shapes"]
