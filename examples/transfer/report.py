@@ -477,14 +477,16 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for name, per_h in summary["parametrisations"].items():
         for ax, axis in zip(axes, ("depth", "width"), strict=True):
-            d = per_h[h][f"{axis}_drift"]
+            # the 3-point fits: one window at every shape, so that shapes with more lrs run
+            # (5-point fits) do not move against those with fewer (as tables.md compares)
+            d = per_h[h][f"{axis}_drift_3pt"]
             if d is None:
                 continue
             keys = [
                 f"w{setup.width}_d{s}" if axis == "depth" else f"w{s}_d{setup.depth}"
                 for s in d["sizes"]
             ]
-            ivs = [per_h[h]["shapes"][k]["interval"] for k in keys]
+            ivs = [per_h[h]["shapes"][k]["fit_3pt"]["interval"] for k in keys]
             lo = [o - iv[0] if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
             hi = [iv[1] - o if iv else 0.0 for o, iv in zip(d["log2_lr_opt"], ivs, strict=True)]
             line = ax.errorbar(d["sizes"], d["log2_lr_opt"], yerr=[lo, hi], marker="o",
@@ -492,7 +494,7 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
             # an optimum that is not a fit (a grid edge: a better lr may lie beyond; or next
             # to a diverged lr): an open marker, as tables.md's * and +
             for size, opt, k in zip(d["sizes"], d["log2_lr_opt"], keys, strict=True):
-                fit = per_h[h]["shapes"][k]["fit"]
+                fit = per_h[h]["shapes"][k]["fit_3pt"]
                 if fit["at_edge"]:
                     ax.plot([size], [opt], _EDGE_MARKER[fit["edge"]], ms=10, mfc="white",
                             color=line[0].get_color())  # fmt: skip
@@ -503,13 +505,14 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
             ax.legend(fontsize=8)
         else:  # no optimum located on this axis yet
             ax.text(0.5, 0.5, "no optimum located", ha="center", transform=ax.transAxes)
-    axes[0].set_ylabel("optimal log2(base lr) (95% bootstrap interval)")
+    axes[0].set_ylabel("optimal log2(base lr), 3-point fit")
     fig.text(
-        0.01, 0.01, "open square: lowest lr at a grid edge (a better lr may lie beyond); "
-        "open triangle: the next lr diverged (bounded, not fitted); a shape whose lrs all "
-        "diverged has no point", fontsize=7,
+        0.01, 0.01, "3-point fits (the lowest lr and one neighbour each side), 95% bootstrap "
+        "intervals; open square: lowest lr at a grid edge (a better lr may lie beyond);\nopen "
+        "triangle: the next lr diverged (bounded, not fitted); a shape whose lrs all diverged "
+        "has no point", fontsize=7,
     )  # fmt: skip
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     with atomic_path(folder / "optimum_drift.png") as tmp:
         fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
