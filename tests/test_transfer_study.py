@@ -572,14 +572,68 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     assert quoted in flat
     assert f"ahead there by {b['mean'] - a['mean']:.3f}" in flat
     assert 1.5 * a["sd"] < b["mean"] - a["mean"] < 3 * a["sd"]  # "about twice its seed sd"
-    # the fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-10 the lowest run trains;
-    # the optimum falls by the quoted amount from depth 4 to 32
+    # the fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-11 the best, bracketed;
+    # the optimum falls by the quoted amount from depth 4 to 64
     fixed = cells["shaped"]["shapes"]
     d64 = fixed["w64_d64"]["lr_curve"]
-    assert min(d64["log2_lr"]) == -10 == fixed["w64_d64"]["best"]["log2_lr"]
+    assert min(d64["log2_lr"]) == -12 and fixed["w64_d64"]["best"]["log2_lr"] == -11
+    assert not fixed["w64_d64"]["fit"]["at_edge"]
     assert all(v is None for j, v in zip(d64["log2_lr"], d64["val_loss"], strict=True) if j >= -9)
-    reached = f"2^-10, the lowest run, reaches {fixed['w64_d64']['best']['val_loss']:.3f}"
-    fall = fixed["w64_d4"]["fit"]["log2_lr"] - fixed["w64_d32"]["fit"]["log2_lr"]
+    reached = f"its best, 2^-11, reaches {fixed['w64_d64']['best']['val_loss']:.3f}"
+    drift = cells["shaped"]["depth_drift"]
+    fall = -drift["last_minus_first"]
+    assert (
+        drift["sizes"] == [4, 8, 16, 32, 64]
+        and fall > 2.5 * -cells["shaped_t"]["depth_drift"]["last_minus_first"]
+    )  # "2.6 times shaped_t's fall"
     for text in (readme, study):
         flat = " ".join(text.split())
-        assert reached in flat and f"falls by {fall:.2f}" in flat
+        assert reached in flat and f"falls by {fall:.2f} from depth 4 to 64" in flat
+    flat = " ".join(study.split())
+    assert f"about {2**fall:.0f} times too large at depth 64" in flat
+    iv = drift["last_minus_first_interval"]
+    assert (
+        f"falls by {fall:.2f} ([{iv[0]:.2f}, {iv[1]:.2f}]), {drift['slope_per_doubling']:.2f} per"
+        in flat
+    )
+
+
+def test_results_quote_the_cpu_rerun_of_gpu_runs(modules):
+    """results.md's CPU-vs-GPU numbers are the committed runs': the same initial weights (the
+    step-0 loss to the last bit), different batches, a gap that grows next to divergence; and
+    the 5-point fit at pre_ln's depth 16 moves by the quoted amount, the 3-point one not."""
+    _, report = modules
+    study = " ".join((STUDY / "results.md").read_text().split())
+    cpu, gpu = {}, {}
+    for j in (-10, -6):
+        cpu[j] = json.loads(
+            (STUDY / "device_check" / f"pre_ln_w64_d16_lr{j}_s0_cpu.json").read_text()
+        )
+        gpu[j] = json.loads(
+            (STUDY / "runs" / "pre_ln" / "w64_d16" / f"lr{j}_s0" / "result.json").read_text()
+        )
+        assert (cpu[j]["device"], gpu[j]["device"]) == ("cpu", "cuda")
+        for key in ("model_config", "train_config", "corpus_fingerprint", "log2_lr", "seed"):
+            assert cpu[j][key] == gpu[j][key], key
+        h_cpu, h_gpu = cpu[j]["horizons"]["1000"], gpu[j]["horizons"]["1000"]
+        assert h_cpu["init_val_loss"] == h_gpu["init_val_loss"]
+        assert h_cpu["val_loss"] != h_gpu["val_loss"]
+    loss = {j: (cpu[j]["horizons"]["1000"]["val_loss"], gpu[j]["horizons"]["1000"]["val_loss"])
+            for j in (-10, -6)}  # fmt: skip
+    gap = {j: abs(a - b) for j, (a, b) in loss.items()}
+    assert gap[-6] > 10 * gap[-10]  # "far more next to divergence"
+    assert f"they reach {loss[-10][0]:.3f} (CPU) and {loss[-10][1]:.3f} (GPU)" in study
+    assert f"a gap of {gap[-10]:.3f}" in study
+    assert f"{loss[-6][0]:.3f} and {loss[-6][1]:.3f}: a gap of {gap[-6]:.3f}" in study
+    curve = json.loads((STUDY / "results.json").read_text())["parametrisations"]["pre_ln"]
+    curve = curve["1000"]["shapes"]["w64_d16"]["lr_curve"]
+    x = curve["log2_lr"]
+    y = [math.inf if v is None else v for v in curve["val_loss"]]
+    swapped = list(y)
+    for j in (-10, -6):
+        assert y[x.index(j)] == loss[j][1]
+        swapped[x.index(j)] = loss[j][0]
+    five = (report.fit_optimum(x, y, 2)["log2_lr"], report.fit_optimum(x, swapped, 2)["log2_lr"])
+    three = (report.fit_optimum(x, y, 1)["log2_lr"], report.fit_optimum(x, swapped, 1)["log2_lr"])
+    assert f"5-point fit moves from {five[0]:.2f} to {five[1]:.2f}" in study
+    assert three[0] == three[1] and f"3-point fit ({three[0]:.2f}) not at all" in study
