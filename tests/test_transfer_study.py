@@ -589,6 +589,14 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     for text in (readme, study):
         flat = " ".join(text.split())
         assert reached in flat and f"falls by {fall:.2f} from depth 4 to 64" in flat
+    seeds = fixed["w64_d64"]["seeds"]
+    assert f"and {seeds['mean']:.3f} ± {seeds['sd']:.3f} (3 seeds each)" in flat
+    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five"
+    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] == 3 for c in cells.values() for d in (4, 64))
+    assert "1 and 2 at the best lr of depths 4 and 64 for all five" in flat
+    flat_guide = " ".join(guide.split())
+    assert f"the optimum falls by {fall:.2f} from depth 4 to 64" in flat_guide
+    assert f"its best loss there is {fixed['w64_d64']['best']['val_loss']:.3f}" in flat_guide
     flat = " ".join(study.split())
     assert f"about {2**fall:.0f} times too large at depth 64" in flat
     iv = drift["last_minus_first_interval"]
