@@ -410,9 +410,9 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "(each `result.json` records its device and whether it compiled; every run reads the "
         "same corpus bytes); a CPU and a GPU run of one configuration draw different training "
         "batches (the sampler's generator lives on the device), so they differ as two seeds "
-        "do, and far more next to divergence (measured in results.md). Wall per run: `result.json`'s "
-        "`wall_seconds` of the runs that trained every horizon, by device; a record of the "
-        "load the runs shared their machine with, not a benchmark.",
+        "do, and far more next to divergence (measured in results.md). Wall per run: "
+        "`result.json`'s `wall_seconds` of the runs that trained every horizon, by device; "
+        "a record of the load the runs shared their machine with, not a benchmark.",
         "",
         *shape_table(summary, h),
     ]
