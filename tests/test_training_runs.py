@@ -73,11 +73,11 @@ def _run(tmp_path: Path, name: str, steps: int = 16, **train) -> TrainingRun:
 
 def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
     run = _run(tmp_path, "a")
+    import torch
+
     result = run_training(run)
     assert json.loads(run.result_path.read_text()) == result
     assert set(result["horizons"]) == {"8", "16"} and result["name"] == "a"
-    import torch
-
     assert result["host"]["torch"] == torch.__version__  # what sets the last bits
     assert result["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     h8, h16 = result["horizons"]["8"], result["horizons"]["16"]

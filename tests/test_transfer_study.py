@@ -18,6 +18,18 @@ from simulations import transfer_lr
 from simulations.transfer import NOT_MEASURED
 
 STUDY = Path(__file__).parents[1] / "examples" / "transfer"
+README, GUIDE = STUDY.parents[1] / "README.md", STUDY.parents[1] / "docs" / "guide" / "transfer.md"
+
+
+def _flat(path: Path) -> str:
+    """A document's text with line breaks and indentation folded into single spaces."""
+    return " ".join(path.read_text().split())
+
+
+def _cells() -> dict[str, dict]:
+    """The committed report's cells at 1000 steps, by parametrisation."""
+    summary = json.loads((STUDY / "results.json").read_text())
+    return {n: p["1000"] for n, p in summary["parametrisations"].items()}
 
 
 def _load(name: str, monkeypatch):
@@ -333,9 +345,7 @@ def test_readme_quotes_the_committed_transfer_results():
     per_h = summary["parametrisations"]["shaped_t"]
     cell = per_h["1000"]
     shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
-    readme = " ".join((STUDY.parents[1] / "README.md").read_text().split())
-    study = " ".join((STUDY / "results.md").read_text().split())
-    guide = " ".join((STUDY.parents[1] / "docs" / "guide" / "transfer.md").read_text().split())
+    readme, study, guide = _flat(README), _flat(STUDY / "results.md"), _flat(GUIDE)
     assert f"the first {summary['runs']} of about 300 runs" in readme
     assert f"{summary['runs']} of about 300 runs" in study
     assert f"**{summary['runs']} of its about 300 runs have run**" in guide
@@ -411,11 +421,8 @@ def test_docs_quote_the_committed_depth_mup_transfer_results():
     cell = summary["parametrisations"]["pre_ln_depth_mup"]["1000"]
     shaped = summary["parametrisations"]["shaped_t"]["1000"]
     root = STUDY.parents[1]
-    readme = " ".join((root / "README.md").read_text().split())
-    study = " ".join((STUDY / "results.md").read_text().split())
-    guide = " ".join((root / "docs" / "guide" / "transfer.md").read_text().split())
-    long_md = (root / "examples" / "long_horizon" / "results.md").read_text()
-    long_md = " ".join(long_md.split())
+    readme, study, guide = _flat(README), _flat(STUDY / "results.md"), _flat(GUIDE)
+    long_md = _flat(root / "examples" / "long_horizon" / "results.md")
     depths = (4, 8, 16, 32, 64)
     fits = {d: _grid_best(cell["shapes"][f"w64_d{d}"]) for d in depths}
     narrow = _grid_best(cell["shapes"]["w32_d8"])
@@ -506,19 +513,15 @@ def test_study_results_quote_the_per_shape_table(modules):
 
 
 def test_docs_quote_the_comparison_of_the_parametrisations():
-    """The README and the study's results.md carry the report's comparison table as it is, and the
-    verdicts around it hold on the committed results: depth-muP's optimum moves least across
-    depth of the parametrisations run to depth 64; CompleteP's and GPT-2 pre-LN's fall; at the
-    proxy (depth 8) CompleteP's runs are depth-muP's, bit for bit on one machine."""
-    summary = json.loads((STUDY / "results.json").read_text())
-    cells = {n: p["1000"] for n, p in summary["parametrisations"].items()}
+    """The README, the study's results.md and the guide carry the report's comparison table as
+    it is, and the verdicts around it hold on the committed results: depth-muP's optimum moves
+    least across depth and width (3-point fits); CompleteP's and GPT-2 pre-LN's fall."""
+    cells = _cells()
     rows = _summary_rows()
     assert len(rows) == 2 + len(cells)
-    readme = (STUDY.parents[1] / "README.md").read_text()
-    study = (STUDY / "results.md").read_text()
-    guide = (STUDY.parents[1] / "docs" / "guide" / "transfer.md").read_text()
+    texts = [p.read_text() for p in (README, STUDY / "results.md", GUIDE)]
     for row in rows:
-        assert row in readme and row in study and row in guide, row
+        assert all(row in text for text in texts), row
     # like for like: the 3-point fits (one window at every shape)
     deep = {
         n: c["depth_drift_3pt"] for n, c in cells.items()
@@ -531,6 +534,17 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     assert min(wide, key=lambda n: abs(wide[n]["last_minus_first"])) == "pre_ln_depth_mup"
     for name in ("pre_ln_completep", "pre_ln"):
         assert cells[name]["depth_drift_3pt"]["last_minus_first"] < -0.5  # "falls"
+    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five"
+    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] == 3 for c in cells.values() for d in (4, 64))
+    assert "1 and 2 at the best lr of depths 4 and 64 for all five" in _flat(STUDY / "results.md")
+
+
+def test_completep_is_depth_mup_at_the_proxy_up_to_the_machine():
+    """At the proxy (depth 8) CompleteP's runs are depth-muP's: bit for bit where both ran on
+    one machine, within float32 rounding on another, and apart next to divergence, which moves
+    the 5-point fit by the quoted amount."""
+    cells = _cells()
+    study = _flat(STUDY / "results.md")
     proxy_cp = cells["pre_ln_completep"]["shapes"]["w64_d8"]["lr_curve"]
     proxy_mup = cells["pre_ln_depth_mup"]["shapes"]["w64_d8"]["lr_curve"]
     mup_at = dict(zip(proxy_mup["log2_lr"], proxy_mup["val_loss"], strict=True))
@@ -539,26 +553,30 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
         assert cp_at[j] == mup_at[j]
     for j in (-11, -10, -9):  # another machine: float32 rounding ("within 2.4e-7")
         assert cp_at[j] == pytest.approx(mup_at[j], abs=2.4e-7)
-    flat = " ".join(study.split())
-    assert "reproduce depth-muP's, to the last bit where both ran on the same machine" in flat
-    assert f"rounding grows into {cp_at[-5]:.3f} against {mup_at[-5]:.3f} at 1000 steps" in flat
+    assert "reproduce depth-muP's, to the last bit where both ran on the same machine" in study
+    assert f"rounding grows into {cp_at[-5]:.3f} against {mup_at[-5]:.3f} at 1000 steps" in study
     fits = [
         cells[n]["shapes"]["w64_d8"]["fit"]["log2_lr"]
         for n in ("pre_ln_completep", "pre_ln_depth_mup")
     ]
-    assert f"differ by {abs(fits[0] - fits[1]):.2f} for that reason ({fits[0]:.2f} and " in flat
-    # GPT-2 pre-LN's seeds at depth 64 spread the most: its depth drift is not resolved
+    assert f"differ by {abs(fits[0] - fits[1]):.2f} for that reason ({fits[0]:.2f} and " in study
+
+
+def test_docs_quote_the_seeds_of_gpt2_pre_ln_and_completep_at_depth_64():
+    """GPT-2 pre-LN's seeds at depth 64 spread the most, so its depth drift is not resolved;
+    CompleteP's best loss is within 0.011 of depth-muP's at every depth and ahead at depth 64
+    by about twice its seed sd."""
+    cells = _cells()
+    study = _flat(STUDY / "results.md")
     gpt2 = cells["pre_ln"]
     others = max(c["seed_sd"] for n, c in cells.items() if n != "pre_ln")
     seeds = gpt2["shapes"]["w64_d64"]["seeds"]
     assert seeds["n"] == 3 and gpt2["seed_sd"] > 3.9 * others  # "four times the next largest"
     lo, hi = gpt2["depth_drift_3pt"]["last_minus_first_interval"]
     assert lo < 0 < hi  # "the interval includes no drift"
-    flat = " ".join(study.split())
-    assert f"(sd {seeds['sd']:.3f}; seed 2 is behind" in flat
-    assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is four times the next largest" in flat
-    assert f"(95% bootstrap [{lo:.2f}, +{hi:.2f}]), -0.20 per doubling" in flat
-    # CompleteP against depth-muP: best losses within 0.011 at every depth; depth 64's seeds
+    assert f"(sd {seeds['sd']:.3f}; seed 2 is behind" in study
+    assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is four times the next largest" in study
+    assert f"(95% bootstrap [{lo:.2f}, +{hi:.2f}]), -0.20 per doubling" in study
     cp, mup = cells["pre_ln_completep"]["shapes"], cells["pre_ln_depth_mup"]["shapes"]
     gaps = [
         abs(cp[f"w64_d{d}"]["best"]["val_loss"] - mup[f"w64_d{d}"]["best"]["val_loss"])
@@ -569,41 +587,38 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     assert a["n"] == b["n"] == 3 and (a["log2_lr"], b["log2_lr"]) == (-8, -7)
     quoted = f"CompleteP reaches {a['mean']:.3f} ± {a['sd']:.3f} (2^-8) and depth-muP "
     quoted += f"{b['mean']:.3f} ± {b['sd']:.3f} (2^-7)"
-    assert quoted in flat
-    assert f"ahead there by {b['mean'] - a['mean']:.3f}" in flat
+    assert quoted in study
+    assert f"ahead there by {b['mean'] - a['mean']:.3f}" in study
     assert 1.5 * a["sd"] < b["mean"] - a["mean"] < 3 * a["sd"]  # "about twice its seed sd"
-    # the fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-11 the best, bracketed;
-    # the optimum falls by the quoted amount from depth 4 to 64
+
+
+def test_docs_quote_the_fixed_gamma_at_depth_64():
+    """The fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-11 the best and
+    bracketed, seeded there; the optimum falls from depth 4 to 64 by the quoted amount, more
+    than 2.5 times `shaped_t`'s fall."""
+    cells = _cells()
+    readme, study, guide = _flat(README), _flat(STUDY / "results.md"), _flat(GUIDE)
     fixed = cells["shaped"]["shapes"]
     d64 = fixed["w64_d64"]["lr_curve"]
     assert min(d64["log2_lr"]) == -12 and fixed["w64_d64"]["best"]["log2_lr"] == -11
     assert not fixed["w64_d64"]["fit"]["at_edge"]
     assert all(v is None for j, v in zip(d64["log2_lr"], d64["val_loss"], strict=True) if j >= -9)
-    reached = f"its best, 2^-11, reaches {fixed['w64_d64']['best']['val_loss']:.3f}"
+    best = fixed["w64_d64"]["best"]["val_loss"]
     drift = cells["shaped"]["depth_drift"]
     fall = -drift["last_minus_first"]
-    assert (
-        drift["sizes"] == [4, 8, 16, 32, 64]
-        and fall > 2.5 * -cells["shaped_t"]["depth_drift"]["last_minus_first"]
-    )  # "2.6 times shaped_t's fall"
+    assert drift["sizes"] == [4, 8, 16, 32, 64]
+    assert fall > 2.5 * -cells["shaped_t"]["depth_drift"]["last_minus_first"]  # "2.6 times"
     for text in (readme, study):
-        flat = " ".join(text.split())
-        assert reached in flat and f"falls by {fall:.2f} from depth 4 to 64" in flat
+        assert f"its best, 2^-11, reaches {best:.3f}" in text
+        assert f"falls by {fall:.2f} from depth 4 to 64" in text
+    assert f"the optimum falls by {fall:.2f} from depth 4 to 64" in guide
+    assert f"its best loss there is {best:.3f}" in guide
     seeds = fixed["w64_d64"]["seeds"]
-    assert f"and {seeds['mean']:.3f} ± {seeds['sd']:.3f} (3 seeds each)" in flat
-    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five"
-    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] == 3 for c in cells.values() for d in (4, 64))
-    assert "1 and 2 at the best lr of depths 4 and 64 for all five" in flat
-    flat_guide = " ".join(guide.split())
-    assert f"the optimum falls by {fall:.2f} from depth 4 to 64" in flat_guide
-    assert f"its best loss there is {fixed['w64_d64']['best']['val_loss']:.3f}" in flat_guide
-    flat = " ".join(study.split())
-    assert f"about {2**fall:.0f} times too large at depth 64" in flat
+    assert f"and {seeds['mean']:.3f} ± {seeds['sd']:.3f} (3 seeds each)" in study
+    assert f"about {2**fall:.0f} times too large at depth 64" in study
     iv = drift["last_minus_first_interval"]
-    assert (
-        f"falls by {fall:.2f} ([{iv[0]:.2f}, {iv[1]:.2f}]), {drift['slope_per_doubling']:.2f} per"
-        in flat
-    )
+    slope = drift["slope_per_doubling"]
+    assert f"falls by {fall:.2f} ([{iv[0]:.2f}, {iv[1]:.2f}]), {slope:.2f} per" in study
 
 
 def test_results_quote_the_cpu_rerun_of_gpu_runs(modules):
@@ -611,7 +626,7 @@ def test_results_quote_the_cpu_rerun_of_gpu_runs(modules):
     step-0 loss to the last bit), different batches, a gap that grows next to divergence; and
     the 5-point fit at pre_ln's depth 16 moves by the quoted amount, the 3-point one not."""
     _, report = modules
-    study = " ".join((STUDY / "results.md").read_text().split())
+    study = _flat(STUDY / "results.md")
     cpu, gpu = {}, {}
     for j in (-10, -6):
         cpu[j] = json.loads(
