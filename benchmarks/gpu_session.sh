@@ -2,8 +2,9 @@
 # The checks of one lent-GPU session (about 9 minutes), all at once on the one GPU:
 #   - the long-horizon study at width 256, 20,000 steps (examples/long_horizon/study.py --gpu),
 #     shaped (advise) and pre-LN at 3 learning rates each, 6 Dask workers, torch.compile;
-#   - the CUDA tests (host-sync-free SDE step) and benchmarks/gpu.py (CPU/GPU agreement in law;
-#     its timings are taken while the study runs, so they are marked as under load);
+#   - the CUDA tests (host-sync-free SDE step; the batch sampler draws the CPU's batches) and
+#     benchmarks/gpu.py (CPU/GPU agreement in law; its timings are taken while the study
+#     runs, so they are marked as under load);
 #   - same seed, same numbers: two short training runs on the GPU compared bitwise.
 # Writes everything under $OUT (the device tool's folder): logs, gpu.json and gpu_runs.tgz (each
 # run's result.json, and log.nc of any run still going when the time ran out).
@@ -60,8 +61,8 @@ else
 fi
 study=$!
 
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sde_steppers.py -k host_sync \
-  > "$OUT/cuda_tests.log" 2>&1
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sde_steppers.py \
+  tests/test_train_data.py -k "host_sync or cuda" > "$OUT/cuda_tests.log" 2>&1
 echo "rc $?" >> "$OUT/cuda_tests.log"
 if [ "${BENCH:-1}" = 1 ]; then  # BENCH=0: leave the GPU to the study
   timeout 200 python3 benchmarks/gpu.py --device cuda --json "$OUT/gpu.json" > "$OUT/gpu_bench.log" 2>&1

@@ -171,6 +171,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         "device": run.device,
         "compiled": run.compile,
         "host": _host(run.device),
+        "batch_generator": "cpu",  # the same batches on every device (WindowSampler)
         # of this call: the whole run when it was not resumed
         "wall_seconds": round(time.perf_counter() - start, 1),
         "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},

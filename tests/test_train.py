@@ -13,6 +13,7 @@ from shapedtx import PRESETS, ModelConfig, TrainConfig, TrainingDiverged, load_c
 from shapedtx.results import load_dataset
 from shapedtx.training import (
     LanguageModel,
+    ResumeMismatch,
     configs_of,
     final_val_loss,
     lr_factor,
@@ -98,6 +99,19 @@ def test_resume_sees_a_different_seed_as_a_different_run(corpus, tmp_path):
     c = train(MODEL, corpus, TRAIN.replace(steps=4, warmup_steps=1, seed=4), progress=False)
     xr.testing.assert_identical(a.log, b.log)
     assert not np.allclose(a.log["train_loss"][1:], c.log["train_loss"][1:])
+
+
+def test_a_checkpoint_with_a_device_generator_state_is_refused(corpus, tmp_path):
+    """Runs on CUDA drew their batches with a CUDA generator until 2026-11-28: its state
+    (16 bytes, not the CPU generator's) cannot continue the CPU order, so resuming says so."""
+    config = TRAIN.replace(steps=4, checkpoint_interval=2)
+    train(MODEL, corpus, config, out_dir=tmp_path, progress=False)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    state["step"], state["generator"] = 2, torch.zeros(16, dtype=torch.uint8)
+    torch.save(state, tmp_path / "checkpoint.pt")
+    (tmp_path / "log.nc").unlink()  # a run still going: no finished log
+    with pytest.raises(ResumeMismatch, match="batch generator='a device generator'"):
+        train(MODEL, corpus, config, out_dir=tmp_path, progress=False)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):

@@ -9,10 +9,10 @@ import torch
 
 from shapedtx.training import export_corpus
 from shapedtx.training.data import (
+    WindowSampler,
     default_corpus_root,
     fixed_windows,
     load_corpus,
-    sample_batch,
 )
 
 
@@ -109,11 +109,10 @@ def test_a_folder_of_binary_files_is_refused_saying_so(tmp_path):
 
 def test_batches_are_windows_of_the_data_and_reproducible():
     data = torch.arange(200, dtype=torch.int64).to(torch.uint8)
-    gen = torch.Generator().manual_seed(5)
-    batch = sample_batch(data, 6, 10, gen)
+    batch = WindowSampler(data, 6, 10, seed=5)()
     assert batch.shape == (6, 11) and batch.dtype == torch.int64
     assert torch.equal(batch[:, 1:] - batch[:, :-1], torch.ones(6, 10, dtype=torch.int64))
-    again = sample_batch(data, 6, 10, torch.Generator().manual_seed(5))
+    again = WindowSampler(data, 6, 10, seed=5)()
     assert torch.equal(batch, again)
     fixed = fixed_windows(data, 3, 10)
     assert fixed[0, 0] == 0 and fixed[-1, -1] == 199
@@ -132,16 +131,84 @@ def test_max_bytes_keeps_the_split_proportion(tmp_path):
     assert 0.02 <= share <= 0.25, share  # binomial(50, 0.1) / 50: 0.1 +- 0.04
 
 
-def test_sample_batch_reaches_every_start_and_stays_inside_the_data():
+def test_sampled_windows_reach_every_start_and_stays_inside_the_data():
     """Starts are uniform on 0..N - m - 1: with N = m + 3 the four starts all occur, and no
     window runs past the last byte."""
     data = torch.arange(13, dtype=torch.uint8)
-    batch = sample_batch(data, 400, 10, torch.Generator().manual_seed(0))
+    batch = WindowSampler(data, 400, 10, seed=0)()
     starts = batch[:, 0]
     assert sorted(set(starts.tolist())) == [0, 1, 2]
     assert int(batch.max()) == 12
     counts = torch.bincount(starts, minlength=3).double()
     assert (counts - 400 / 3).abs().max() < 5 * (400 * (1 / 3) * (2 / 3)) ** 0.5
+
+
+def _per_step_starts(high: int, batch: int, seed: int, steps: int) -> list[torch.Tensor]:
+    """One ``torch.randint`` per step from a CPU generator: the order the sampler keeps."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, high, (batch,), generator=generator) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 256])
+def test_sampler_draws_in_chunks_the_order_of_one_draw_per_step(chunk):
+    """Chunks change nothing: step k's starts are the k-th per-step draw (so runs trained
+    before the sampler drew in chunks keep their batches)."""
+    data = torch.arange(500, dtype=torch.int64).to(torch.uint8)
+    sampler = WindowSampler(data, 4, 10, seed=9, chunk=chunk)
+    expected = _per_step_starts(490, 4, 9, 8)
+    for k in range(8):
+        batch = sampler()
+        starts = expected[k]
+        assert torch.equal(batch, data[starts[:, None] + torch.arange(11)].long()), k
+
+
+@pytest.mark.parametrize("steps", [0, 2, 3, 7])
+def test_sampler_state_is_the_per_step_state_and_resumes_the_order(steps):
+    """``state()`` after k batches is a per-step generator's state after k draws, wherever k
+    falls in a chunk (of 3), and a sampler set to it continues with batch k + 1."""
+    data = torch.arange(300, dtype=torch.int64).to(torch.uint8)
+    sampler = WindowSampler(data, 5, 8, seed=2, chunk=3)
+    for _ in range(steps):
+        sampler()
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        torch.randint(0, 292, (5,), generator=generator)
+    assert torch.equal(sampler.state(), generator.get_state())
+    resumed = WindowSampler(data, 5, 8, seed=123, chunk=3)
+    resumed.set_state(sampler.state())
+    for k in range(5):
+        assert torch.equal(resumed(), sampler()), k
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch": 0}, "batch"),
+        ({"seq_len": 50}, r"seq_len must be an integer in \[1, 49\]"),
+        ({"chunk": 0}, "chunk"),
+    ],
+)
+def test_sampler_checks_its_arguments(kwargs, message):
+    data = torch.zeros(50, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=message):
+        WindowSampler(data, **{"batch": 2, "seq_len": 8, "seed": 0, **kwargs})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA sampler")
+def test_cuda_sampler_draws_the_cpu_batches_without_host_sync():
+    """Across chunk boundaries, under ``set_sync_debug_mode("error")``: the batches on CUDA
+    are the CPU's, bit for bit."""
+    data = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    cpu = WindowSampler(data, 4, 16, seed=1, chunk=3)
+    cuda = WindowSampler(data.cuda(), 4, 16, seed=1, chunk=3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batches = [cuda() for _ in range(7)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for k, batch in enumerate(batches):
+        assert batch.is_cuda and torch.equal(batch.cpu(), cpu()), k
 
 
 def test_fixed_windows_are_evenly_spaced():

@@ -80,6 +80,7 @@ def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
     assert set(result["horizons"]) == {"8", "16"} and result["name"] == "a"
     assert result["host"]["torch"] == torch.__version__  # what sets the last bits
     assert result["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert result["batch_generator"] == "cpu"  # a GPU run draws the CPU's batches
     h8, h16 = result["horizons"]["8"], result["horizons"]["16"]
     assert h8["branch_step"] == 6 and h16["branch_step"] is None
     assert h8["val_curve"]["step"][-1] == 8 and h16["val_curve"]["step"][-1] == 16

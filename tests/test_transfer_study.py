@@ -47,6 +47,15 @@ def modules(monkeypatch):
     return _load("study", monkeypatch), _load("report", monkeypatch)
 
 
+def test_gpu_runs_with_their_own_batch_order_are_marked(modules):
+    """A GPU run whose result.json does not record the CPU's batch generator drew its batches
+    on the GPU (before 2026-11-28): the report counts it apart from the GPU runs that did."""
+    _, report = modules
+    runs = [{"device": "cpu", "batch_generator": "cpu"}, {"device": "cpu"},
+            {"device": "cuda:0", "batch_generator": "cpu"}, {"device": "cuda"}, {}]  # fmt: skip
+    assert report._devices(runs) == {"cpu": 2, "cuda": 1, "cuda (own order)": 1, "unrecorded": 1}
+
+
 def test_fit_finds_the_vertex_of_a_parabola(modules):
     """A quadratic in log2(lr) with its minimum at -6.3 is found there from the 5 points around
     the lowest one; a diverged point (inf) is skipped; the lowest point at an edge is reported

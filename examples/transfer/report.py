@@ -171,8 +171,12 @@ def _drift(
 
 
 def _device(run: dict[str, Any]) -> str:
-    """The kind of device a run trained on (``cpu``, ``cuda``; ``unrecorded`` if none)."""
-    return str(run.get("device", "unrecorded")).split(":")[0]
+    """The kind of device a run trained on (``cpu``, ``cuda``; ``unrecorded`` if none);
+    ``cuda (own order)`` for a GPU run that drew its batches on the GPU (before its
+    ``result.json`` recorded ``batch_generator``: a data order of its own)."""
+    kind = str(run.get("device", "unrecorded")).split(":")[0]
+    own_order = kind == "cuda" and run.get("batch_generator") != "cpu"
+    return f"{kind} (own order)" if own_order else kind
 
 
 def _devices(runs: list[dict[str, Any]]) -> dict[str, int]:
@@ -408,9 +412,10 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "one neighbour on each side at every shape (one window everywhere, so that shapes "
         "with fewer lrs run compare like for like). Runs on: the devices its runs trained on "
         "(each `result.json` records its device and whether it compiled; every run reads the "
-        "same corpus bytes); a CPU and a GPU run of one configuration draw different training "
-        "batches (the sampler's generator lives on the device), so they differ as two seeds "
-        "do, and far more next to divergence (measured in results.md). Wall per run: "
+        "same corpus bytes); a GPU run draws the CPU's training batches, except those marked "
+        "`cuda (own order)`, which drew theirs on the GPU (the sampler before 2026-11-28): "
+        "they differ from a CPU run of one configuration as two seeds do, and far more next "
+        "to divergence (measured in results.md). Wall per run: "
         "`result.json`'s `wall_seconds` of the runs that trained every horizon, by device; "
         "a record of the load the runs shared their machine with, not a benchmark.",
         "",

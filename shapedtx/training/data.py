@@ -215,15 +215,56 @@ def _as_tensor(data: bytes) -> Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def sample_batch(data: Tensor, batch: int, seq_len: int, generator: torch.Generator) -> Tensor:
-    """Random windows of ``seq_len + 1`` bytes: data (N,) uint8 -> (batch, seq_len + 1) int64.
+class WindowSampler:
+    """Random training windows of ``seq_len + 1`` bytes, drawn by a CPU generator whatever the
+    data's device, so that one seed gives the same batches on every device.
 
-    Offsets are drawn with ``generator`` on ``data.device`` (no host synchronisation).
+    The starts of ``chunk`` steps are drawn at a time (in the order one draw per step would
+    give) and copied to ``data.device`` once per chunk without blocking, so a step never waits
+    for the host. ``state()`` is the generator state after the batches handed out so far
+    (the state a per-step draw would have), for a checkpoint; ``set_state`` resumes from it.
     """
-    starts = torch.randint(
-        0, data.numel() - seq_len, (batch,), generator=generator, device=data.device
-    )
-    return windows(data, starts, seq_len)
+
+    def __init__(self, data: Tensor, batch: int, seq_len: int, seed: int, chunk: int = 256) -> None:
+        check_int("batch", batch)
+        check_int("seq_len", seq_len, maximum=data.numel() - 1)
+        check_int("chunk", chunk)
+        self.data, self.batch, self.seq_len, self.chunk = data, batch, seq_len, chunk
+        self._high = data.numel() - seq_len
+        self._generator = torch.Generator().manual_seed(seed)
+        self._chunk_state = self._generator.get_state()
+        self._starts: Tensor | None = None  # (chunk, batch) int64 on data.device
+        self._used = 0
+
+    def __call__(self) -> Tensor:
+        """The next batch: (batch, seq_len + 1) int64 on ``data.device``."""
+        if self._starts is None or self._used == self.chunk:
+            self._chunk_state = self._generator.get_state()
+            starts = self._draw(self._generator, self.chunk)
+            if self.data.is_cuda:
+                starts = starts.pin_memory()
+            self._starts = starts.to(self.data.device, non_blocking=True)
+            self._used = 0
+        starts = self._starts[self._used]
+        self._used += 1
+        return windows(self.data, starts, self.seq_len)
+
+    def state(self) -> Tensor:
+        """The CPU generator state after the batches handed out so far (a uint8 tensor)."""
+        if self._starts is None:
+            return self._generator.get_state()
+        replay = torch.Generator()
+        replay.set_state(self._chunk_state)
+        self._draw(replay, self._used)
+        return replay.get_state()
+
+    def set_state(self, state: Tensor) -> None:
+        """Continue after the batches whose generator state is ``state`` (from ``state()``)."""
+        self._generator.set_state(state)
+        self._starts, self._used = None, 0
+
+    def _draw(self, generator: torch.Generator, steps: int) -> Tensor:
+        return torch.randint(0, self._high, (steps, self.batch), generator=generator)
 
 
 def windows(data: Tensor, starts: Tensor, seq_len: int) -> Tensor:

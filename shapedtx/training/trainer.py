@@ -1,11 +1,11 @@
 """``train``: causal byte-level LM training of ``Transformer(config)`` with exact resume.
 
-Per step: sample windows (device generator), forward, backward, clip the global gradient
-norm, AdamW step, scheduler step. Nothing in a step synchronises with the host; the loss and
-gradient-norm finiteness is accumulated on the device and checked at every log row (and so
-before every checkpoint, since checkpoints fall on log rows). A checkpoint holds the model,
-optimizer, scheduler, data-generator state, step and log rows, so a resumed run reproduces the
-uninterrupted one exactly (bitwise on CPU).
+Per step: sample windows (a CPU generator: the same batches on every device), forward,
+backward, clip the global gradient norm, AdamW step, scheduler step. Nothing in a step
+synchronises with the host; the loss and gradient-norm finiteness is accumulated on the
+device and checked at every log row (and so before every checkpoint, since checkpoints fall
+on log rows). A checkpoint holds the model, optimizer, scheduler, data-generator state, step
+and log rows, so a resumed run reproduces the uninterrupted one exactly (bitwise on CPU).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..monitor import Monitor
 from ..results import save_dataset
 from ..transfer import lr_multipliers, parameter_group, proxy_config
 from .config import TrainConfig
-from .data import VOCAB, ByteCorpus, fixed_windows, sample_batch
+from .data import VOCAB, ByteCorpus, WindowSampler, fixed_windows
 from .log import log_dataset
 from .model import LanguageModel
 
@@ -276,9 +276,8 @@ def train(
     model.to(device=device, dtype=dtype)
     optimizer = _make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
-    generator = torch.Generator(device=device)
-    generator.manual_seed(config.seed + 1)
     train_data, val_data = data.train.to(device), data.val.to(device)
+    sampler = WindowSampler(train_data, config.batch_size, config.seq_len, config.seed + 1)
     val_batches = list(
         fixed_windows(val_data, config.eval_batches * config.batch_size, config.seq_len).split(
             config.batch_size
@@ -321,7 +320,7 @@ def train(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["generator"])
+        _set_sampler_state(sampler, state["generator"], source)
         rows, step = _rows_from_plain(state["rows"]), int(state["step"])
         monitor.remember_weights()  # a checkpoint's step is a logged step: update_size continues
         saved_step[0] = step if resuming else None
@@ -340,7 +339,7 @@ def train(
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "generator": generator.get_state(),
+            "generator": sampler.state(),
             "rows": _rows_to_plain(rows),
             "step": step,
             "origin": origin,
@@ -401,7 +400,7 @@ def train(
     loss_of = torch.compile(model.loss) if compile else model.loss
     with tqdm(total=config.steps, initial=step, disable=not progress, desc="train") as bar:
         while step < config.steps:
-            batch = sample_batch(train_data, config.batch_size, config.seq_len, generator)
+            batch = sampler()
             loss = loss_of(batch)
             if loss_hook is not None:
                 loss = loss_hook(step + 1, loss)
@@ -446,6 +445,15 @@ def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) 
             continue
         if saved.get(key) != current.get(key):
             raise ResumeMismatch(key, saved.get(key), current.get(key), path)
+
+
+def _set_sampler_state(sampler: WindowSampler, state: Tensor, path: Path) -> None:
+    # until 2026-11-28 (CHANGELOG) a run on CUDA drew its batches with a CUDA generator: its
+    # state cannot continue the CPU generator's order
+    cpu_state = torch.Generator().get_state()
+    if state.dtype != cpu_state.dtype or state.shape != cpu_state.shape:
+        raise ResumeMismatch("batch generator", "a device generator", "the CPU generator", path)
+    sampler.set_state(state)
 
 
 def _check_snapshots(
