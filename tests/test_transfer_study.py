@@ -669,3 +669,29 @@ def test_results_quote_the_cpu_rerun_of_gpu_runs(modules):
     three = (report.fit_optimum(x, y, 1)["log2_lr"], report.fit_optimum(x, swapped, 1)["log2_lr"])
     assert f"5-point fit moves from {five[0]:.2f} to {five[1]:.2f}" in study
     assert three[0] == three[1] and f"3-point fit ({three[0]:.2f}) not at all" in study
+
+
+def test_results_quote_the_gpu_reruns_with_the_cpu_batches():
+    """The GPU reruns drew the CPU's batches (the same initial loss, a loss within 1e-4 two lrs
+    below the optimum, rounding grown large next to divergence), and results.md's table quotes
+    the committed runs."""
+    study = _flat(STUDY / "results.md")
+    checks = STUDY / "device_check"
+    for depth in (16, 8):
+        for j in (-10, -6):
+            gpu = json.loads((checks / f"pre_ln_w64_d{depth}_lr{j}_s0_cuda.json").read_text())
+            study_run = STUDY / "runs" / "pre_ln" / f"w64_d{depth}" / f"lr{j}_s0" / "result.json"
+            rerun = checks / f"pre_ln_w64_d{depth}_lr{j}_s0_cpu.json"
+            cpu_path = rerun if depth == 16 else study_run
+            cpu = json.loads(cpu_path.read_text())
+            assert (cpu["device"], gpu["device"], gpu["batch_generator"]) == ("cpu", "cuda", "cpu")
+            for key in ("model_config", "train_config", "corpus_fingerprint", "log2_lr", "seed"):
+                assert cpu[key] == gpu[key], key
+            h_cpu, h_gpu = cpu["horizons"]["1000"], gpu["horizons"]["1000"]
+            assert h_cpu["init_val_loss"] == h_gpu["init_val_loss"]
+            gap = abs(h_cpu["val_loss"] - h_gpu["val_loss"])
+            assert gap < 1e-4 if j == -10 else gap > 0.1, (depth, j, gap)
+            row = f"| depth {depth}, 2^{j} | {h_cpu['val_loss']:.4f} |"
+            assert row in study, row
+            tail = f" ({gap:.1e} apart) |" if j == -10 else " |"
+            assert f"| {h_gpu['val_loss']:.4f}{tail}" in study, (depth, j)
