@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE_PATH = ROOT / "docs" / "theory.md"
-SKIP_DIRS = {".git", "build", "site", "dist", ".venv", "venv", "runs", "_tools"}
+SKIP_DIRS = {"build", "site", "dist", "venv", "runs", "_tools"}  # and hidden folders (.git, .venv)
 CITATION = re.compile(r"docs/theory\.md((?:#[\w-]+)(?:(?:,\s*|\s+and\s+)#[\w-]+)*)")
 LINK = re.compile(r"\]\((?:\.\./)*theory\.md#([\w-]+)\)")
 
@@ -27,7 +27,8 @@ def sources() -> list[Path]:
     found = []
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts[:-1]):
+        folders = rel.parts[:-1]
+        if any(p in SKIP_DIRS or p.startswith(".") or p.endswith(".egg-info") for p in folders):
             continue
         if path.is_file() and path.suffix in {".py", ".md"} and path != Path(__file__):
             found.append(path)

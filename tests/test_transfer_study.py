@@ -347,6 +347,25 @@ def test_branch_multipliers_are_relative_to_the_proxy_depth(modules):
         assert config == study.preset(name, width=64, depth=64, heads=4, mlp_ratio=4, causal=True)
 
 
+def test_the_committed_study_is_complete(modules):
+    """ "Complete": the plan of the full setup lists no run over the committed results, every
+    shape has at least 7 lrs, and depths 4 and 64 have 3 seeds at their best lr."""
+    study, _ = modules
+    results = study.load_results(STUDY)
+    assert study.plan(study.DEFAULT, results) == []
+    summary = json.loads((STUDY / "results.json").read_text())
+    assert summary["runs"] == len(results)
+    gpu = sum(r["device"].startswith("cuda") for r in results)
+    assert f"in all five parametrisations; {gpu} of them on a lent GPU" in _flat(
+        STUDY / "results.md"
+    )
+    for name, per_h in summary["parametrisations"].items():
+        for shape, cell in per_h["1000"]["shapes"].items():
+            assert len(cell["lr_curve"]["log2_lr"]) >= 7, (name, shape)
+        for depth in (4, 64):
+            assert per_h["1000"]["shapes"][f"w64_d{depth}"]["seeds"]["n"] == 3, (name, depth)
+
+
 def test_readme_quotes_the_committed_transfer_results():
     """The README's, examples/transfer/results.md's and the transfer guide's numbers are the
     committed study's (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
@@ -355,9 +374,9 @@ def test_readme_quotes_the_committed_transfer_results():
     cell = per_h["1000"]
     shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
     readme, study, guide = _flat(README), _flat(STUDY / "results.md"), _flat(GUIDE)
-    assert f"the first {summary['runs']} of about 300 runs" in readme
-    assert f"{summary['runs']} of about 300 runs" in study
-    assert f"**{summary['runs']} of its about 300 runs have run**" in guide
+    assert f"complete: all {summary['runs']} runs of its plan" in readme
+    assert f"complete, all {summary['runs']} runs of the plan" in study
+    assert f"**All {summary['runs']} runs of its plan have run**" in guide
     optima = [f"{v:.2f}" for v in depth["log2_lr_opt"]]
     assert depth["sizes"] == [4, 8, 16, 32, 64] and depth["edges"] == ["diverged"]
     assert shapes["w64_d16"]["fit"]["edge"] == "diverged"  # "-7.00 is the lowest point"
@@ -452,7 +471,8 @@ def test_docs_quote_the_committed_depth_mup_transfer_results():
     assert drift["last_minus_first"] < abs(shaped["depth_drift"]["last_minus_first"])
     report_fits = [cell["shapes"][f"w64_d{d}"]["fit"]["log2_lr"] for d in depths]
     assert round(max(report_fits[:4]) - min(report_fits[:4]), 2) == 0.19  # "within 0.19"
-    assert len(cell["shapes"]["w64_d64"]["lr_curve"]["log2_lr"]) == 5  # "2^-9 and 2^-5 run"
+    for d in depths:  # "every depth has 7 lrs (2^-11 to 2^-5)"
+        assert cell["shapes"][f"w64_d{d}"]["lr_curve"]["log2_lr"] == list(range(-11, -4)), d
     losses = [fits[d][1] for d in depths]
     assert losses == sorted(losses, reverse=True)  # "falls with depth"
     quoted = ", ".join(f"{v:.3f}" for v in losses[:4]) + f" and {losses[4]:.3f} at depths 4"
@@ -695,3 +715,32 @@ def test_results_quote_the_gpu_reruns_with_the_cpu_batches():
             assert row in study, row
             tail = f" ({gap:.1e} apart) |" if j == -10 else " |"
             assert f"| {h_gpu['val_loss']:.4f}{tail}" in study, (depth, j)
+
+
+def test_results_quote_the_five_point_depth_fits_of_pre_ln_and_completep():
+    """With 7 lrs at every depth the report's fits are 5-point ones: results.md quotes their
+    optima and drifts (pre_ln's resolved, its 3-point one not), as results.json has them."""
+    summary = json.loads((STUDY / "results.json").read_text())
+    study = _flat(STUDY / "results.md")
+    cells = {n: summary["parametrisations"][n]["1000"] for n in ("pre_ln", "pre_ln_completep")}
+    for name, cell in cells.items():
+        for d in (4, 8, 16, 32, 64):
+            assert len(cell["shapes"][f"w64_d{d}"]["lr_curve"]["log2_lr"]) == 7, (name, d)
+        drift = cell["depth_drift"]
+        lo, hi = drift["last_minus_first_interval"]
+        quoted = f"{drift['last_minus_first']:.2f} ([{lo:.2f}, {hi:.2f}]; "
+        quoted += f"{drift['slope_per_doubling']:.2f} per doubling)"
+        if name == "pre_ln":
+            quoted = quoted.replace(" ([", " (95% bootstrap [")
+            assert hi < 0 < cell["depth_drift_3pt"]["last_minus_first_interval"][1]
+        assert quoted in study, quoted
+    shapes = cells["pre_ln_completep"]["shapes"]
+    fits = [shapes[f"w64_d{d}"]["fit"]["log2_lr"] for d in (4, 8, 16, 32, 64)]
+    below = [
+        shapes[f"w64_d{d}"]["fit_3pt"]["log2_lr"] - f
+        for d, f in zip((4, 8, 16, 32, 64), fits, strict=True)
+    ]
+    quoted = ", ".join(f"{v:.2f}" for v in fits[:4]) + f" and {fits[4]:.2f}, "
+    assert quoted + f"{min(below):.2f} to {max(below):.2f} below the 3-point" in study
+    pre_ln_64 = cells["pre_ln"]["shapes"]["w64_d64"]["fit"]["log2_lr"]
+    assert f"fit is a 5-point one too, {pre_ln_64:.2f}" in study
