@@ -469,13 +469,19 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
                 ax.plot(c["lr_curve"]["log2_lr"], y, "o-", color=colour, label=f"{axis} {s}")
                 f = c["fit"]
                 if f["log2_lr"] is not None and not f["at_edge"]:
-                    ax.plot([f["log2_lr"]], [f["loss"]], "x", color=colour, ms=9)
+                    # at its log2 lr on the measured curve: the parabola's own value can lie
+                    # below every run, a loss no run reached
+                    x, v = np.asarray(c["lr_curve"]["log2_lr"], float), np.asarray(y, float)
+                    ok = np.isfinite(v)
+                    on_curve = np.interp(f["log2_lr"], x[ok], v[ok])
+                    ax.plot([f["log2_lr"]], [on_curve], "x", color=colour, ms=9)
             fixed = f"width {setup.width}" if axis == "depth" else f"depth {setup.depth}"
             ax.set_title(f"{name}: across {axis} ({fixed})")
             ax.set_xlabel("log2(base lr)")
             ax.legend(fontsize=8)
         axes[0].set_ylabel(f"validation loss at {h} steps (nats/byte)")
-        fig.text(0.01, 0.01, "seed 0; x: fitted optimum; missing points diverged", fontsize=7)
+        note = "seed 0; x: fitted optimum (its lr, on the measured curve); missing points diverged"
+        fig.text(0.01, 0.01, note, fontsize=7)
         fig.tight_layout()
         with atomic_path(folder / f"loss_vs_lr_{name}.png") as tmp:
             fig.savefig(tmp, dpi=90, format="png")
