@@ -145,6 +145,8 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
     from shapedtx.training import LanguageModel, load_corpus, train_horizons, unigram_baseline
 
     start = time.perf_counter()
+    # a log or checkpoint from an earlier call: this call's wall time is part of the run's
+    resumed = any(Path(run.folder).glob("h*/log.nc")) or any(Path(run.folder).glob("h*/*.pt"))
     data = load_corpus(run.data, max_bytes=run.max_bytes)
     logs = train_horizons(
         run.model,
@@ -174,6 +176,7 @@ def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:
         "batch_generator": "cpu",  # the same batches on every device (WindowSampler)
         # of this call: the whole run when it was not resumed
         "wall_seconds": round(time.perf_counter() - start, 1),
+        "resumed": resumed,
         "horizons": {str(h): summarise_log(log, h) for h, log in logs.items()},
     }
     write_json(result, run.result_path, indent=1)

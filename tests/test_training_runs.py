@@ -81,6 +81,7 @@ def test_run_training_writes_every_horizon_and_is_read_back(tmp_path):
     assert result["host"]["torch"] == torch.__version__  # what sets the last bits
     assert result["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert result["batch_generator"] == "cpu"  # a GPU run draws the CPU's batches
+    assert result["resumed"] is False and result["wall_seconds"] > 0
     h8, h16 = result["horizons"]["8"], result["horizons"]["16"]
     assert h8["branch_step"] == 6 and h16["branch_step"] is None
     assert h8["val_curve"]["step"][-1] == 8 and h16["val_curve"]["step"][-1] == 16
@@ -321,6 +322,8 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
     np.testing.assert_array_equal(
         resumed["val_curve"]["loss"], fresh["horizons"]["200"]["val_curve"]["loss"]
     )
+    # its wall time is the second call's alone, and its result says so
+    assert summary.results[long.folder]["resumed"] and not fresh["resumed"]
 
 
 def _load(name: str):

@@ -56,6 +56,18 @@ def test_gpu_runs_with_their_own_batch_order_are_marked(modules):
     assert report._devices(runs) == {"cpu": 2, "cuda": 1, "cuda (own order)": 1, "unrecorded": 1}
 
 
+def test_wall_times_leave_out_resumed_and_diverged_runs(modules):
+    """A resumed run's wall_seconds is its last call's, a diverged run's stops early: the
+    report's wall range per device uses neither."""
+    _, report = modules
+    ok, bad = {"1000": {"diverged": False}}, {"1000": {"diverged": True}}
+    runs = [{"device": "cpu", "wall_seconds": 600, "horizons": ok},
+            {"device": "cpu", "wall_seconds": 900, "horizons": ok, "resumed": False},
+            {"device": "cpu", "wall_seconds": 60, "horizons": ok, "resumed": True},
+            {"device": "cpu", "wall_seconds": 30, "horizons": bad}]  # fmt: skip
+    assert report._walls(runs) == {"cpu": [10.0, 15.0]}
+
+
 def test_fit_finds_the_vertex_of_a_parabola(modules):
     """A quadratic in log2(lr) with its minimum at -6.3 is found there from the 5 points around
     the lowest one; a diverged point (inf) is skipped; the lowest point at an edge is reported

@@ -186,10 +186,12 @@ def _devices(runs: list[dict[str, Any]]) -> dict[str, int]:
 
 def _walls(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Per kind of device, the shortest and longest wall time (minutes) of the runs that
-    trained every horizon (a diverged run stops early)."""
+    trained every horizon in one call (a diverged run stops early; a resumed run's
+    ``wall_seconds`` is its last call's)."""
     minutes: dict[str, list[float]] = {}
     for r in runs:
-        if "wall_seconds" in r and not any(h["diverged"] for h in r["horizons"].values()):
+        whole = "wall_seconds" in r and not r.get("resumed", False)
+        if whole and not any(h["diverged"] for h in r["horizons"].values()):
             minutes.setdefault(_device(r), []).append(r["wall_seconds"] / 60)
     return {kind: [min(v), max(v)] for kind, v in sorted(minutes.items())}
 
