@@ -138,6 +138,30 @@ def test_plan_extends_an_edge_and_seeds_the_optimum(modules):
     assert study.plan(setup, fake) == [("shaped_t", 16, 2, centre - 2, 0)]
 
 
+def test_seeds_option_plans_more_seeds_at_the_seeded_depths_best_lr(modules):
+    """--seeds N: seeds 0..N-1 at the best lr of the seeded depths among --depths; the
+    default plan (3 seeds) asks for none of them; N < 1 is refused naming the option."""
+    study, _ = modules
+    args = study.parse(["--seeds", "5", "--depths", "64", "--parametrisations", "pre_ln"])
+    setup = study.setup_of(args)
+    assert setup.seeds == (0, 1, 2, 3, 4) and setup.seed_depths == (64,)
+    results = study.load_results(STUDY)
+    best = study.best_j(
+        [
+            r
+            for r in results
+            if (r["parametrisation"], r["depth"], r["width"]) == ("pre_ln", 64, 64)
+        ],
+        1000,
+    )
+    done = {r["seed"] for r in results if (r["parametrisation"], r["depth"], r["width"],
+            r["log2_lr"]) == ("pre_ln", 64, 64, best)}  # fmt: skip
+    expected = [("pre_ln", 64, 64, best, s) for s in range(5) if s not in done]
+    assert [job for job in study.plan(setup, results) if job[2] == 64] == expected
+    with pytest.raises(SystemExit):
+        study.parse(["--seeds", "0"])
+
+
 def test_plan_runs_completep_width_axis_once(modules):
     """At the proxy's depth CompleteP is depth-muP (bit for bit on one machine, tested):
     its width axis is not planned, its depth axis (the proxy included) is; depth-muP's width

@@ -345,9 +345,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="corpus file or folder (default: this Python's standard library; on a machine "
         "with another Python use the folder shapedtx.training.export_corpus wrote here)",
     )  # fmt: skip
+    p.add_argument(
+        "--seeds", type=int, default=None, metavar="N",
+        help="seeds 0..N-1 at the best lr of the seeded depths (default 3)",
+    )  # fmt: skip
     p.add_argument("--report", action="store_true", help="only rebuild the report")
     p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
     args = p.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        p.error(f"--seeds: must be an integer >= 1, got {args.seeds}")
     try:
         check_run_options(args.device, args.data)
     except ParameterError as err:
@@ -364,6 +370,8 @@ def setup_of(args: argparse.Namespace) -> Setup:
         setup = replace(setup, widths=tuple(args.widths))
     if args.parametrisations:
         setup = replace(setup, parametrisations=tuple(args.parametrisations))
+    if args.seeds:
+        setup = replace(setup, seeds=tuple(range(args.seeds)))
     return setup
 
 
