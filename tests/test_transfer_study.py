@@ -399,7 +399,7 @@ def test_the_committed_study_is_complete(modules):
         for shape, cell in per_h["1000"]["shapes"].items():
             assert len(cell["lr_curve"]["log2_lr"]) >= 7, (name, shape)
         for depth in (4, 64):
-            assert per_h["1000"]["shapes"][f"w64_d{depth}"]["seeds"]["n"] == 3, (name, depth)
+            assert per_h["1000"]["shapes"][f"w64_d{depth}"]["seeds"]["n"] >= 3, (name, depth)
 
 
 def test_readme_quotes_the_committed_transfer_results():
@@ -410,9 +410,15 @@ def test_readme_quotes_the_committed_transfer_results():
     cell = per_h["1000"]
     shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
     readme, study, guide = _flat(README), _flat(STUDY / "results.md"), _flat(GUIDE)
-    assert f"complete: all {summary['runs']} runs of its plan" in readme
-    assert f"complete, all {summary['runs']} runs of the plan" in study
-    assert f"**All {summary['runs']} runs of its plan have run**" in guide
+    # the plan's seeds are 0, 1 and 2; --seeds 7 added 4 at pre_ln's depth 64
+    runs = [json.loads(p.read_text()) for p in STUDY.glob("runs/*/*/*/result.json")]
+    extra = sum(r["seed"] > 2 for r in runs)
+    assert len(runs) == summary["runs"] and extra == 4
+    planned = summary["runs"] - extra
+    assert f"complete: all {planned} runs of its plan and {extra} more seeds" in readme
+    assert f"complete, all {planned} runs of the plan" in study
+    assert f"`pre_ln` at depth 64 ({summary['runs']} runs in all)" in study
+    assert f"**All {planned} runs of its plan have run**" in guide
     optima = [f"{v:.2f}" for v in depth["log2_lr_opt"]]
     assert depth["sizes"] == [4, 8, 16, 32, 64] and depth["edges"] == ["diverged"]
     assert shapes["w64_d16"]["fit"]["edge"] == "diverged"  # "-7.00 is the lowest point"
@@ -599,8 +605,8 @@ def test_docs_quote_the_comparison_of_the_parametrisations():
     assert min(wide, key=lambda n: abs(wide[n]["last_minus_first"])) == "pre_ln_depth_mup"
     for name in ("pre_ln_completep", "pre_ln"):
         assert cells[name]["depth_drift_3pt"]["last_minus_first"] < -0.5  # "falls"
-    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five"
-    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] == 3 for c in cells.values() for d in (4, 64))
+    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five" (pre_ln 7 at depth 64)
+    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] >= 3 for c in cells.values() for d in (4, 64))
     assert "1 and 2 at the best lr of depths 4 and 64 for all five" in _flat(STUDY / "results.md")
 
 
@@ -628,7 +634,8 @@ def test_completep_is_depth_mup_at_the_proxy_up_to_the_machine():
 
 
 def test_docs_quote_the_seeds_of_gpt2_pre_ln_and_completep_at_depth_64():
-    """GPT-2 pre-LN's seeds at depth 64 spread the most, so its depth drift is not resolved;
+    """GPT-2 pre-LN's seeds at depth 64 spread the most (7 seeds), so its 3-point depth drift
+    is not resolved;
     CompleteP's best loss is within 0.011 of depth-muP's at every depth and ahead at depth 64
     by about twice its seed sd."""
     cells = _cells()
@@ -636,11 +643,23 @@ def test_docs_quote_the_seeds_of_gpt2_pre_ln_and_completep_at_depth_64():
     gpt2 = cells["pre_ln"]
     others = max(c["seed_sd"] for n, c in cells.items() if n != "pre_ln")
     seeds = gpt2["shapes"]["w64_d64"]["seeds"]
-    assert seeds["n"] == 3 and gpt2["seed_sd"] > 3.9 * others  # "four times the next largest"
+    assert seeds["n"] == 7 and 2.9 * others < gpt2["seed_sd"] < 3.5 * others  # "three times"
+    shallow = gpt2["shapes"]["w64_d4"]["seeds"]["sd"]
+    assert 2.5 * shallow < seeds["sd"] < 3.5 * shallow  # "three times its 0.015 at depth 4"
     lo, hi = gpt2["depth_drift_3pt"]["last_minus_first_interval"]
     assert lo < 0 < hi  # "the interval includes no drift"
-    assert f"(sd {seeds['sd']:.3f}; seed 2 is behind" in study
-    assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is four times the next largest" in study
+    losses = [
+        json.loads((STUDY / f"runs/pre_ln/w64_d64/lr-8_s{s}/result.json").read_text())["horizons"][
+            "1000"
+        ]["val_loss"]
+        for s in range(7)
+    ]
+    assert max(losses) == losses[2]  # "seed 2 ... is the outlier of the seven"
+    assert f"{np.std(losses[:3], ddof=1):.3f}; seed 2" in study.replace("gave sd ", "")
+    quoted = ", ".join(f"{v:.3f}" for v in losses[:6]) + f" and {losses[6]:.3f}"
+    assert f"{quoted} ({seeds['mean']:.3f} ± {seeds['sd']:.3f})" in study
+    assert f"bring the sd to {seeds['sd']:.3f}, still three times its {shallow:.3f}" in study
+    assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is three times the next largest" in study
     assert f"(95% bootstrap [{lo:.2f}, +{hi:.2f}]), -0.20 per doubling" in study
     cp, mup = cells["pre_ln_completep"]["shapes"], cells["pre_ln_depth_mup"]["shapes"]
     gaps = [
