@@ -131,7 +131,7 @@ def test_max_bytes_keeps_the_split_proportion(tmp_path):
     assert 0.02 <= share <= 0.25, share  # binomial(50, 0.1) / 50: 0.1 +- 0.04
 
 
-def test_sampled_windows_reach_every_start_and_stays_inside_the_data():
+def test_sampled_windows_reach_every_start_and_stay_inside_the_data():
     """Starts are uniform on 0..N - m - 1: with N = m + 3 the four starts all occur, and no
     window runs past the last byte."""
     data = torch.arange(13, dtype=torch.uint8)
