@@ -418,7 +418,8 @@ def tables(setup: Setup, summary: dict[str, Any]) -> str:
         "`cuda (own order)`, which drew theirs on the GPU (the sampler before 2026-11-28): "
         "they differ from a CPU run of one configuration as two seeds do, and far more next "
         "to divergence (measured in results.md). Wall per run: "
-        "`result.json`'s `wall_seconds` of the runs that trained every horizon, by device; "
+        "`result.json`'s `wall_seconds` of the runs that trained every horizon in one call "
+        "(resumed runs left out), by device; "
         "a record of the load the runs shared their machine with, not a benchmark.",
         "",
         *shape_table(summary, h),
@@ -467,15 +468,15 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
                 if c is None:
                     continue
                 colour = cmap(i / max(1, len(sizes) - 1))
-                y = [np.nan if v is None else v for v in c["lr_curve"]["val_loss"]]
-                ax.plot(c["lr_curve"]["log2_lr"], y, "o-", color=colour, label=f"{axis} {s}")
+                x = np.asarray(c["lr_curve"]["log2_lr"], float)
+                y = np.array([np.nan if v is None else v for v in c["lr_curve"]["val_loss"]])
+                ax.plot(x, y, "o-", color=colour, label=f"{axis} {s}")
                 f = c["fit"]
                 if f["log2_lr"] is not None and not f["at_edge"]:
                     # at its log2 lr on the measured curve: the parabola's own value can lie
                     # below every run, a loss no run reached
-                    x, v = np.asarray(c["lr_curve"]["log2_lr"], float), np.asarray(y, float)
-                    ok = np.isfinite(v)
-                    on_curve = np.interp(f["log2_lr"], x[ok], v[ok])
+                    ok = np.isfinite(y)
+                    on_curve = np.interp(f["log2_lr"], x[ok], y[ok])
                     ax.plot([f["log2_lr"]], [on_curve], "x", color=colour, ms=9)
             fixed = f"width {setup.width}" if axis == "depth" else f"depth {setup.depth}"
             ax.set_title(f"{name}: across {axis} ({fixed})")
