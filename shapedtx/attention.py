@@ -162,6 +162,32 @@ def shaped_attention_heads(
     return centred_sum(attended.transpose(-3, -2), values, causal=causal)
 
 
+def shaped_attention_heads_with_gains(
+    q: Tensor,
+    k: Tensor,
+    values: Tensor,
+    tau: float,
+    alpha: Tensor,
+    beta: Tensor,
+    gamma: Tensor,
+    *,
+    causal: bool = False,
+) -> Tensor:
+    """:func:`shaped_attention_heads` with per-head gains: ``A = alpha I + beta Softmax(Y /
+    tau) - gamma C`` (docs/theory.md#trainable-shape).
+
+    q, k: (..., h, m, n_k); values: (..., m, h d); alpha, beta, gamma: (h,) -> (..., m, h d).
+    Computed as the fixed form of ``beta``-scaled softmax values plus ``(alpha - 1) v -
+    (gamma - 1) C v``, so at alpha = beta = gamma = 1 it is :func:`shaped_attention_heads`
+    bit for bit (the trainable model at initialisation is the fixed one).
+    """
+    v = split_heads(values, q.shape[-3])  # (..., h, m, d)
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / tau)
+    out = centred_sum((attended * _per_head(beta)).transpose(-3, -2), values, causal=causal)
+    rest = _per_head(alpha - 1.0) * v - _per_head(gamma - 1.0) * token_mean(v, causal=causal)
+    return out + merge_heads(rest)
+
+
 def centred_sum(attended: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
     """``attended + v - token_mean(v)`` (= ``attended + (I - C) v``, C the uniform or causal
     uniform matrix) as one autograd operation; v: (..., m, d) -> (..., m, d); attended:
@@ -313,8 +339,24 @@ def simplified_attention_matrix(
     ``11^T / m``. alpha, beta, gamma: numbers or per-head tensors (h,) (trainable in the
     ``nn`` modules; all 1 at initialisation).
     """
+    return gained_attention_matrix(Y, 1.0 / math.sqrt(key_dim), alpha, beta, gamma, causal=causal)
+
+
+def gained_attention_matrix(
+    Y: Tensor,
+    scale: float,
+    alpha: Tensor | float,
+    beta: Tensor | float,
+    gamma: Tensor | float,
+    *,
+    causal: bool = False,
+) -> Tensor:
+    """``A = alpha I + beta Softmax(scale Y) - gamma C``; Y: (..., h, m, m) -> (..., h, m, m):
+    the simplified attention (``scale = 1/sqrt(n_k)``) and shaped attention with trainable
+    gains (``scale = 1/tau``; docs/theory.md#trainable-shape). alpha, beta, gamma: numbers or
+    per-head tensors (h,)."""
     m = Y.shape[-1]
-    soft = _masked_softmax(Y, 1.0 / math.sqrt(key_dim), causal)
+    soft = _masked_softmax(Y, scale, causal)
     eye = torch.eye(m, dtype=soft.dtype, device=soft.device)
     if causal:
         centre = causal_uniform(m, dtype=soft.dtype, device=soft.device)

@@ -29,10 +29,13 @@ from torch import Tensor
 
 from ._matmul import small_matmul
 from ._validation import ParameterError
-from .activation import relu_slopes, shaped_relu
+from .activation import relu_slopes, shaped_relu, trainable_relu
 from .attention import (
+    _per_head,
+    gained_attention_matrix,
     merge_heads,
     shaped_attention_heads,
+    shaped_attention_heads_with_gains,
     shaped_attention_matrix,
     simplified_attention,
     simplified_attention_matrix,
@@ -55,9 +58,12 @@ Norm = Callable[[Tensor, str], Tensor]
 
 
 Gain = Callable[[str], "Tensor | float"]
-"""``gain(name)``: a trainable gain of the simplified blocks (docs/theory.md#simplified): the
+"""``gain(name)``: a trainable gain: of the simplified blocks (docs/theory.md#simplified) the
 per-head (h,) ``"attn_alpha"``, ``"attn_beta"``, ``"attn_gamma"`` of the attention matrix and
-the scalars ``"attn_gain"`` (g_A), ``"mlp_gain"`` (g_M), ``"mlp_skip"`` (s_M)."""
+the scalars ``"attn_gain"`` (g_A), ``"mlp_gain"`` (g_M), ``"mlp_skip"`` (s_M); of the shaped
+blocks with a trainable shape (docs/theory.md#trainable-shape) the same per-head attention
+gains, the per-head inverse temperature ``"attn_temperature"`` and the shaped-ReLU slopes
+``"mlp_s_plus"``, ``"mlp_s_minus"`` (scalars or (mlp_width,))."""
 
 
 def initial_gain(config: ModelConfig) -> Gain:
@@ -165,7 +171,9 @@ def attention_branch(
     k = split_heads(linear(X, h * n_k, "key"), h)
     values = linear(X, config.value_dim, "value")
     v = split_heads(values, h)
-    if not fused:
+    if gain is not None and trainable_attention(config):
+        out = _trainable_shaped_attention(q, k, values, config, gain, fused=fused)
+    elif not fused:
         out = merge_heads(small_matmul(attention_matrix(q, k, config), v))
     elif config.attention == "shaped":
         out = shaped_attention_heads(q, k, values, config.tau, causal=config.causal)
@@ -178,18 +186,62 @@ def attention_branch(
     return linear(out, config.width, "out") if config.out_proj else out
 
 
-def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear) -> Tensor:
+def trainable_attention(config: ModelConfig) -> bool:
+    """Whether shaped attention has trainable gains or temperature (then it reads them
+    through :data:`Gain`; docs/theory.md#trainable-shape)."""
+    return config.attention == "shaped" and (
+        config.attention_gains != "fixed" or config.temperature != "fixed"
+    )
+
+
+def _trainable_shaped_attention(
+    q: Tensor, k: Tensor, values: Tensor, config: ModelConfig, gain: Gain, *, fused: bool
+) -> Tensor:
+    """Shaped attention ``alpha I + beta Softmax(t Y / tau) - gamma C`` of every head, the
+    gains and inverse temperature t read through ``gain`` where trainable (else 1);
+    q, k: (..., h, m, n_k), values: (..., m, h d) -> (..., m, h d)."""
+    ones = q.new_ones(config.heads)
+    if config.temperature != "fixed":
+        q = q * _per_head(gain("attn_temperature"))
+    alpha, beta, gamma = (
+        gain(name) if config.attention_gains != "fixed" else ones
+        for name in ("attn_alpha", "attn_beta", "attn_gamma")
+    )
+    if fused:
+        return shaped_attention_heads_with_gains(
+            q,
+            k,
+            values,
+            config.tau,
+            alpha,
+            beta,
+            gamma,
+            causal=config.causal,  # type: ignore[arg-type]
+        )
+    Y = small_matmul(q, k.transpose(-1, -2))
+    A = gained_attention_matrix(Y, 1.0 / config.tau, alpha, beta, gamma, causal=config.causal)
+    return merge_heads(small_matmul(A, split_heads(values, config.heads)))
+
+
+def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear, gain: Gain | None = None) -> Tensor:
     """MLP branch ``g phi(X W_1) W_2`` with hidden width ``mlp_ratio * n``.
 
     X: (..., m, n) -> (..., m, n). ``phi`` is the shaped or standard ReLU (gain
     ``g = sqrt(c)``, docs/theory.md#layers, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``) or
-    the exact erf GELU (``g = 1``).
+    the exact erf GELU (``g = 1``). With trainable slopes (``config.mlp_slopes``) and a
+    ``gain``, phi's slopes are ``gain("mlp_s_plus")``, ``gain("mlp_s_minus")`` and ``g`` keeps
+    its value at initialisation (docs/theory.md#trainable-shape); ``gain=None``: the network
+    at initialisation.
     """
     hidden = linear(X, config.mlp_width, "mlp_in")
     if config.mlp == "gelu":
         return linear(torch.nn.functional.gelu(hidden), config.width, "mlp_out")
     s_plus, s_minus, c = relu_slopes(config)
-    out = linear(shaped_relu(hidden, s_plus, s_minus), config.width, "mlp_out")
+    if gain is not None and config.mlp_slopes != "fixed":
+        act = trainable_relu(hidden, gain("mlp_s_plus"), gain("mlp_s_minus"))
+    else:
+        act = shaped_relu(hidden, s_plus, s_minus)
+    out = linear(act, config.width, "mlp_out")
     return math.sqrt(c) * out if config.init == "fan_in" else out
 
 
@@ -247,11 +299,12 @@ def skipless_block(
         out = g("attn_gain") * attended
         if config.mlp == "none":
             return out
-        return out + g("mlp_gain") * mlp_branch(x, config, linear)
+        return out + g("mlp_gain") * mlp_branch(x, config, linear, gain)
     H = g("attn_gain") * attended
     if config.mlp == "none":
         return H
-    return g("mlp_skip") * H + g("mlp_gain") * mlp_branch(pre(H, "mlp_norm"), config, linear)
+    mlp = mlp_branch(pre(H, "mlp_norm"), config, linear, gain)
+    return g("mlp_skip") * H + g("mlp_gain") * mlp
 
 
 def block(
@@ -281,7 +334,7 @@ def block(
 
         X = sub_block(X, attend, config, norm, "attn_norm")
     if config.mlp != "none":
-        X = sub_block(X, lambda x: mlp_branch(x, config, linear), config, norm, "mlp_norm")
+        X = sub_block(X, lambda x: mlp_branch(x, config, linear, gain), config, norm, "mlp_norm")
     return X
 
 

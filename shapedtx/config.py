@@ -19,6 +19,8 @@ NormKind = Literal["layer", "rms"]
 Residual = Literal["scaled", "unit", "skipless"]
 Layout = Literal["sequential", "parallel"]
 Init = Literal["fan_in", "gpt2"]
+Slopes = Literal["fixed", "layer", "channel"]
+Trainable = Literal["fixed", "trainable"]
 
 ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "simplified", "none")
 MLPS: tuple[str, ...] = ("shaped_relu", "relu", "gelu", "none")
@@ -27,6 +29,8 @@ NORM_KINDS: tuple[str, ...] = ("layer", "rms")
 RESIDUALS: tuple[str, ...] = ("scaled", "unit", "skipless")
 LAYOUTS: tuple[str, ...] = ("sequential", "parallel")
 INITS: tuple[str, ...] = ("fan_in", "gpt2")
+SLOPES: tuple[str, ...] = ("fixed", "layer", "channel")
+TRAINABLE: tuple[str, ...] = ("fixed", "trainable")
 TAU0_RANGE = (1e-6, 1e6)
 """Accepted ``tau0``: far beyond any useful temperature, and finite SDE coefficients."""
 C_RANGE = (-1e6, 1e6)
@@ -41,6 +45,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "residual": RESIDUALS,
     "layout": LAYOUTS,
     "init": INITS,
+    "mlp_slopes": SLOPES,
+    "attention_gains": TRAINABLE,
+    "temperature": TRAINABLE,
 }
 """The accepted values of every string field."""
 
@@ -99,6 +106,16 @@ class ModelConfig:
         gamma: branch weight; the skip weight is lambda = sqrt(1 - gamma^2).
         c_plus, c_minus: shaped-ReLU slopes s_pm = 1 + c_pm / sqrt(n); in [-1e6, 1e6].
         causal: causal mask (and causal uniform centring for shaped attention).
+        mlp_slopes: the shaped-ReLU slopes s_+, s_- during training (``mlp="shaped_relu"``):
+            ``"fixed"`` (the constants of ``c_plus``, ``c_minus``), ``"layer"`` (two trainable
+            scalars per block) or ``"channel"`` (two trainable slopes per hidden unit and
+            block); trainable slopes start at the shaped values, so the network at
+            initialisation is the fixed one (docs/theory.md#trainable-shape).
+        attention_gains: ``"trainable"`` makes shaped attention ``A = alpha I + beta
+            Softmax(Y/tau) - gamma_c C`` with trainable per-head alpha, beta, gamma_c
+            initialised to 1 (the shaped attention at initialisation); ``"fixed"``: all 1.
+        temperature: ``"trainable"`` multiplies each head's shaped-attention logits by a
+            trainable inverse temperature initialised to 1 (``tau`` at initialisation).
         gamma_t: the shaped model's depth rule (``residual="scaled"``): if > 0, ``gamma`` is
             derived as ``sqrt(gamma_t * width / depth)``, so that ``gamma^2 d / n = gamma_t``
             at every depth and width (the law of the covariance SDE at the network's end
@@ -137,6 +154,9 @@ class ModelConfig:
     c_plus: float = 0.0
     c_minus: float = -1.0
     causal: bool = False
+    mlp_slopes: Slopes = "fixed"
+    attention_gains: Trainable = "fixed"
+    temperature: Trainable = "fixed"
     gamma_t: float = 0.0
     depth_alpha: float = 0.0
     base_depth: int = 1
@@ -167,6 +187,7 @@ class ModelConfig:
         for name in ("out_proj", "causal", "bias", "final_norm"):
             check_bool(name, getattr(self, name))
         self._check_simplified()
+        self._check_trainable_shape()
         if (
             self.attention != "none"
             and not self.out_proj
@@ -239,6 +260,23 @@ class ModelConfig:
                 f"depth_alpha > 0 requires residual='unit' (X + m f(X)), got "
                 f"residual={self.residual!r}",
             )
+
+    def _check_trainable_shape(self) -> None:
+        """Trainable slopes need the shaped ReLU, trainable attention gains and temperature
+        the shaped attention (docs/theory.md#trainable-shape)."""
+        if self.mlp_slopes != "fixed" and self.mlp != "shaped_relu":
+            raise ParameterError(
+                "mlp_slopes",
+                f"mlp_slopes={self.mlp_slopes!r} requires mlp='shaped_relu' (the slopes are "
+                f"the shaped ReLU's), got mlp={self.mlp!r}",
+            )
+        for name in ("attention_gains", "temperature"):
+            if getattr(self, name) != "fixed" and self.attention != "shaped":
+                raise ParameterError(
+                    name,
+                    f"{name}='trainable' requires attention='shaped', got "
+                    f"attention={self.attention!r}",
+                )
 
     def _check_simplified(self) -> None:
         """The rules of the simplified (He & Hofmann) attention, residual and layout."""

@@ -17,8 +17,15 @@ from torch import Tensor, nn
 
 from ._validation import ParameterError, check_bool
 from .activation import relu_slopes, shaped_relu
-from .attention import simplified_attention_matrix
-from .blocks import attention_branch, attention_matrix, block, mlp_branch, split_heads
+from .attention import gained_attention_matrix, simplified_attention_matrix
+from .blocks import (
+    attention_branch,
+    attention_matrix,
+    block,
+    mlp_branch,
+    split_heads,
+    trainable_attention,
+)
 from .config import ModelConfig, check_config, weight_std
 from .metrics import covariance
 from .norm import LN_EPS
@@ -94,6 +101,13 @@ class Attention(_Projected):
         self.layers["value"] = _linear(config, "value", n, values, bias)
         if config.out_proj:
             self.layers["out"] = _linear(config, "out", values, n, bias)
+        if config.attention == "shaped":
+            names = ("attn_alpha", "attn_beta", "attn_gamma")
+            trainable = names if config.attention_gains != "fixed" else ()
+            if config.temperature != "fixed":
+                trainable += ("attn_temperature",)
+            for name in trainable:
+                self.gains[name] = nn.Parameter(torch.ones(config.heads))
 
     def gain(self, name: str) -> Tensor:
         """The trainable gain ``name`` (``shapedtx.blocks.Gain``)."""
@@ -116,6 +130,22 @@ class Attention(_Projected):
             alpha, beta, gamma = g["attn_alpha"], g["attn_beta"], g["attn_gamma"]
             return simplified_attention_matrix(
                 Y, cfg.key_dim, alpha, beta, gamma, causal=cfg.causal
+            )
+        if trainable_attention(cfg):
+            if "attn_temperature" in self.gains:
+                q = q * self.gains["attn_temperature"][:, None, None]
+            g = {
+                name: self.gains.get(name, 1.0)
+                for name in ("attn_alpha", "attn_beta", "attn_gamma")
+            }
+            Y = q @ k.transpose(-1, -2)
+            return gained_attention_matrix(
+                Y,
+                1.0 / cfg.tau,
+                g["attn_alpha"],
+                g["attn_beta"],
+                g["attn_gamma"],
+                causal=cfg.causal,
             )
         return attention_matrix(q, k, cfg)
 
@@ -172,10 +202,20 @@ class MLP(_Projected):
                 "mlp_out": _linear(config, "mlp_out", k, n, bias),
             }
         )
+        self.gains = nn.ParameterDict()
+        if config.mlp_slopes != "fixed":  # the shaped slopes, trainable
+            shape = (k,) if config.mlp_slopes == "channel" else ()
+            s_plus, s_minus, _ = relu_slopes(config)
+            self.gains["mlp_s_plus"] = nn.Parameter(torch.full(shape, s_plus))
+            self.gains["mlp_s_minus"] = nn.Parameter(torch.full(shape, s_minus))
+
+    def gain(self, name: str) -> Tensor:
+        """The trainable slope ``name`` (``shapedtx.blocks.Gain``)."""
+        return self.gains[name]
 
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
-        return mlp_branch(X, self.config, self.linear)
+        return mlp_branch(X, self.config, self.linear, self.gain)
 
 
 def layer_norm_module(width: int) -> nn.LayerNorm:
@@ -247,10 +287,10 @@ class Block(nn.Module):
         return self.norms[name](x)
 
     def _gain(self, name: str) -> Tensor:
-        if name in self.gains:
-            return self.gains[name]
-        assert self.attention is not None  # only attention gains are held elsewhere
-        return self.attention.gains[name]
+        for part in (self, self.attention, self.mlp):
+            if part is not None and name in part.gains:
+                return part.gains[name]
+        raise KeyError(f"block has no trainable gain {name!r}")
 
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""

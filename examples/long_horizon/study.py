@@ -60,9 +60,29 @@ MODELS: dict[str, dict[str, Any]] = {
     "no-norm gpt2": {"name": "no_norm", "init": "gpt2"},
     "SAS-P no norm": {"name": "sas_p_no_norm"},
     "shaped g=0.35": {"name": "shaped", "gamma": 2**-1.5},
+    # the ablation (--ablation): the shaped model at advise's gamma and tau0, one part changed
+    "shaped advise, relu": {"name": "shaped", "gamma": "advise", "mlp": "relu"},
+    "shaped advise, gelu": {"name": "shaped", "gamma": "advise", "mlp": "gelu"},
+    "shaped advise, slopes": {"name": "shaped", "gamma": "advise", "mlp_slopes": "channel"},
+    "shaped advise, slopes+attn": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+    },
+    "shaped advise, slopes+attn+tau": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth), in the order their runs are planned."""
+
+LONG_HORIZON_MODELS = tuple(MODELS)[:7]
+ABLATION_MODELS = tuple(MODELS)[7:]
 
 LR_CENTRE: dict[str, float] = {
     "shaped": 1e-2,
@@ -102,6 +122,7 @@ class Setup:
     check_horizon: int = 1000
     lr_scale: float = 1.0  # the lr grid's centre is LR_CENTRE * lr_scale
     checkpoint_interval: int | None = None  # default: eval_interval
+    check: bool = True  # plan the WSD-vs-cosine check once the first depth is complete
 
 
 DEFAULT = Setup(
@@ -116,8 +137,20 @@ DEFAULT = Setup(
     eval_interval=250,
     eval_batches=16,
     max_bytes=8_000_000,
-    models=tuple(MODELS),
+    models=LONG_HORIZON_MODELS,
 )
+ABLATION = replace(
+    DEFAULT,
+    depths=(16,),
+    horizons={16: (250, 500, 1000, 2000), 64: (250, 500, 1000, 2000)},
+    models=ABLATION_MODELS,
+    compared=(),
+    best_models=0,
+    check=False,
+)
+"""The ablation's screen (``--ablation``, folder ``../ablation``): every variant of the shaped
+model at depth 16 to 2,000 steps on the long-horizon recipe; no seeds and no check (the best
+two go on to 5,000 steps at depth 16 and 2,000 at depth 64)."""
 QUICK = Setup(
     width=16,
     depths=(2, 4),
@@ -148,7 +181,7 @@ GPU = Setup(
     eval_interval=500,
     eval_batches=16,
     max_bytes=32_000_000,
-    models=tuple(MODELS),
+    models=LONG_HORIZON_MODELS,
     # Adam's best lr falls with width (roughly as 1/width for the hidden matrices): one grid
     # step (3x) below the width-64 centres for 4x the width
     lr_scale=1 / 3,
@@ -326,7 +359,7 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
                 for s in setup.seeds
                 if (m, depth, k, s, "wsd") not in done and (m, depth, k, s, "wsd") not in todo
             ]
-    if setup.depths[0] in complete_depths:
+    if setup.check and setup.depths[0] in complete_depths:
         todo += check_plan(setup, results)
     return todo
 
@@ -410,6 +443,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
     size.add_argument("--gpu", action="store_true", help="width 256, 20,000 steps (gpu/)")
+    size.add_argument(
+        "--ablation", action="store_true", help="the shaped model's ablation screen (../ablation)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help="train through torch.compile")
     p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
@@ -439,7 +475,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
-    setup = QUICK if args.quick else GPU if args.gpu else DEFAULT
+    setup = QUICK if args.quick else GPU if args.gpu else ABLATION if args.ablation else DEFAULT
     if args.depths:
         longest = setup.horizons[max(setup.horizons)]
         horizons = {d: setup.horizons.get(d, longest) for d in args.depths}
@@ -455,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     setup = setup_of(args)
     if args.out is None:
-        args.out = HERE / "gpu" if args.gpu else HERE
+        args.out = HERE / "gpu" if args.gpu else HERE.parent / "ablation" if args.ablation else HERE
     if args.plan:
         for job in (check_plan if args.check else plan)(setup, load_results(args.out)):
             print(*job)

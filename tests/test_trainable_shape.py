@@ -1,0 +1,181 @@
+"""The shaped Transformer with a trainable shape (docs/theory.md#trainable-shape): trainable
+shaped-ReLU slopes (per layer or per channel), per-head attention gains and temperature.
+
+At initialisation it is the fixed shaped model bit for bit (same seed); the new parameters
+receive gradients, sit in the block-vector parameter group (no weight decay) and change the
+function once they move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shapedtx import ModelConfig, ParameterError, Transformer, preset
+from shapedtx.activation import shaped_relu, trainable_relu
+from shapedtx.training import LanguageModel, TrainConfig
+from shapedtx.training.trainer import _make_optimizer
+from shapedtx.transfer import parameter_group
+
+BASE = preset("shaped", width=32, depth=3, heads=4, mlp_ratio=4, causal=True, tau0=0.25)
+VARIANTS = {
+    "slopes per layer": {"mlp_slopes": "layer"},
+    "slopes per channel": {"mlp_slopes": "channel"},
+    "attention gains": {"attention_gains": "trainable"},
+    "temperature": {"temperature": "trainable"},
+    "all": {"mlp_slopes": "channel", "attention_gains": "trainable", "temperature": "trainable"},
+}
+NEW_PARAMETERS = {
+    "slopes per layer": {"mlp_s_plus": (), "mlp_s_minus": ()},
+    "slopes per channel": {"mlp_s_plus": (128,), "mlp_s_minus": (128,)},
+    "attention gains": {"attn_alpha": (4,), "attn_beta": (4,), "attn_gamma": (4,)},
+    "temperature": {"attn_temperature": (4,)},
+}
+NEW_PARAMETERS["all"] = {
+    **NEW_PARAMETERS["slopes per channel"],
+    **NEW_PARAMETERS["attention gains"],
+    **NEW_PARAMETERS["temperature"],
+}
+
+
+def _models(changes: dict[str, str]) -> tuple[LanguageModel, LanguageModel]:
+    torch.manual_seed(3)
+    fixed = LanguageModel(BASE, 24)
+    torch.manual_seed(3)
+    free = LanguageModel(BASE.replace(**changes), 24)
+    return fixed, free
+
+
+def _gains(model: LanguageModel) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if ".gains." in n}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_at_initialisation_it_is_the_fixed_model_bit_for_bit(name: str) -> None:
+    fixed, free = _models(VARIANTS[name])
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(0))
+    fixed_weights = dict(fixed.named_parameters())
+    for key, p in free.named_parameters():
+        if ".gains." not in key:
+            assert torch.equal(p, fixed_weights[key]), key
+    assert torch.equal(free(tokens[:, :-1]), fixed(tokens[:, :-1]))
+    assert torch.equal(free.loss(tokens), fixed.loss(tokens))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_blocks_at_initialisation_are_the_fixed_blocks(
+    name: str, causal: bool, fused: bool
+) -> None:
+    """Bit for bit on the fused path, to rounding on the explicit one, causal or not."""
+    config = BASE.replace(causal=causal)
+    torch.manual_seed(5)
+    fixed = Transformer(config, fused=fused)
+    torch.manual_seed(5)
+    free = Transformer(config.replace(**VARIANTS[name]), fused=fused)
+    X = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(6))
+    if fused:
+        assert torch.equal(free(X), fixed(X))
+    else:
+        torch.testing.assert_close(free(X), fixed(X))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_new_parameters_shapes_initial_values_and_gradients(name: str) -> None:
+    _, free = _models(VARIANTS[name])
+    gains = _gains(free)
+    expected = NEW_PARAMETERS[name]
+    assert len(gains) == BASE.depth * len(expected)
+    slope_minus = 1 - 1 / 32**0.5  # c_minus = -1 at width 32
+    for key, p in gains.items():
+        short = key.rsplit(".", 1)[1]
+        assert tuple(p.shape) == expected[short], key
+        value = slope_minus if short == "mlp_s_minus" else 1.0
+        torch.testing.assert_close(p.detach(), torch.full_like(p, value), rtol=0, atol=1e-7)
+    tokens = torch.randint(0, 256, (4, 25), generator=torch.Generator().manual_seed(1))
+    free.loss(tokens).backward()
+    for key, p in gains.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, key
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_new_parameters_are_block_vectors_without_weight_decay(name: str) -> None:
+    _, free = _models(VARIANTS[name])
+    for key in _gains(free):
+        assert parameter_group(key) == "block_vector"
+    optimizer = _make_optimizer(free, TrainConfig(steps=10, lr=1e-3, weight_decay=0.1))
+    decay_of = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    for key, p in _gains(free).items():
+        assert decay_of[id(p)] == 0.0, key
+    assert sorted(decay_of.values())[-1] == 0.1  # the matrices are decayed
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_moving_the_new_parameters_changes_the_function(name: str) -> None:
+    fixed, free = _models(VARIANTS[name])
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for p in _gains(free).values():
+            p.mul_(0.7)
+        assert not torch.allclose(free(tokens[:, :-1]), fixed(tokens[:, :-1]), atol=1e-4)
+
+
+def test_attention_gains_give_the_stated_matrix() -> None:
+    """alpha I + beta Softmax(t Y / tau) - gamma C, per head, from the explicit path."""
+    config = BASE.replace(attention_gains="trainable", temperature="trainable")
+    _, free = _models({"attention_gains": "trainable", "temperature": "trainable"})
+    attention = free.body.blocks[0].attention
+    g = attention.gains
+    with torch.no_grad():
+        for name, values in {
+            "attn_alpha": [0.5, 1.0, 1.5, 2.0],
+            "attn_beta": [2.0, 0.1, 1.0, 0.3],
+            "attn_gamma": [0.0, 1.0, 0.5, 3.0],
+            "attn_temperature": [1.0, 2.0, 0.5, 4.0],
+        }.items():
+            g[name].copy_(torch.tensor(values))
+    X = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(4))
+    A = attention.attention_matrix(X)
+    q = attention.layers["query"](X).unflatten(-1, (4, 8)).transpose(1, 2)
+    k = attention.layers["key"](X).unflatten(-1, (4, 8)).transpose(1, 2)
+    t = g["attn_temperature"][:, None, None]
+    Y = (q * t) @ k.transpose(-1, -2) / config.tau
+    Y = Y.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    C = torch.ones(6, 6).tril() / torch.arange(1, 7)[:, None]
+    expected = (
+        g["attn_alpha"][:, None, None] * torch.eye(6)
+        + g["attn_beta"][:, None, None] * torch.softmax(Y, -1)
+        - g["attn_gamma"][:, None, None] * C
+    )
+    torch.testing.assert_close(A, expected)
+    # the fused branch applies the same matrix
+    v = attention.layers["value"](X).unflatten(-1, (4, 8)).transpose(1, 2)
+    out = attention.layers["out"]((A @ v).transpose(1, 2).flatten(-2))
+    torch.testing.assert_close(attention(X), out, rtol=1e-5, atol=1e-6)
+
+
+def test_trainable_relu_is_the_shaped_relu_at_equal_slopes() -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(5))
+    for s_minus in (0.875, 0.3, 0.0):
+        got = trainable_relu(x, torch.tensor(1.0), torch.tensor(s_minus))
+        assert torch.equal(got, shaped_relu(x, 1.0, s_minus))
+    got = trainable_relu(x, torch.tensor(2.0), torch.tensor(0.5))
+    torch.testing.assert_close(got, torch.where(x > 0, 2 * x, 0.5 * x))
+
+
+@pytest.mark.parametrize(
+    ("changes", "parameter"),
+    [
+        ({"mlp": "gelu", "mlp_slopes": "layer"}, "mlp_slopes"),
+        ({"mlp": "relu", "mlp_slopes": "channel"}, "mlp_slopes"),
+        ({"attention": "softmax", "attention_gains": "trainable"}, "attention_gains"),
+        ({"attention": "softmax", "temperature": "trainable"}, "temperature"),
+        ({"mlp_slopes": "per_head"}, "mlp_slopes"),
+        ({"attention_gains": "yes"}, "attention_gains"),
+    ],
+)
+def test_invalid_trainable_shape_is_refused_by_name(changes: dict, parameter: str) -> None:
+    fields = {**preset("shaped").__dict__, **changes}
+    with pytest.raises(ParameterError) as err:
+        ModelConfig(**fields)
+    assert err.value.parameter == parameter
