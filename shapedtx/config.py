@@ -21,6 +21,7 @@ Layout = Literal["sequential", "parallel"]
 Init = Literal["fan_in", "gpt2"]
 Slopes = Literal["fixed", "layer", "channel"]
 Trainable = Literal["fixed", "trainable"]
+FirstValue = Literal["matrix", "reparametrised"]
 
 ATTENTIONS: tuple[str, ...] = ("shaped", "softmax", "simplified", "none")
 MLPS: tuple[str, ...] = ("shaped_relu", "relu", "gelu", "none")
@@ -31,6 +32,7 @@ LAYOUTS: tuple[str, ...] = ("sequential", "parallel")
 INITS: tuple[str, ...] = ("fan_in", "gpt2")
 SLOPES: tuple[str, ...] = ("fixed", "layer", "channel")
 TRAINABLE: tuple[str, ...] = ("fixed", "trainable")
+FIRST_VALUES: tuple[str, ...] = ("matrix", "reparametrised")
 TAU0_RANGE = (1e-6, 1e6)
 """Accepted ``tau0``: far beyond any useful temperature, and finite SDE coefficients."""
 C_RANGE = (-1e6, 1e6)
@@ -48,6 +50,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp_slopes": SLOPES,
     "attention_gains": TRAINABLE,
     "temperature": TRAINABLE,
+    "first_value": FIRST_VALUES,
 }
 """The accepted values of every string field."""
 
@@ -84,6 +87,12 @@ class ModelConfig:
             g_M MLP(N X)``; g_A = s_M = 1 and g_M = ``mlp_gain`` at initialisation; with
             ``norm="none"`` the first block normalises its input by a LayerNorm;
             docs/theory.md#simplified).
+        query_bias: the query map has a trainable bias, zero at initialisation, whatever
+            ``bias`` says (He & Hofmann's code; the key bias would not change the softmax).
+        first_value: the first simplified block's trainable value map: ``"matrix"`` (a
+            matrix initialised to the identity) or ``"reparametrised"`` (``r W + s I`` with W
+            zero-initialised and trainable scalars r = s = 1, as He & Hofmann's code builds
+            it); the identity at initialisation either way (docs/theory.md#simplified).
         layout: ``"sequential"`` (attention sub-block, then MLP sub-block) or ``"parallel"``
             (both branches read the same input and are summed, GPT-J style; requires
             ``residual="skipless"``).
@@ -139,6 +148,8 @@ class ModelConfig:
     norm_kind: NormKind = "layer"
     residual: Residual = "scaled"
     layout: Layout = "sequential"
+    query_bias: bool = False
+    first_value: FirstValue = "matrix"
     mlp_gain: float = 0.1
     init: Init = "fan_in"
     bias: bool = False
@@ -184,7 +195,7 @@ class ModelConfig:
         if self.key_dim is None:
             object.__setattr__(self, "key_dim", self.head_dim)
         check_int("key_dim", self.key_dim, 1)
-        for name in ("out_proj", "causal", "bias", "final_norm"):
+        for name in ("out_proj", "causal", "bias", "final_norm", "query_bias"):
             check_bool(name, getattr(self, name))
         self._check_simplified()
         self._check_trainable_shape()
@@ -286,6 +297,12 @@ class ModelConfig:
                 "out_proj must be False for attention='simplified' (its value and output "
                 "maps are the identity, docs/theory.md#simplified)",
             )
+        if self.first_value != "matrix" and self.attention != "simplified":
+            raise ParameterError(
+                "first_value",
+                f"first_value={self.first_value!r} requires attention='simplified' (only its "
+                f"first block has a trainable value map), got attention={self.attention!r}",
+            )
         if self.residual == "skipless":
             if self.attention != "simplified":
                 raise ParameterError(
@@ -359,7 +376,15 @@ class ModelConfig:
         command line refuses an option it would ignore."""
         unused: dict[str, str] = {}
         if self.attention == "none":
-            for name in ("heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"):
+            for name in (
+                "heads",
+                "key_dim",
+                "head_dim",
+                "out_proj",
+                "tau0",
+                "causal",
+                "query_bias",
+            ):
                 unused[name] = "attention='none' (no attention)"
         elif self.attention in ("softmax", "simplified"):
             unused["tau0"] = (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validation import ParameterError, check_bool
@@ -86,12 +87,14 @@ class Attention(_Projected):
         self.config, self.fused, self.first = config, fused, first
         bias = config.bias if bias is None else bias
         n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
-        query = _linear(config, "query", n, keys, bias)
+        query = _linear(config, "query", n, keys, bias or config.query_bias)
         self.layers = nn.ModuleDict({"query": query, "key": _linear(config, "key", n, keys, bias)})
         self.gains = nn.ParameterDict()
         if config.attention == "simplified":
             nn.init.zeros_(query.weight)
-            if first:
+            if first and config.first_value == "reparametrised":
+                self.layers["value"] = SkipLinear(n)
+            elif first:
                 value = self.layers["value"] = nn.Linear(n, n, bias=False)
                 with torch.no_grad():
                     value.weight.copy_(torch.eye(n))
@@ -148,6 +151,21 @@ class Attention(_Projected):
                 causal=cfg.causal,
             )
         return attention_matrix(q, k, cfg)
+
+
+class SkipLinear(nn.Module):
+    """``x (r W + s I)^T``: a square linear map reparametrised around the identity, W
+    zero-initialised, trainable scalars r = s = 1 (He & Hofmann's first value map;
+    docs/theory.md#simplified); x: (..., n) -> (..., n)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n, n))
+        self.r = nn.Parameter(torch.ones(()))
+        self.s = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.r * F.linear(x, self.weight) + self.s * x
 
 
 class ShapedAttention(Attention):

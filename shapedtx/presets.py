@@ -21,7 +21,9 @@ All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT blo
 blocks ("Simplifying Transformer Blocks", ICLR 2024; their code's ``skipless`` and
 ``skipless-parallel`` configs, with ``norm_type=none`` for ``sas_p_no_norm``): shaped attention
 with trainable gains and identity value/output maps, no attention skip, trainable branch
-gains (MLP 0.1), every weight N(0, 0.02^2) (docs/theory.md#simplified).
+gains (MLP 0.1), every weight N(0, 0.02^2), a trainable query bias (zero at initialisation)
+and the first block's value map ``r W + s I`` (W zero, r = s = 1, trainable) as their code
+builds them (docs/theory.md#simplified; ``ModelConfig.query_bias``, ``first_value``).
 
 The last three are the parametrisations of learning-rate transfer (docs/guide/transfer.md,
 :func:`shapedtx.lr_multipliers`): ``shaped_t`` holds ``gamma^2 d / n`` at
@@ -61,6 +63,8 @@ _SIMPLIFIED: dict[str, Any] = {
     "out_proj": False,
     "bias": False,
     "final_norm": True,
+    "query_bias": True,
+    "first_value": "reparametrised",
 }
 
 SHAPED_T_GAMMA_T = 0.15**2 * 16 / 64

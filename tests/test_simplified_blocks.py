@@ -42,8 +42,15 @@ def _attention_ref(
     head's columns of x (of x W^V in the first block); ``centring=False``: without gamma C."""
     L, g = attn.layers, attn.gains
     q = x @ L["query"].weight.T
+    if L["query"].bias is not None:  # the trainable query bias of the presets
+        q = q + L["query"].bias
     k = x @ L["key"].weight.T
-    v = x @ L["value"].weight.T if first else x
+    v = x
+    if first and cfg.first_value == "reparametrised":  # x (r W + s I)^T
+        value = L["value"]
+        v = x @ (value.r * value.weight + value.s * torch.eye(x.shape[-1], dtype=x.dtype)).T
+    elif first:
+        v = x @ L["value"].weight.T
     m, n = x.shape[-2:]
     h, dk, dv = cfg.heads, cfg.key_dim, n // cfg.heads
     allowed = torch.ones(m, m, dtype=torch.bool).tril()
@@ -137,9 +144,12 @@ def test_initialisation_query_zero_attention_identity(name):
         torch.testing.assert_close(attn(X), X, rtol=0, atol=1e-14)
         # identity W^V and W^O: no weights, except the first block's trainable W^V = I
         assert set(attn.layers) == ({"query", "key", "value"} if i == 0 else {"query", "key"})
-        if i == 0:
-            assert torch.equal(attn.layers["value"].weight, torch.eye(cfg.width).double())
-            assert attn.layers["value"].weight.requires_grad
+        if i == 0:  # r W + s I with W = 0, r = s = 1 (first_value="reparametrised")
+            value = attn.layers["value"]
+            assert torch.equal(value.weight, torch.zeros(cfg.width, cfg.width).double())
+            assert value.r.item() == value.s.item() == 1.0
+            assert value.weight.requires_grad and value.r.requires_grad and value.s.requires_grad
+        assert torch.equal(attn.layers["query"].bias, torch.zeros(cfg.width).double())
         assert blk.gains["attn_gain"].item() == 1.0
         assert blk.gains["mlp_gain"].item() == pytest.approx(0.1)
         assert ("mlp_skip" in blk.gains) == (cfg.layout == "sequential")
@@ -207,6 +217,8 @@ _COMMON = {
     "out_proj": False,
     "bias": False,
     "final_norm": True,
+    "query_bias": True,
+    "first_value": "reparametrised",
 }
 EXPECTED = {
     "sas": {**_COMMON, "layout": "sequential", "norm": "pre", "norm_kind": "rms"},

@@ -179,3 +179,41 @@ def test_invalid_trainable_shape_is_refused_by_name(changes: dict, parameter: st
     with pytest.raises(ParameterError) as err:
         ModelConfig(**fields)
     assert err.value.parameter == parameter
+
+
+@pytest.mark.parametrize("name", ["sas", "sas_p", "sas_p_no_norm"])
+def test_simplified_presets_are_built_as_the_reference_code_builds_them(name: str) -> None:
+    """Query bias (zero) and the first value map r W + s I (W = 0, r = s = 1): the same
+    function at initialisation as the plain identity-initialised value matrix, with every new
+    parameter trained."""
+    config = preset(name, width=32, depth=3, causal=True)
+    assert config.query_bias and config.first_value == "reparametrised"
+    torch.manual_seed(0)
+    new = LanguageModel(config, 24)
+    old = LanguageModel(config.replace(query_bias=False, first_value="matrix"), 24)
+    state = old.state_dict()
+    for key, value in new.state_dict().items():
+        if key in state and state[key].shape == value.shape and "value" not in key:
+            state[key] = value
+    old.load_state_dict(state)
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(new.loss(tokens), old.loss(tokens), rtol=0, atol=1e-6)
+    value = new.body.blocks[0].attention.layers["value"]
+    assert torch.equal(value.weight, torch.zeros(32, 32))
+    assert value.r.item() == value.s.item() == 1.0
+    assert "value" not in new.body.blocks[1].attention.layers
+    new.loss(tokens).backward()
+    for block in new.body.blocks:
+        bias = block.attention.layers["query"].bias
+        assert torch.equal(bias, torch.zeros(32)) and bias.grad.abs().sum() > 0
+    for p in (value.weight, value.s):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    assert value.r.grad == 0  # r multiplies W = 0: it moves once W has
+    assert parameter_group("body.blocks.0.attention.layers.value.r") == "block_vector"
+    assert parameter_group("body.blocks.0.attention.layers.value.weight") == "hidden"
+
+
+def test_first_value_needs_simplified_attention() -> None:
+    with pytest.raises(ParameterError) as err:
+        preset("shaped", first_value="reparametrised")
+    assert err.value.parameter == "first_value"
