@@ -220,3 +220,84 @@ def test_run_planned_bookkeeping(tmp_path, monkeypatch):
     with pytest.raises(ParameterError) as err:
         run_planned(lambda: [runs[0], runs[0]])
     assert err.value.parameter == "plan"
+
+
+def _fake_training(monkeypatch, calls):
+    """``run_training`` with ``train_horizons`` replaced by hand-built logs (no training): each
+    horizon H finishes at loss 2 + 1 / H from 3, and its ``log.nc`` is written."""
+    import shapedtx.training as training
+
+    def fake(model, data, train, horizons, folder, **kw):
+        calls.append(dict(model=model, data=data, train=train, horizons=horizons, **kw))
+        logs = {}
+        for h in horizons:
+            logs[h] = _log([3.0, 2.0 + 1 / h], [math.nan, 2.5], branch_step=h - 2)
+            (Path(folder) / f"h{h}").mkdir(parents=True, exist_ok=True)
+            (Path(folder) / f"h{h}" / "log.nc").write_text("")
+        return logs
+
+    monkeypatch.setattr(training, "train_horizons", fake)
+
+
+def test_run_training_records_every_documented_field(tmp_path, monkeypatch):
+    """The result's fields: the labels, the parameter count, the corpus's size, source and
+    fingerprint, the unigram baseline, the epochs at the longest horizon, both configs, the
+    device and compile flag, not resumed, and one summary per horizon; train_horizons gets
+    the run's settings; the result is written and read back by a second call."""
+    import torch
+
+    from shapedtx.training import LanguageModel, load_corpus, unigram_baseline
+
+    calls: list = []
+    _fake_training(monkeypatch, calls)
+    run = TrainingRun(
+        MODEL, TRAIN, (16, 8), str(tmp_path / "r"), max_bytes=20_000, dtype="float64",
+        labels={"k": 1},
+    )  # fmt: skip
+    result = tr.run_training(run)
+    (call,) = calls
+    assert call["model"] is MODEL and call["train"] is TRAIN and call["horizons"] == (8, 16)
+    assert call["device"] == "cpu" and call["dtype"] is torch.float64
+    assert call["compile"] is False and call["progress"] is False
+    data = load_corpus(None, max_bytes=20_000)
+    assert call["data"].train.numel() == data.train.numel() == 18_000
+    model = LanguageModel(MODEL, TRAIN.seq_len)
+    assert result["k"] == 1
+    assert result["params"] == sum(p.numel() for p in model.parameters())
+    assert result["train_bytes"] == 18_000
+    assert result["corpus"] == data.source
+    assert result["corpus_fingerprint"] == data.fingerprint()
+    assert result["unigram_baseline"] == pytest.approx(unigram_baseline(data), rel=1e-12)
+    epochs = 16 * TRAIN.tokens_per_step / 18_000
+    assert result["epochs_at_longest"] == pytest.approx(epochs, rel=1e-12)
+    assert result["model_config"] == MODEL.to_attrs()
+    assert result["train_config"] == TRAIN.to_attrs()
+    assert result["device"] == "cpu" and result["compiled"] is False
+    assert result["batch_generator"] == "cpu"
+    assert result["resumed"] is False and result["wall_seconds"] >= 0
+    assert "gpu" not in result["host"] and result["host"]["torch"] == torch.__version__
+    assert sorted(result["horizons"]) == ["16", "8"]
+    for h in (8, 16):
+        summary = result["horizons"][str(h)]
+        assert summary["horizon"] == h and summary["branch_step"] == h - 2
+        assert summary["val_loss"] == 2.0 + 1 / h and summary["diverged"] is False
+    assert json.loads(run.result_path.read_text()) == json.loads(json.dumps(result))
+    assert tr.run_training(run) == json.loads(json.dumps(result)) and len(calls) == 1
+
+
+def test_run_training_on_its_own_logs_or_checkpoints_is_resumed(tmp_path, monkeypatch):
+    """``resumed``: a log (``h<H>/log.nc``) or a checkpoint (``h<H>/*.pt``) from an earlier
+    call is there (a file elsewhere in the folder is not one)."""
+    calls: list = []
+    _fake_training(monkeypatch, calls)
+    for name, path, resumed in [
+        ("log", "h8/log.nc", True),
+        ("pt", "h16/checkpoint-6.pt", True),
+        ("other", "notes/log.nc", False),
+        ("top", "checkpoint.pt", False),
+    ]:
+        folder = tmp_path / name
+        (folder / path).parent.mkdir(parents=True)
+        (folder / path).write_text("")
+        run = TrainingRun(MODEL, TRAIN, (8, 16), str(folder), max_bytes=20_000)
+        assert tr.run_training(run)["resumed"] is resumed, name
