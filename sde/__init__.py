@@ -16,6 +16,7 @@ from .coefficients import (
     nu,
     sde_constants,
 )
+from .kernel_map import kernel_nonlinearity, mlp_block_mean, mlp_kernel
 from .noise import psd_factor, sample_noise
 from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
 from .solve import solve, solve_batch
@@ -36,7 +37,10 @@ __all__ = [
     "diffusion",
     "drift",
     "integrate",
+    "kernel_nonlinearity",
+    "mlp_block_mean",
     "mlp_k_lin",
+    "mlp_kernel",
     "nu",
     "psd_factor",
     "sample_noise",
