@@ -1,6 +1,6 @@
-"""The documents' claims about the advise prediction at long horizons are the committed
-study's numbers (examples/advise/long_horizon/results.json, rebuilt by ``predict.py --report``
-from finished runs; issue 42 item 4)."""
+"""The advise study's report (examples/advise/README.md) quotes the committed study's numbers
+(examples/advise/long_horizon/results.json, rebuilt by ``predict.py --report`` from finished
+runs; issue 42 item 4)."""
 
 import json
 from pathlib import Path
@@ -33,28 +33,16 @@ def test_the_study_is_the_one_described():
     assert all(len(at["configs"]) == 13 for at in by.values())  # "13 configurations"
 
 
-def test_readme_guide_and_help_quote_the_spearman_per_horizon():
+def test_study_report_quotes_the_spearman_per_horizon():
     by = _by_horizon()
     r = {h: by[h]["spearman"]["value"] for h in HORIZONS}
-    lo, hi = by["5000"]["spearman"]["ci"]
-    at_5000 = f"{r['5000']:.2f} [{lo:.2f}, {hi:.2f}]"
-    assert f"Spearman r {r['250']:.2f} at 250 steps and {at_5000} at 5,000" in _flat("README.md")
-    later = [round(r[h], 2) for h in HORIZONS[1:]]
-    band = f"{min(later):.2f}-{max(later):.2f} from 500 to 5,000"
-    guide = _flat("docs/guide/advise.md")
-    assert f"Spearman r {r['250']:.2f} at 250 steps and {band} ({at_5000} at 5,000)" in guide
     every = [round(v, 2) for v in r.values()]
     assert f"{min(every):.2f}-{max(every):.2f} from 250 to 5,000" in _flat(
         "examples/advise/README.md"
     )
-    assert f"{min(every):.2f} to {max(every):.2f} at every horizon" in _flat(
-        "simulations/cli/advise.py"
-    )
-    # "gamma^2 T alone does as well or slightly better, 0.97-0.99"
+    # "gamma^2 T alone does as well or slightly better"
     g = [by[h]["scores"]["gamma2T"]["value"] for h in HORIZONS]
     assert all(g_h >= r[h] - 0.005 for g_h, h in zip(g, HORIZONS, strict=True))
-    quoted = f"as well or slightly better, {min(g):.2f}-{max(g):.2f}"
-    assert quoted in _flat("README.md")
 
 
 def test_the_advice_ranks_4th_at_250_steps_and_second_from_2000_on():
@@ -62,11 +50,7 @@ def test_the_advice_ranks_4th_at_250_steps_and_second_from_2000_on():
     ranks = [_advised_rank(by[h])[0] for h in HORIZONS]
     assert ranks == [4, 4, 3, 2, 2]  # "4th of 13 at 250 steps and second of 13 from 2,000 on"
     _, advised, best = _advised_rank(by["5000"])
-    behind = f"{100 * (advised / best - 1):.1f}%"
-    assert behind == "2.1%" and f"{behind} behind the smallest gamma" in _flat("README.md")
-    assert "4th of 13 at 250 steps and second of 13 from 2,000 steps on" in _flat("README.md")
     assert f"{best:.3f} against {advised:.3f}" in _flat("examples/advise/README.md")
-    assert f"{best:.3f} against {advised:.3f}" in _flat("docs/guide/advise.md")
     smallest = min(c["gamma"] for c in by["5000"]["configs"])
     winner = min((c for c in by["5000"]["configs"] if c["loss"]), key=lambda c: c["loss"])
     assert winner["gamma"] == smallest  # "the smallest gamma of the grid"

@@ -1,5 +1,9 @@
-"""Every Python snippet of the README runs as written (fresh interpreter, empty folder)."""
+"""The README says what the code and the committed studies say: its Python example runs, its
+set-up commands are CI's, its links resolve, its tables are the library's (presets, commands,
+the main job's printed table) and every number of its findings table is the linked study's
+data (results.json, monitor.json), not prose."""
 
+import json
 import re
 import subprocess
 import sys
@@ -8,15 +12,20 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+TEXT = README.read_text()
+SNIPPETS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
 LIMIT_S = 60.0  # the README promises every snippet runs in under a minute on 2 cores
+MAX_LINES = 150
 
 
-def test_readme_has_python_snippets():
-    # issue 36: the README keeps one Python example; the others moved to docs/guide/*.md,
-    # whose code blocks tests/test_docs_snippets.py runs
-    assert len(SNIPPETS) >= 1
+def test_readme_is_short():
+    assert len(TEXT.splitlines()) <= MAX_LINES
+
+
+def test_readme_has_one_python_example():
+    assert len(SNIPPETS) == 1
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
@@ -35,12 +44,92 @@ def test_readme_snippet_runs(index, tmp_path):
     assert elapsed < 2 * LIMIT_S, f"snippet {index} took {elapsed:.0f} s"
 
 
+def _bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", TEXT, flags=re.S)
+
+
+def test_setup_commands_are_what_ci_runs():
+    """The two set-up commands: a fresh virtualenv, the pinned CPU torch first, the project,
+    then the main job or the test command. CI (.ci/run) installs the same torch and runs the
+    same test command."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    run_job, run_tests = (block.strip() for block in _bash_blocks()[:2])
+    for command in (run_job, run_tests):
+        steps = [s.strip() for s in command.split("&&")]
+        assert steps[:2] == ["python3 -m venv .venv", ". .venv/bin/activate"]
+        torch = re.fullmatch(r"pip install (torch==[\d.]+)", steps[2])
+        assert torch and f"pip install --quiet {torch.group(1)}\n" in ci
+        assert steps[3].startswith("pip install -e ")
+    assert run_job.endswith("shapedtx compare --out runs/compare")
+    test_command = run_tests.split("&&")[-1].strip()
+    assert test_command == "pytest -n auto -q"
+    assert test_command in ci.splitlines()
+    extras = re.search(r'pip install -e "\.\[(.*)\]"', run_tests).group(1).split(",")
+    assert "test" in extras
+
+
+def _links() -> list[str]:
+    return [
+        target
+        for target in re.findall(r"\]\(([^)\s]+)\)", TEXT)
+        if not target.startswith(("http://", "https://"))
+    ]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a Markdown page: explicit ``{#id}`` and the slugs of its headings."""
+    anchors = set()
+    for line in page.read_text().splitlines():
+        heading = re.match(r"#+\s+(.*)", line)
+        if not heading:
+            continue
+        title = heading.group(1)
+        explicit = re.search(r"\{#([\w-]+)\}", title)
+        if explicit:
+            anchors.add(explicit.group(1))
+            continue
+        slug = re.sub(r"[^\w\s-]", "", title.lower()).strip()
+        anchors.add(re.sub(r"\s+", "-", slug))
+    return anchors
+
+
+def test_every_link_resolves():
+    links = _links()
+    assert len(links) > 20
+    for link in links:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.exists(), link
+        if anchor:
+            assert anchor in _anchors(target), link
+
+
+def test_figure_is_the_one_shown():
+    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", TEXT)
+    assert len(figures) == 1 and (ROOT / figures[0]).is_file()
+
+
 def test_readme_states_the_default_weight_decay():
     """Issue 39: the README said "AdamW with weight decay" while the default decay is 0."""
     from shapedtx.training import TrainConfig
 
-    text = " ".join(README.read_text().split())
+    text = " ".join(TEXT.split())
     assert f"weight decay {TrainConfig().weight_decay:g} by default" in text
+
+
+def _table(header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the README table whose header row starts with ``header``."""
+    start = TEXT.index(header)
+    rows = TEXT[start:].split("\n\n")[0].strip().splitlines()
+    return [[c.strip() for c in row.strip().strip("|").split("|")] for row in rows]
+
+
+def test_commands_table_lists_every_subcommand():
+    from simulations.cli import SUBCOMMANDS
+
+    rows = _table("| command | what it does |")[2:]
+    names = [re.fullmatch(r"`shapedtx ([\w-]+)`", row[0]).group(1) for row in rows]
+    assert sorted(names) == sorted(SUBCOMMANDS)
 
 
 # The README's preset table, cell by cell: what each documented value means in ModelConfig
@@ -84,13 +173,9 @@ PRESET_CELLS = {
 
 
 def _preset_table() -> dict[str, dict[str, str]]:
-    text = README.read_text()
-    start = text.index("| preset | attention |")
-    rows = text[start:].split("\n\n")[0].strip().splitlines()
-    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    header, _, *rows = _table("| preset | attention |")
     table = {}
-    for row in rows[2:]:
-        cells = [c.strip() for c in row.strip("|").split("|")]
+    for cells in rows:
         name = re.match(r"`(\w+)`", cells[0]).group(1)
         table[name] = dict(zip(header[1:], cells[1:], strict=True))
     return table
@@ -98,8 +183,9 @@ def _preset_table() -> dict[str, dict[str, str]]:
 
 def test_readme_preset_table_is_what_preset_builds():
     """Every row of the README's preset table (pre_ln, post_ln, no_norm, ...) against
-    shapedtx.preset(name): each documented cell, plus the 4 heads all presets have (W^O for
-    the first four, presets.py)."""
+    shapedtx.preset(name), in the order of shapedtx.PRESETS (a new preset without a row
+    fails): each documented cell, plus the 4 heads all presets have (W^O for the first four,
+    presets.py)."""
     from shapedtx import PRESETS, preset
 
     table = _preset_table()
@@ -112,3 +198,278 @@ def test_readme_preset_table_is_what_preset_builds():
             expected.update(PRESET_CELLS[column][cell])
         for field, value in expected.items():
             assert getattr(config, field) == value, (name, field)
+
+
+# ---- the main job's table --------------------------------------------------------------------
+
+
+def _main_job_table() -> str:
+    return re.search(r"The table it prints[^\n]*\n\n```\n(.*?)```", TEXT, flags=re.S).group(1)
+
+
+def test_main_job_table_is_the_default_presets():
+    """The table's sizes are the default preset's (`block`: 4096 samples, widths 4-64 and the
+    model's 200)."""
+    from simulations.presets import PRESETS
+
+    block = PRESETS["block"]
+    table = _main_job_table()
+    assert f"SDE paths exploded: 3 of {block.samples} (excluded)" in table
+    widths = re.search(r"by width \{(.*?)\}", table).group(1)
+    listed = [int(item.split(":")[0]) for item in widths.split(", ")]
+    assert listed == [*block.convergence_widths, block.config.width]
+    assert f"width {block.config.width}, depth {block.config.depth}" in " ".join(TEXT.split())
+
+
+MAIN = "import sys; from simulations.cli import main; sys.exit(main())"
+
+
+@pytest.mark.slow
+def test_main_job_table_is_what_the_default_run_prints(tmp_path):
+    """`shapedtx compare` with its defaults prints the README's table, line for line (about
+    30 s on 2 cores)."""
+    done = subprocess.run(
+        [sys.executable, "-c", MAIN, "compare", "--out", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line.rstrip() for line in done.stdout.splitlines()]
+    table = [line.rstrip() for line in _main_job_table().strip().splitlines()]
+    start = printed.index(table[0])
+    assert printed[start : start + len(table)] == table
+
+
+# ---- the findings table ----------------------------------------------------------------------
+
+NUMBER = re.compile(r"(?<![\w.^-])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+"""A number as the findings table writes it: 5,000, 0.97, +0.62, -1.83 (not the 2 of log2 or
+tau0, nor the 2 of GPT-2)."""
+
+
+def _numbers(cell: str) -> list[str]:
+    return [n.replace(",", "") for n in NUMBER.findall(cell)]
+
+
+def _json(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def _pct(ratio: float) -> str:
+    return f"{round(100 * (ratio - 1)):d}"
+
+
+def _finite_width() -> tuple[list, list]:
+    d = _json("examples/finite_width/attention/results.json")
+    widths = sorted(int(w) for w in d["network"])
+    stats = d["fits"]
+    resolved = sum(len(f["resolved_widths"]) for f in stats.values())
+    (threshold,) = {re.search(r"> (\d+) SE", f["fit"]).group(1) for f in stats.values()}
+    cells = len(widths) * len(stats)
+    claim = [widths[0], widths[-1], resolved, cells, threshold]
+    return claim, [d["T"], d["tokens"], d["samples"]]
+
+
+def _stability_map() -> tuple[list, list]:
+    d = _json("examples/stability_map/results.json")
+    network, sde = d["median_exit_network"], d["median_exit_sde"]
+    disagree = [
+        (n, s)
+        for rn, rs in zip(network, sde, strict=True)
+        for n, s in zip(rn, rs, strict=True)
+        if abs(s - n) > 0.1 * abs(n)
+    ]
+    assert disagree and all(s < n for n, s in disagree)  # "where they disagree the SDE ... first"
+    claim = [10, round(100 * d["attrs"]["fraction_within_10pct"])]
+    cells = len(d["gamma"]) * len(d["tau0"])
+    return claim, [d["width"], cells, d["attrs"]["samples"]]
+
+
+def _shaped_vs_vanilla() -> tuple[list, list]:
+    d = _json("examples/shaped_vs_vanilla/results.json")
+    shaped, pre_ln = d["models"]["shaped g=0.1"]["depth"], d["models"]["pre-LN (GPT-2)"]["depth"]
+    claim = [0.1]
+    for depth in ("16", "64"):
+        assert shaped[depth]["val_loss_mean"] < pre_ln[depth]["val_loss_mean"]
+        claim += [f"{shaped[depth]['val_loss_mean']:.2f}", f"{pre_ln[depth]['val_loss_mean']:.2f}"]
+        claim.append(depth)
+    seeds = {len(c["seeds"]) for m in (shaped, pre_ln) for c in m.values()}
+    return claim, [d["setup"]["steps"], d["setup"]["width"], *seeds]
+
+
+LONG = "examples/long_horizon/results.json"
+LONGEST = {"16": "5000", "64": "2000"}
+
+
+def _long_setup(d: dict) -> list:
+    return [*[int(h) for h in LONGEST.values()], *LONGEST, d["setup"]["width"]]
+
+
+def _long_horizon_pair() -> tuple[list, list]:
+    d = _json(LONG)
+    claim = []
+    for depth, h in LONGEST.items():
+        models = d["depths"][depth]["models"]
+        shaped, pre_ln = models["shaped advise"][h], models["pre-LN (GPT-2)"][h]
+        assert shaped["n"] == pre_ln["n"] == 3
+        ratio = d["depths"][depth]["ratio_to_reference"]["shaped advise"][h]["ratio"]
+        claim += [_pct(ratio), depth, f"{pre_ln['mean']:.3f}", f"{shaped['mean']:.3f}"]
+    return claim, [*_long_setup(d), 3]
+
+
+def _long_horizon_level() -> tuple[list, list]:
+    d = _json(LONG)
+    claim = []
+    for depth, model in (("16", "no-norm gpt2"), ("64", "SAS-P")):
+        at = d["depths"][depth]
+        assert ["pre-LN (GPT-2)", model] in at["level_at_longest"]
+        cells = at["models"][model][LONGEST[depth]], at["models"]["pre-LN (GPT-2)"][LONGEST[depth]]
+        assert all(c["n"] == 3 for c in cells)
+        claim += [depth, *(f"{c['mean']:.3f}" for c in cells)]
+    return claim, [*_long_setup(d), 3]
+
+
+def _long_horizon_outliers() -> tuple[list, list]:
+    monitor = _json("examples/long_horizon/monitor.json")
+    d = _json(LONG)
+    shaped, pre_ln = d["depths"]["16"]["models"]["shaped advise"], "pre-LN (GPT-2)"
+    lr = shaped["5000"]["best_lr"]
+    assert d["depths"]["16"]["models"][pre_ln]["5000"]["best_lr"] == lr  # "the pair's best lr"
+
+    def after(model: str, seed: int, column: str) -> str:
+        run = monitor[f"{model}/d16/lr{lr}_s{seed}"]
+        assert run["status"] == "finished" and run["steps"] == 5000
+        return f"{run['measured']['5000'][column]:.1f}"
+
+    peak, last = "kurtosis (max over layers)", "kurtosis (last layer)"
+    seeds = (1, 2)
+    claim = [after("shaped_advise", s, peak) for s in seeds]
+    claim += [after("pre-LN__GPT-2", s, peak) for s in seeds]
+    claim += [after("pre-LN__GPT-2", s, last) for s in seeds]
+    assert all(abs(float(after("shaped_advise", s, last))) < 0.2 for s in seeds)
+    return claim, [5000, d["setup"]["width"], 16, *seeds]
+
+
+def _long_horizon_gpu() -> tuple[list, list]:
+    d = _json("examples/long_horizon/gpu_h2000/results.json")
+    at = d["depths"]["16"]
+    ratios = at["ratio_to_reference"]["shaped advise"]
+    horizons = [str(h) for h in d["setup"]["horizons"]["16"]]
+    claim = [d["setup"]["width"]]
+    for h in horizons:
+        claim += [_pct(ratios[h]["ratio"]), h]
+        shaped = at["models"]["shaped advise"][h]
+        assert shaped["best_lr"] == min(shaped["lr_curve"]["lr"])  # "the lowest of its grid"
+    lrs = {len(c["lr_curve"]["lr"]) for m in at["models"].values() for c in m.values()}
+    return claim, [*horizons, d["setup"]["width"], 16, *lrs]
+
+
+def _advise_short() -> tuple[list, list]:
+    runs = [
+        _json("examples/advise/results.json"),
+        _json("examples/advise/width64_depth64/results.json"),
+    ]
+    claim, scale = [], []
+    for d in runs:
+        claim += [f"{d['spearman']['value']:.2f}", d["spearman"]["runs"]]
+        assert all(c["within_2_percent"] for c in d["advice_check"])
+        scale += [d["setup"]["steps"], d["setup"]["width"], *d["setup"]["depths"]]
+    return [*claim, 2], scale
+
+
+def _advise_long() -> tuple[list, list]:
+    d = _json("examples/advise/long_horizon/results.json")
+    at = d["by_horizon"][str(d["horizon"])]
+    losses = sorted(c["loss"] for c in at["configs"] if c["loss"] is not None)
+    advised = next(c["loss"] for c in at["configs"] if c["role"] == "advised")
+    assert losses.index(advised) == 1  # "second"
+    winner = min((c for c in at["configs"] if c["loss"]), key=lambda c: c["loss"])
+    assert winner["gamma"] == min(c["gamma"] for c in at["configs"])  # "the smallest gamma"
+    behind = f"{100 * (advised / losses[0] - 1):.1f}"
+    claim = [d["horizon"], f"{at['spearman']['value']:.2f}", len(at["configs"]), behind]
+    horizons = [int(h) for h in d["by_horizon"]]
+    return claim, [horizons[0], horizons[-1], d["setup"]["width"], *d["setup"]["depths"]]
+
+
+def _transfer(rows: list[tuple[str, str, str]]) -> tuple[list, list]:
+    """(parametrisation, drift key, the axis) per quoted drift."""
+    d = _json("examples/transfer/results.json")
+    claim = []
+    for name, key, _ in rows:
+        drift = d["parametrisations"][name]["1000"][key]
+        claim += [f"{drift['last_minus_first']:+.2f}", drift["sizes"][0], drift["sizes"][-1]]
+        if key.endswith("_3pt"):
+            claim.append(3)
+    proxy = d["proxy"]
+    return claim, [max(d["horizons"]), proxy["width"], proxy["depth"], 0]
+
+
+FINDINGS = {
+    "examples/finite_width/attention/results.md": [_finite_width],
+    "examples/stability_map/results.md": [_stability_map],
+    "examples/shaped_vs_vanilla/results.md": [_shaped_vs_vanilla],
+    "examples/long_horizon/results.md": [
+        _long_horizon_pair,
+        _long_horizon_level,
+        _long_horizon_outliers,
+        _long_horizon_gpu,
+    ],
+    "examples/advise/README.md": [_advise_short, _advise_long],
+    "examples/transfer/results.md": [
+        lambda: _transfer(
+            [
+                ("pre_ln_depth_mup", "depth_drift", "depth"),
+                ("pre_ln_depth_mup", "width_drift", "width"),
+            ]
+        ),
+        lambda: _transfer(
+            [("shaped_t", "depth_drift", "depth"), ("shaped_t", "width_drift", "width")]
+        ),
+        lambda: _transfer(
+            [("pre_ln_completep", "depth_drift_3pt", "depth"), ("pre_ln", "width_drift", "width")]
+        ),
+    ],
+    "examples/ablation/": [lambda: ([], [])],
+}
+"""The findings table's rows by report, in order: each gives (the numbers of the finding's
+claim, the numbers its horizon-and-scale cell may quote), computed from the study's data."""
+
+
+def _findings() -> dict[str, list[tuple[str, str]]]:
+    rows: dict[str, list[tuple[str, str]]] = {}
+    for claim, scale, report in _table("| finding | horizon and scale | report |")[2:]:
+        link = re.fullmatch(r"\[[^\]]+\]\(([^)]+)\)", report).group(1)
+        rows.setdefault(link, []).append((claim, scale))
+    return rows
+
+
+def _as_str(value) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def test_findings_table_has_one_checked_row_per_finding():
+    rows = _findings()
+    assert list(rows) == list(FINDINGS)
+    assert {k: len(v) for k, v in rows.items()} == {k: len(v) for k, v in FINDINGS.items()}
+
+
+@pytest.mark.parametrize(
+    ("report", "index"),
+    [(report, i) for report, checks in FINDINGS.items() for i in range(len(checks))],
+)
+def test_findings_numbers_are_the_studys_data(report, index):
+    """Every number of the finding is computed from the study's data and every number of its
+    horizon-and-scale cell is one of the study's settings: the README cannot drift from the
+    committed results, nor quote a number that is in no data file."""
+    claim_cell, scale_cell = _findings()[report][index]
+    claim, scale = FINDINGS[report][index]()
+    assert sorted(_numbers(claim_cell)) == sorted(_as_str(v) for v in claim), claim_cell
+    allowed = {_as_str(v) for v in scale}
+    assert set(_numbers(scale_cell)) <= allowed, (scale_cell, allowed)
+
+
+def test_the_ablation_row_is_in_progress():
+    ((claim, scale),) = _findings()["examples/ablation/"]
+    assert "in progress" in claim and scale == "-"
+    assert (ROOT / "examples" / "ablation").is_dir()
