@@ -32,11 +32,7 @@ the width); each candidate's predicted law at T must meet the safety criteria:
 
 Ranking (simulations.advise.rank_key; spread_target is --spread-target, default 0.145):
 {ranking}
-Evidence for the score: Spearman 0.92 between rho_spread and the trained loss over 26
-configurations at width 32 (depths 16, 32) after 150 steps, 0.97 over 13 at width 64, depth 64
-after 300 steps; at width 32, depth 16 up to 5,000 steps, 0.97 to 0.98 at every horizon, where
-the advice was second of 13 from 2,000 steps on, 2.1% behind the smallest gamma of the grid
-(gamma^2 T ranks as well or better); one seed each (examples/advise/README.md).
+How well the score predicts trained losses: the advise study, examples/advise/README.md.
 
 Every candidate is screened with --screen-samples paths (rejected there only for a violation
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
@@ -47,11 +43,9 @@ fractions the binomial SE at the threshold: 0 exploded of 32 paths cannot show a
 0.1%, SE 0.0056; about 4000 paths can); a pass by less is "unresolved", and an unresolved or
 grid-edge advice says so in a note.
 
-Long contexts: the SDE is integrated with min(--tokens, --max-tokens) tokens (default 16),
-chosen by measurement (benchmarks/RESULTS.md, issue #39): for a causal block at width 512,
-depth 96, rho_spread moves by at most 1% (gamma <= 0.3; 3.6% above) from m = 16 to 32, and
-the fractions and the norm quantile agree within about 2 SE or are stricter at m = 16; at
-larger m the SDE's 50-step solution is itself less accurate, and the cost grows as m^3.
+Long contexts: the SDE is integrated with min(--tokens, --max-tokens) tokens (default 16,
+chosen by measurement, benchmarks/RESULTS.md): beyond 16 tokens the scores barely move, the
+SDE's 50-step solution is itself less accurate and the cost grows as m^3.
 --max-tokens 0 integrates all tokens.
 The cost estimate is printed (to stderr) before the work starts, with a progress bar.
 Causal attention is the default (what `shapedtx train` trains); --no-causal for the other.
