@@ -19,13 +19,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from shapedtx._validation import ParameterError, check_positive
 from shapedtx.config import ModelConfig
 
-from .solvers import EulerMaruyamaStep, FactoredEulerStep, Stepper, gaussian_noise, integrate
+from .solvers import (
+    EulerMaruyamaStep,
+    FactoredEulerStep,
+    PairedStep,
+    Stepper,
+    gaussian_noise,
+    integrate,
+)
 from .time_grid import TimeGrid
 from .torchsde_solver import solve_torchsde
 
@@ -79,6 +87,54 @@ class Solver:
             progress=progress,
         )
         return sol.V, sol.exploded, sol.t_explode
+
+    def paired_paths(
+        self,
+        config: ModelConfig,
+        V0: Tensor,
+        grid: TimeGrid,
+        *,
+        seed: int,
+        bound: float,
+        progress: bool | None,
+    ) -> tuple[Tensor, ...]:
+        """:meth:`paths` at ``grid.dt`` and at ``grid.dt / 2`` on the same Brownian paths
+        (:class:`sde.solvers.PairedStep`; docs/theory.md#step-error):
+        ``(V, V_half, exploded, exploded_half, t_explode, t_explode_half)``. The first, third
+        and fifth are :meth:`paths`' with the same seed; the half steps' extra normals come
+        from a generator seeded with :func:`pair_seed` ``(seed)``."""
+        B, _, m = V0.shape
+        dtype, device = V0.dtype, V0.device
+        shape = (B, 2, m, m)
+        coarse = gaussian_noise(
+            shape, torch.Generator(device=device).manual_seed(seed), dtype, device
+        )
+        extra = gaussian_noise(
+            shape, torch.Generator(device=device).manual_seed(pair_seed(seed)), dtype, device
+        )
+
+        def noise(step: int) -> Tensor:
+            return torch.cat([coarse(step), extra(step)], dim=1)
+
+        sol = integrate(
+            PairedStep(self.stepper(config, m)),
+            torch.cat([V0, V0]),
+            steps=grid.steps,
+            dt=grid.dt,
+            save_every=grid.save_every,
+            noise=noise,
+            bound=bound,
+            progress=progress,
+        )
+        V, exploded, t_explode = sol.V, sol.exploded, sol.t_explode
+        return V[:B], V[B:], exploded[:B], exploded[B:], t_explode[:B], t_explode[B:]
+
+
+def pair_seed(seed: int) -> int:
+    """The seed of the extra normals of the half steps (:meth:`Solver.paired_paths`): a
+    64-bit integer derived from ``seed`` by numpy's ``SeedSequence``, a stream independent of
+    the one ``seed`` starts."""
+    return int(np.random.SeedSequence([seed, 2]).generate_state(1, np.uint64)[0])
 
 
 @dataclass(frozen=True)
@@ -135,6 +191,21 @@ class TorchSDE(Solver):
             config, V0, times, dt=grid.dt, bound=bound, seed=seed
         )
         return V[:, list(grid.saved)], exploded, t_explode
+
+    def paired_paths(
+        self,
+        config: ModelConfig,
+        V0: Tensor,
+        grid: TimeGrid,
+        *,
+        seed: int,
+        bound: float,
+        progress: bool | None,
+    ) -> tuple[Tensor, ...]:
+        raise ParameterError(
+            "step_error",
+            "step_error=True needs a solver with a stepper ('euler' or 'em'), not 'torchsde'",
+        )
 
 
 SOLVERS: dict[str, type[Solver]] = {s.name: s for s in (FactoredEuler, EulerMaruyama, TorchSDE)}

@@ -502,6 +502,59 @@ class EulerMaruyamaStep:
         return new, new, ok
 
 
+def _rows(state: State, rows: slice) -> State:
+    """Rows ``rows`` of a stepper state (a tensor or a tuple of them)."""
+    if isinstance(state, tuple):
+        return tuple(x[rows] for x in state)
+    return state[rows]
+
+
+def _cat(a: State, b: State) -> State:
+    """Two stepper states stacked along the rows."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return tuple(torch.cat([x, y]) for x, y in zip(a, b, strict=True))
+    assert isinstance(a, Tensor) and isinstance(b, Tensor)  # same structure
+    return torch.cat([a, b])
+
+
+class PairedStep:
+    """The same paths at step ``dt`` (rows ``:B``) and ``dt / 2`` (rows ``B:``), driven by the
+    same Brownian paths (docs/theory.md#step-error), for :func:`integrate` on ``2B`` rows.
+
+    ``normals: (B, 4, m, m)`` holds the coarse step's normals ``Z`` (``[:, :2]``) and
+    independent ones ``W`` (``[:, 2:]``); the two half steps get ``(Z + W) / sqrt 2`` and
+    ``(Z - W) / sqrt 2``, iid N(0, 1) whose sum is ``sqrt 2 Z``: the half steps' Brownian
+    increments add up to the coarse step's. So the coarse rows are exactly the paths of
+    ``base`` driven by ``Z`` alone (the solve without the pair, same seed).
+    A path is checked for blow-up at the coarse times only.
+    """
+
+    def __init__(self, base: Stepper) -> None:
+        self.base = base
+
+    def init(self, V0: Tensor) -> Any:
+        """State of ``V0: (2B, m, m)`` (coarse rows, then fine rows)."""
+        return self.base.init(V0)
+
+    def step(self, state: Any, normals: Tensor, dt: float) -> tuple[Any, Tensor, Tensor | None]:
+        """One coarse step and two half steps: (state, V (2B, m, m), acceptance or None)."""
+        B = normals.shape[0]
+        Z, W = normals[:, :2], normals[:, 2:]
+        coarse, Vc, ok_c = self.base.step(_rows(state, slice(0, B)), Z, dt)
+        mid, _, ok_1 = self.base.step(_rows(state, slice(B, None)), (Z + W) * _SQRT_HALF, dt / 2)
+        fine, Vf, ok_2 = self.base.step(mid, (Z - W) * _SQRT_HALF, dt / 2)
+        oks = [ok_c, ok_1, ok_2]
+        ok = None
+        if any(o is not None for o in oks):
+            ones = torch.ones(B, dtype=torch.bool, device=normals.device)
+            c, f1, f2 = (ones if o is None else o for o in oks)
+            ok = torch.cat([c, f1 & f2])
+        return _cat(coarse, fine), torch.cat([Vc, Vf]), ok
+
+
+_SQRT_HALF = math.sqrt(0.5)
+
+
 class Solution(NamedTuple):
     """Output of :func:`integrate`: ``V (B, S, m, m)`` at the saved steps, ``exploded (B,)``
     bool, ``t_explode (B,)`` (NaN where not exploded), ``steps`` the saved step indices."""

@@ -21,6 +21,8 @@ Conventions (one place, used everywhere below):
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -29,7 +31,7 @@ import xarray as xr
 from scipy import stats
 
 from shapedtx import metrics
-from shapedtx._validation import ParameterError, check_number
+from shapedtx._validation import ParameterError, check_bool, check_number
 from shapedtx.metrics import detect_collapse
 from shapedtx.results import rho as _rho
 
@@ -53,6 +55,17 @@ def quantiles_with_se(
     the difference quotient of the empirical quantile function with the Hall-Sheather
     bandwidth.
     """
+    q, g, sparsity = _quantile_parts(x, probs)
+    se = np.sqrt(g.var(axis=0, ddof=1) / g.shape[0]) * sparsity
+    return q, se
+
+
+def _quantile_parts(
+    x: np.ndarray, probs: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``q (t, P)``, ``g (N, t, P)`` (each sample's fraction of values <= q) and the
+    sparsity ``1 / f(q)`` (t, P) of :func:`quantiles_with_se`: to first order
+    ``q - q_true = -(mean_s g_s - p) * sparsity``."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3 or x.shape[0] < 2:
         raise ParameterError("x", f"x must have shape (N, t, k) with N >= 2, got {x.shape}")
@@ -67,8 +80,44 @@ def quantiles_with_se(
     hi = np.quantile(pooled, np.clip(p + h, 0.0, 1.0), axis=1).T
     sparsity = (hi - lo) / (np.clip(p + h, 0.0, 1.0) - np.clip(p - h, 0.0, 1.0))
     g = (x[..., None] <= q[None, :, None, :]).mean(axis=2)  # (N, t, P)
-    se = np.sqrt(g.var(axis=0, ddof=1) / N) * sparsity
-    return q, se
+    return q, g, sparsity
+
+
+def quantile_step_error(
+    coarse: np.ndarray, fine: np.ndarray, probs: Sequence[float] = QUANTILES
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step error of pooled quantiles from paired solves (docs/theory.md#step-error).
+
+    coarse, fine: (N, t, k), sample s of both driven by the same Brownian path, at steps dt
+    and dt / 2. Returns ``error, se`` (t, P): the Richardson estimate ``2 (q_dt - q_dt/2)``
+    of ``q_dt - q_0`` (weak order 1) and its Monte Carlo standard error, from the paired
+    linearised quantiles (per sample ``-2 (g_s^dt s_dt - g_s^dt/2 s_dt/2)``, s the sparsity
+    of :func:`quantiles_with_se`), so the coupling of the two solves is accounted for.
+    """
+    qc, gc, sc = _quantile_parts(coarse, probs)
+    qf, gf, sf = _quantile_parts(fine, probs)
+    if gc.shape != gf.shape:
+        raise ParameterError("fine", f"fine must have the shape of coarse, {np.shape(coarse)}")
+    d = gc * sc - gf * sf  # (N, t, P)
+    return 2 * (qc - qf), 2 * np.sqrt(d.var(axis=0, ddof=1) / d.shape[0])
+
+
+def moment_step_error(coarse: np.ndarray, fine: np.ndarray) -> dict[str, np.ndarray]:
+    """Step error of the mean and variance over samples (axis 0) from paired solves
+    (docs/theory.md#step-error): ``mean``, ``mean_se``, ``var``, ``var_se`` (...), each the
+    Richardson ``2 (S_dt - S_dt/2)`` and the standard error of the paired difference (the
+    variance's by its influence function ``(x - mean)^2``)."""
+    c = np.asarray(coarse, dtype=np.float64)
+    f = np.asarray(fine, dtype=np.float64)
+    N = c.shape[0]
+    d = c - f
+    u = (c - c.mean(axis=0)) ** 2 - (f - f.mean(axis=0)) ** 2
+    return {
+        "mean": 2 * d.mean(axis=0),
+        "mean_se": 2 * d.std(axis=0, ddof=1) / np.sqrt(N),
+        "var": 2 * (c.var(axis=0, ddof=1) - f.var(axis=0, ddof=1)),
+        "var_se": 2 * u.std(axis=0, ddof=1) / np.sqrt(N),
+    }
 
 
 def _check_quantiles(quantiles: Sequence[float]) -> None:
@@ -193,10 +242,14 @@ def align_times(
 
 
 def valid_samples(ds: xr.Dataset) -> np.ndarray:
-    """Boolean mask (sample,): finite ``V`` at every time and not flagged ``exploded``."""
+    """Boolean mask (sample,): finite ``V`` (and ``V_half``, where present) at every time and
+    not flagged ``exploded`` (nor ``exploded_half``)."""
     ok = np.isfinite(ds["V"].values).all(axis=(1, 2, 3))
-    if "exploded" in ds:
-        ok &= ~ds["exploded"].values.astype(bool)
+    if "V_half" in ds:
+        ok &= np.isfinite(ds["V_half"].values).all(axis=(1, 2, 3))
+    for flag in ("exploded", "exploded_half"):
+        if flag in ds:
+            ok &= ~ds[flag].values.astype(bool)
     return ok
 
 
@@ -221,6 +274,7 @@ def compare(
     *,
     quantiles: Sequence[float] = QUANTILES,
     tolerance: float | None = None,
+    warn: bool = True,
 ) -> xr.Dataset:
     """Distributions of a finite network and of the SDE (or any two covariance Datasets),
     time by time (docs/theory.md#checks: compare distributions of rho and quantiles, not means).
@@ -235,6 +289,21 @@ def compare(
     * ``V_mean``, ``V_mean_se``, ``V_var``, ``V_var_se`` (source, t, token_a, token_b);
     * ``ks_rho``, ``ks_rho_pvalue``, ``w1_rho``, ``ks_logVaa``, ``ks_logVaa_pvalue``,
       ``w1_logVaa`` (t): two-sample distances between the pooled values.
+
+    If ``limit`` holds ``V_half`` (``sde.solve(..., step_error=True)``), the SDE's step error
+    (docs/theory.md#step-error) of each statistic, ``S_dt - S_0`` estimated as
+    ``2 (S_dt - S_dt/2)`` on the same Brownian paths, with its Monte Carlo SE:
+    ``<stat>_step_error`` and ``<stat>_step_error_se`` for ``rho_quantile``,
+    ``Vaa_quantile`` (t, quantile), ``mean_rho`` (t), ``V_mean`` and ``V_var`` (t, token_a,
+    token_b), and ``<distance>_step_error`` (t), ``2 <distance>(SDE at dt, SDE at dt / 2)``,
+    the distances' error bar. Over the SDE's quantiles of rho and V^aa and its mean rho at
+    the last time (the headline numbers of ``shapedtx compare``; at the first steps the
+    scheme's law is relatively further off, docs/theory.md#step-error),
+    ``attrs["step_error_ratio"]`` is the largest ``|step error| / Monte Carlo SE`` and
+    ``step_error_resolved_ratio`` the largest ``(|step error| - 2 its SE) / Monte Carlo SE``
+    (``step_error_worst`` says where); when that is above 1 (a step error resolved above the
+    Monte Carlo SE) a :class:`StepErrorWarning` names both numbers (unless ``warn`` is
+    False).
 
     ``attrs``: the network's config, sample counts used and excluded, ``max_time_gap``.
     """
@@ -256,6 +325,7 @@ def compare(
     _check_quantiles(quantiles)
     if tolerance is not None:
         check_number("tolerance", tolerance, 0.0)
+    check_bool("warn", warn)
     ia, ib = align_times(network["t"].values, limit["t"].values, tolerance)
     parts = [network.isel(t=ia), limit.isel(t=ib)]
     counts = {}
@@ -291,6 +361,9 @@ def compare(
 
     t_net = network["t"].values[ia]
     t_lim = limit["t"].values[ib]
+    step_attrs: dict[str, str | float] = {}
+    if "V_half" in parts[1]:
+        step_attrs = _step_errors(out, parts[1], values[1], quantiles, t_lim)
     m = network.sizes["token_a"]
     coords = {
         "source": list(SOURCES),
@@ -319,7 +392,77 @@ def compare(
     )
     if "dt" in limit.attrs:
         attrs["limit_dt"] = float(limit.attrs["dt"])
+    attrs.update(step_attrs)
+    if warn and float(step_attrs.get("step_error_resolved_ratio", -math.inf)) > 1:
+        warnings.warn(
+            f"the SDE's step error exceeds its Monte Carlo SE: {step_attrs['step_error_worst']}"
+            f" (dt = {attrs.get('limit_dt', math.nan):.4g}; docs/theory.md#step-error): lower "
+            "dt, or read the SDE's values with their step errors",
+            StepErrorWarning,
+            stacklevel=2,
+        )
     return xr.Dataset(out, coords=coords, attrs=attrs)
+
+
+class StepErrorWarning(RuntimeWarning):
+    """The SDE's estimated step error exceeds a statistic's Monte Carlo SE
+    (:func:`compare`; docs/theory.md#step-error)."""
+
+
+_STEP_CHECKED = (("rho_quantile", "rho quantile"), ("Vaa_quantile", "V^aa quantile"),
+                 ("mean_rho", "mean rho"))  # fmt: skip
+"""The statistics whose step error :func:`compare` weighs against their Monte Carlo SE."""
+
+
+def _step_errors(
+    out: dict[str, tuple[tuple[str, ...], np.ndarray]],
+    limit: xr.Dataset,
+    coarse: dict[str, np.ndarray],
+    quantiles: Sequence[float],
+    t: np.ndarray,
+) -> dict[str, str | float]:
+    """Add the step errors of the SDE's statistics to ``out`` (``limit``: the aligned, valid
+    SDE samples with ``V_half``; ``coarse``: their :func:`token_values`); returns the attrs
+    ``step_error_ratio`` and ``step_error_worst``."""
+    fine = token_values(limit.assign(V=limit["V_half"]))
+    for var in ("rho", "Vaa"):
+        err, se = quantile_step_error(coarse[var], fine[var], quantiles)
+        out[f"{var}_quantile_step_error"] = (("t", "quantile"), err)
+        out[f"{var}_quantile_step_error_se"] = (("t", "quantile"), se)
+    mr = moment_step_error(coarse["rho"].mean(axis=-1), fine["rho"].mean(axis=-1))
+    out["mean_rho_step_error"] = (("t",), mr["mean"])
+    out["mean_rho_step_error_se"] = (("t",), mr["mean_se"])
+    mom = moment_step_error(limit["V"].values, limit["V_half"].values)
+    for key in ("mean", "var"):
+        dims = ("t", "token_a", "token_b")
+        out[f"V_{key}_step_error"] = (dims, mom[key])
+        out[f"V_{key}_step_error_se"] = (dims, mom[f"{key}_se"])
+    for var in ("rho", "logVaa"):
+        d = distances(coarse[var], fine[var])
+        out[f"ks_{var}_step_error"] = (("t",), 2 * d["ks"])
+        out[f"w1_{var}_step_error"] = (("t",), 2 * d["w1"])
+    point, worst = 0.0, (-math.inf, "")
+    probs = np.asarray(quantiles, dtype=np.float64)
+    for name, label in _STEP_CHECKED:
+        # at the last time (the headline numbers), the SDE's Monte Carlo SE
+        err, err_se = out[f"{name}_step_error"][1][-1:], out[f"{name}_step_error_se"][1][-1:]
+        se = out[name + "_se"][1][1][-1:]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(err != 0, np.abs(err) / se, 0.0)
+            low = np.where(err != 0, (np.abs(err) - 2 * err_se) / se, -math.inf)
+        point = max(point, float(np.nanmax(ratio, initial=0.0)))
+        if low.size and np.nanmax(low, initial=-math.inf) > worst[0]:
+            i = np.unravel_index(int(np.nanargmax(low)), low.shape)
+            at = f" {100 * probs[i[1]]:g}%" if len(i) > 1 else ""
+            worst = (
+                float(low[i]),
+                f"{label}{at} at t = {t[-1]:.4g}: step error {err[i]:+.3g} ± {err_se[i]:.2g} "
+                f"against Monte Carlo SE {se[i]:.3g}",
+            )
+    return {"step_error": str(limit.attrs.get("step_error", "paired dt/2")),
+            "limit_dt_half": float(limit.attrs.get("dt_half", math.nan)),
+            "step_error_ratio": point, "step_error_resolved_ratio": worst[0],
+            "step_error_worst": worst[1]}  # fmt: skip
 
 
 def causal_pairs(m: int) -> list[tuple[int, int]]:
