@@ -473,3 +473,38 @@ def test_the_ablation_row_is_in_progress():
     ((claim, scale),) = _findings()["examples/ablation/"]
     assert "in progress" in claim and scale == "-"
     assert (ROOT / "examples" / "ablation").is_dir()
+
+
+# ---- the documentation indexes -----------------------------------------------------------------
+
+
+def _nav_pages() -> list[str]:
+    """The pages of the site's navigation (mkdocs.yml), in order, Home excepted."""
+    yaml = pytest.importorskip("yaml")
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    pages: list[str] = []
+
+    def walk(items) -> None:
+        for item in items:
+            for value in item.values():
+                if isinstance(value, list):
+                    walk(value)
+                else:
+                    pages.append(value)
+
+    walk(nav)
+    return [page for page in pages if page != "index.md"]
+
+
+def _linked(text: str, prefix: str) -> list[str]:
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    return [link.removeprefix(prefix) for link in links if link.startswith(prefix)]
+
+
+def test_readme_and_site_home_index_every_page_of_the_site():
+    """The README's documentation index and docs/index.md link every page of mkdocs.yml's
+    navigation (a new guide page without an index entry fails)."""
+    pages = _nav_pages()
+    section = TEXT[TEXT.index("## Documentation") :]
+    for text, prefix in ((section, "docs/"), ((ROOT / "docs" / "index.md").read_text(), "")):
+        assert set(pages) <= set(_linked(text, prefix)), set(pages) - set(_linked(text, prefix))
