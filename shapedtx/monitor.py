@@ -135,10 +135,18 @@ class _QueryKeyReader(_Reader):
     ``layers["key"]``), outputs (B, m, h n_k): logits ``scale q k^T`` per head."""
 
     def __init__(
-        self, name: str, query: nn.Module, key: nn.Module, heads: int, scale: float, causal: bool
+        self,
+        name: str,
+        query: nn.Module,
+        key: nn.Module,
+        heads: int,
+        scale: float,
+        causal: bool,
+        temperature: Tensor | None = None,
     ) -> None:
         self.name, self.query, self.key = name, query, key
         self.heads, self.scale, self.causal = heads, scale, causal
+        self.temperature = temperature  # per-head inverse temperature (h,), trainable
         self.q: Tensor | None = None
         self.k: Tensor | None = None
 
@@ -160,6 +168,8 @@ class _QueryKeyReader(_Reader):
         q, k = split_heads(_float(self.q), self.heads), split_heads(_float(self.k), self.heads)
         self.q = self.k = None
         Y = (q @ k.transpose(-1, -2)) * self.scale
+        if self.temperature is not None:
+            Y = Y * _float(self.temperature.detach())[:, None, None]
         return _causal(Y) if self.causal else Y
 
 
@@ -297,8 +307,9 @@ def _reader(name: str, module: nn.Module) -> _Reader | None:
         cfg = module.config
         scale = 1.0 / cfg.tau if cfg.attention == "shaped" else 1.0 / math.sqrt(cfg.key_dim)
         layers = module.layers
+        temperature = module.gains.get("attn_temperature")
         return _QueryKeyReader(
-            name, layers["query"], layers["key"], cfg.heads, scale, bool(cfg.causal)
+            name, layers["query"], layers["key"], cfg.heads, scale, bool(cfg.causal), temperature
         )
     if isinstance(module, nn.MultiheadAttention):
         if module.bias_k is not None or module.add_zero_attn:
@@ -388,6 +399,47 @@ def _weights(
     return list(order), per_block
 
 
+def _gains(
+    blocks: Sequence[tuple[str, nn.Module]],
+) -> tuple[list[str], list[tuple[int, int, Tensor]]]:
+    """Names of the blocks' trainable gains (parameters ``...gains.<name>``: the simplified
+    blocks' and the trainable shape's, docs/theory.md#trainable-shape), in order of first
+    appearance, and (block, name index, parameter) of each."""
+    order: dict[str, None] = {}
+    found: list[tuple[int, str, Tensor]] = []
+    for b, (_, block) in enumerate(blocks):
+        for name, p in block.named_parameters():
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] == "gains":
+                order[parts[-1]] = None
+                found.append((b, parts[-1], p))
+    names = list(order)
+    return names, [(b, names.index(n), p) for b, n, p in found]
+
+
+def _slopes(block: nn.Module) -> tuple[Tensor | float, Tensor | float] | None:
+    """(s_+, s_-) of a library block's ReLU MLP (its trainable slopes, else the configured
+    constants); None for any other block."""
+    from .activation import relu_slopes
+    from .nn import MLP
+
+    mlp = getattr(block, "mlp", None)
+    if not isinstance(mlp, MLP) or mlp.config.mlp not in ("shaped_relu", "relu"):
+        return None
+    if "mlp_s_plus" in mlp.gains:
+        return mlp.gains["mlp_s_plus"], mlp.gains["mlp_s_minus"]
+    s_plus, s_minus, _ = relu_slopes(mlp.config)
+    return s_plus, s_minus
+
+
+def mlp_kappa(s_plus: Tensor | float, s_minus: Tensor | float) -> Tensor:
+    """Mean over channels of ``kappa = (s_+ - s_-)^2 / (2 (s_+^2 + s_-^2))``, how far a ReLU
+    MLP's kernel map is from linear (0: linear, 1/2: plain ReLU; docs/theory.md#kernel-map)."""
+    sp = torch.as_tensor(s_plus, dtype=torch.float64)
+    sm = torch.as_tensor(s_minus, dtype=torch.float64)
+    return ((sp - sm) ** 2 / (2 * (sp**2 + sm**2))).mean()
+
+
 class Monitor:
     """Signal-propagation metrics of a model on a fixed batch, for a user's training loop.
 
@@ -407,9 +459,13 @@ class Monitor:
     ``residual`` over ``(step, layer)`` (layer 0 the input of the first block);
     ``attention_entropy``, ``max_logit`` over ``(step, block, head)`` and
     ``entropy_reference(step, block)``; ``update_size(step, block, weight)`` (NaN at the first
-    measurement, and where a block lacks that matrix). Where attention is not reachable the
-    attention variables are NaN for those blocks (absent if no block has reachable attention)
-    and ``attrs["missing"]`` says so (also as a warning at construction).
+    measurement, and where a block lacks that matrix); where blocks have trainable gains
+    (``...gains.<name>`` parameters: the simplified blocks', the trainable shape's)
+    ``shape_gain(step, block, gain)``, each gain's mean over heads or channels (NaN where a block
+    lacks it); for the library's ReLU MLPs ``mlp_kappa(step, block)``, the mean over
+    channels of the slopes' kernel nonlinearity (:func:`mlp_kappa`). Where attention is not
+    reachable the attention variables are NaN for those blocks (absent if no block has
+    reachable attention) and ``attrs["missing"]`` says so (also as a warning at construction).
 
     Args:
         model, inputs, blocks: as :func:`shapedtx.probe`.
@@ -435,6 +491,8 @@ class Monitor:
         self.blocks = find_blocks(model, blocks)
         self.readers = find_attention(model, self.blocks, attention)
         self.weight_names, params = _weights(self.blocks)
+        self.gain_names, self._gain_params = _gains(self.blocks)
+        self._slopes = [_slopes(block) for _, block in self.blocks]
         index = {name: w for w, name in enumerate(self.weight_names)}
         self._flat = [(b, index[n], p) for b, ps in enumerate(params) for n, p in ps.items()]
         self._previous: list[Tensor] | None = None
@@ -512,7 +570,29 @@ class Monitor:
             if self.has_attention:
                 row.update(self._attention_rows(logits))
             row["update_size"] = self._updates()
+            row.update(self._shape_rows())
         return {name: value.double().cpu().numpy() for name, value in row.items()}
+
+    def _shape_rows(self) -> dict[str, Tensor]:
+        """{shape_gain: (L, G) means, mlp_kappa: (L,)}, each only where some block has it."""
+        rows: dict[str, Tensor] = {}
+        if self._gain_params:
+            gain = torch.full(
+                (len(self.blocks), len(self.gain_names)), math.nan, dtype=torch.float64
+            )
+            for b, g, p in self._gain_params:
+                gain[b, g] = p.detach().double().mean().cpu()
+            rows["shape_gain"] = gain
+        if any(s is not None for s in self._slopes):
+            rows["mlp_kappa"] = torch.stack(
+                [
+                    mlp_kappa(*[x.detach().cpu() if isinstance(x, Tensor) else x for x in s])
+                    if s is not None
+                    else torch.tensor(math.nan, dtype=torch.float64)
+                    for s in self._slopes
+                ]
+            )
+        return rows
 
     def _attention_rows(self, logits: list[Tensor | None]) -> dict[str, Tensor]:
         """{attention_entropy, max_logit: (L, H), entropy_reference: (L,)}, NaN where a
@@ -554,7 +634,9 @@ class Monitor:
     def _dataset(self, rows: list[dict[str, Any]]) -> xr.Dataset:
         import xarray as xr
 
-        data, coords = monitor_variables(rows, self.weight_names, len(self.blocks))
+        data, coords = monitor_variables(
+            rows, self.weight_names, len(self.blocks), gains=self.gain_names
+        )
         from .training.log import METRICS
 
         for name in METRICS:
@@ -598,13 +680,20 @@ def _note(blocks: Sequence[tuple[str, nn.Module]], readers: Sequence[_Reader | N
 
 
 def monitor_variables(
-    rows: Sequence[Mapping[str, Any]], weights: Sequence[str], depth: int
+    rows: Sequence[Mapping[str, Any]],
+    weights: Sequence[str],
+    depth: int,
+    *,
+    gains: Sequence[str] = (),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Dataset variables and coordinates of the monitor's rows (dicts holding
     ``activation_rms``, ``kurtosis``: (L + 1,); ``attention_entropy``, ``max_logit``:
-    (L, H); ``entropy_reference``: (L,); ``update_size``: (L, W)). A variable absent from every
-    row is left out; rows without it (an older checkpoint's) get NaN."""
+    (L, H); ``entropy_reference``, ``mlp_kappa``: (L,); ``update_size``: (L, W);
+    ``shape_gain``: (L, G), G the names ``gains``). A variable absent from every row is left out; rows
+    without it (an older checkpoint's) get NaN."""
     dims = {
+        "shape_gain": ("step", "block", "gain"),
+        "mlp_kappa": ("step", "block"),
         "activation_rms": ("step", "layer"),
         "kurtosis": ("step", "layer"),
         "attention_entropy": ("step", "block", "head"),
@@ -629,6 +718,8 @@ def monitor_variables(
             coords["head"] = np.arange(shape[-1])
     if "update_size" in data:
         coords["weight"] = np.asarray(list(weights), dtype=str)
+    if "shape_gain" in data:
+        coords["gain"] = np.asarray(list(gains), dtype=str)
     return data, coords
 
 

@@ -66,9 +66,11 @@ def log_dataset(
     attrs: Mapping[str, Any] | None = None,
     *,
     weights: Sequence[str] = (),
+    gains: Sequence[str] = (),
 ) -> xr.Dataset:
     """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset;
-    ``weights``: the names of the ``weight`` coordinate of ``update_size`` (the monitor's)."""
+    ``weights``: the names of the ``weight`` coordinate of ``update_size`` and ``gains`` of
+    the ``gain`` coordinate of ``shape_gain`` (the monitor's)."""
     from ..monitor import monitor_variables
 
     if not rows:
@@ -83,7 +85,7 @@ def log_dataset(
     )
     for name in METRICS:
         data[name] = (("step", "layer"), np.stack([r[name] for r in rows]).astype(np.float64))
-    extra, extra_coords = monitor_variables(rows, weights, depth)
+    extra, extra_coords = monitor_variables(rows, weights, depth, gains=gains)
     data.update(extra)
     coords = {
         **extra_coords,
