@@ -329,7 +329,14 @@ def train(
     def build_log(status: str, **extra: Any) -> xr.Dataset:
         notes = {"monitor_missing": monitor.note} if monitor.note else {}
         all_attrs = {**attrs, **notes, "status": status, **extra}
-        return log_dataset(rows, model_config, config, all_attrs, weights=monitor.weight_names, gains=monitor.gain_names)
+        return log_dataset(
+            rows,
+            model_config,
+            config,
+            all_attrs,
+            weights=monitor.weight_names,
+            gains=monitor.gain_names,
+        )
 
     def checkpoint() -> None:
         if out is None or ckpt_path is None:
