@@ -59,6 +59,7 @@ def convergence(
     dtype: torch.dtype = torch.float64,
     progress: bool | None = None,
     on_width: Callable[[int], None] | None = None,
+    step_error: bool = True,
 ) -> xr.Dataset:
     """Distance between finite networks and the SDE at the final time T = config.T.
 
@@ -78,6 +79,14 @@ def convergence(
     distance is above ``floor + 2 sd`` only (``<stat>_fit_widths``; a slope through points at
     the floor measures the noise, not the convergence). With fewer than 2 such widths the slope
     is NaN: no slope can be fitted.
+
+    The SDE's own step error (docs/theory.md#step-error) enters when ``limit`` holds the
+    solve at ``dt / 2`` on the same paths (``step_error``: so does the solve made here;
+    ``sde.solve(..., step_error=True)``): ``<stat>_step_error`` (attrs, twice the distance
+    between the SDE at dt and at dt / 2) is added to the threshold, so a width is fitted
+    only if its distance exceeds ``floor + 2 sd + step error``, and ``median_rho_gap`` is
+    taken against the SDE's median extrapolated to dt -> 0, its SE including the
+    extrapolation's (``attrs["median_rho_gap_reference"]`` says which).
     """
     widths = [int(w) if isinstance(w, (int, np.integer)) else w for w in widths]
     if len(widths) < 2 or len(set(widths)) != len(widths):
@@ -91,8 +100,8 @@ def convergence(
         from sde import solve
 
         limit = solve(config, V0, samples, T=T, dt=dt, method=sde_method, seed=seed + 1,
-                      device=device, dtype=dtype, progress=progress,
-                      warn=False)  # fmt: skip  # compare drops them
+                      device=device, dtype=dtype, progress=progress, warn=False,
+                      step_error=step_error)  # fmt: skip  # compare drops them
     k_T = int(np.abs(limit["t"].values - T).argmin())
     if abs(limit["t"].values[k_T] - T) > 1e-6 * max(1.0, T):
         raise ParameterError(
@@ -109,19 +118,25 @@ def convergence(
             net = simulate(cfg, V0, samples, method=method, seed=seed, device=device,
                            dtype=dtype, progress=progress)  # fmt: skip
         net_T = net.isel(t=[-1]).assign_coords(t=[T])
-        rows.append(compare(net_T, lim_T.assign_coords(t=[T])).isel(t=0))
+        rows.append(compare(net_T, lim_T.assign_coords(t=[T]), warn=False).isel(t=0))
         if on_width is not None:
             on_width(w)
     cmp = xr.concat(rows, dim=xr.DataArray(list(configs), dims="width", name="width"))
     gap = cmp["rho_quantile"].sel(quantile=0.5, method="nearest")
     gap_se = cmp["rho_quantile_se"].sel(quantile=0.5, method="nearest")
+    sde_median, sde_se = gap.sel(source="sde"), gap_se.sel(source="sde")
+    stepped = "rho_quantile_step_error" in cmp
+    if stepped:  # the SDE's median at dt -> 0: minus its step error, whose SE adds
+        err = cmp["rho_quantile_step_error"].sel(quantile=0.5, method="nearest")
+        err_se = cmp["rho_quantile_step_error_se"].sel(quantile=0.5, method="nearest")
+        sde_median, sde_se = sde_median - err, np.hypot(sde_se, err_se)
     out = xr.Dataset(
         {
             **{s: cmp[s] for s in STATISTICS},
             "ks_rho_pvalue": cmp["ks_rho_pvalue"],
             "rho_quantile": cmp["rho_quantile"],
-            "median_rho_gap": gap.sel(source="network") - gap.sel(source="sde"),
-            "median_rho_gap_se": np.hypot(gap_se.sel(source="network"), gap_se.sel(source="sde")),
+            "median_rho_gap": gap.sel(source="network") - sde_median,
+            "median_rho_gap_se": np.hypot(gap_se.sel(source="network"), sde_se),
             "depth": ("width", [c.depth for c in configs.values()]),
             "n_network": ("width", [r.attrs["n_network"] for r in rows]),
         }
@@ -131,11 +146,15 @@ def convergence(
         {"T": T, "n_limit": rows[0].attrs["n_limit"],
          "n_excluded_limit": rows[0].attrs["n_excluded_limit"]}
     )  # fmt: skip
+    out.attrs["median_rho_gap_reference"] = "sde, dt -> 0" if stepped else "sde at dt"
     floors, spreads = _noise_floor(lim_T, int(np.min(out["n_network"].values)))
     n = np.asarray(list(configs), dtype=np.float64)
     for s in STATISTICS:
         d = out[s].values
-        above = np.isfinite(d) & (d > floors[s] + 2 * spreads[s])
+        step = float(rows[0][f"{s}_step_error"]) if stepped else 0.0  # one SDE for all widths
+        if stepped:
+            out.attrs[f"{s}_step_error"] = step
+        above = np.isfinite(d) & (d > floors[s] + 2 * spreads[s] + step)
         out.attrs.update(_fit(np.log(n[above]), d[above], s))
         out.attrs[f"{s}_noise_floor"] = floors[s]
         out.attrs[f"{s}_noise_sd"] = spreads[s]

@@ -15,6 +15,7 @@ given, writes every Dataset, ``summary.json`` and the figures there (each file a
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,9 @@ class Experiment:
             the fastest exact one that applies).
         sde_method: SDE solver, a name of :data:`sde.SOLVERS` (``"euler"``, ``"em"``,
             ``"torchsde"``); ``dt`` its step.
+        step_error: also solve the SDE at ``dt / 2`` on the same Brownian paths and report
+            each statistic's step error beside its Monte Carlo SE (docs/theory.md#step-error;
+            the SDE stage costs about 3 times as much; not with ``"torchsde"``).
         threshold: rank collapse is a mean correlation above it.
         seed: base seed (network ``seed``, SDE ``seed + 1``, baseline k ``seed + 2 + k``).
         device, dtype: where and in which precision (``"float64"`` or ``"float32"``).
@@ -86,6 +90,7 @@ class Experiment:
     method: str = "auto"
     sde_method: str = "euler"
     dt: float = 0.01
+    step_error: bool = True
     threshold: float = 0.99
     seed: int = 0
     device: str = "cpu"
@@ -117,6 +122,13 @@ class Experiment:
         check_int("seed", self.seed, 0)
         check_choice("dtype", self.dtype, tuple(DTYPES))
         check_bool("sde", self.sde)
+        check_bool("step_error", self.step_error)
+        if self.sde and self.step_error and self.sde_method == "torchsde":
+            raise ParameterError(
+                "step_error",
+                "step_error needs sde_method 'euler' or 'em' (torchsde has no stepper); "
+                "pass step_error=False",
+            )
         if not self.sde:  # collapse only: no SDE limit needed
             return
         from sde import sde_constants
@@ -285,7 +297,7 @@ def run_convergence(
         e.config, [*e.widths, e.config.width], e.V0(), e.samples, limit=limit,
         networks={e.config.width: network} if network is not None else None,
         method=e.sampler(e.config), dt=e.dt, sde_method=e.sde_method, seed=e.seed,
-        device=e.device, dtype=e.dtype_torch, progress=progress,
+        device=e.device, dtype=e.dtype_torch, progress=progress, step_error=e.step_error,
     )  # fmt: skip
 
 
@@ -327,9 +339,12 @@ def run_comparison(
     with timer("network", f"finite network: {model_label(cfg)}, width {cfg.width}, depth "
                f"{cfg.depth}, {e.samples} samples"):  # fmt: skip
         network = simulate(cfg, e.V0(), e.samples, method=e.sampler(cfg), seed=e.seed, **common)
-    with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}, {e.samples} paths"):
+    with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}"
+               + (f" and {e.dt / 2:g} (step error)" if e.step_error else "")
+               + f", {e.samples} paths"):  # fmt: skip
         limit = solve(cfg, e.V0(), e.samples, T=cfg.T, dt=e.dt, method=e.sde_method,
-                      seed=e.seed + 1, warn=False, **common)  # fmt: skip  # reported below
+                      seed=e.seed + 1, warn=False, step_error=e.step_error,
+                      **common)  # fmt: skip  # reported below
     with timer("baselines", f"baselines, {e.baseline_samples} samples each"):
         collapse, models = run_collapse(e, network, progress)
     with timer("statistics", "comparison statistics"):
@@ -446,6 +461,7 @@ def summarise(result: Comparison, times: dict[str, float] | None = None) -> dict
         "samples": int(limit.sizes["sample"]),
         "excluded": int(comparison.attrs["n_excluded_limit"]),
     }
+    summary["sde"]["step_error"] = _step_error_summary(comparison)
     summary["network_excluded"] = int(comparison.attrs["n_excluded_network"])
     summary["collapse"] = collapse_summary(result.collapse)
     conv = result.convergence
@@ -459,11 +475,43 @@ def summarise(result: Comparison, times: dict[str, float] | None = None) -> dict
             "w1_rho_slope": _num(conv.attrs["w1_rho_slope"]),
             "w1_rho_slope_se": _num(conv.attrs["w1_rho_slope_se"]),
             "w1_rho_noise_floor": _num(conv.attrs["w1_rho_noise_floor"]),
+            "w1_rho_step_error": _num(conv.attrs.get("w1_rho_step_error", math.nan)),
         }  # fmt: skip
     if result.token_pairs is not None:
         summary["token_pairs"] = _pairs_summary(result.token_pairs)
     summary["run_times_s"] = {k: round(v, 2) for k, v in (times or {}).items()}
     return summary
+
+
+def _step_error_summary(comparison: xr.Dataset) -> dict[str, Any] | None:
+    """The ``sde.step_error`` entry of ``summary.json`` (None without the dt/2 solve): the
+    step errors at T of the SDE's quantiles of rho and V^aa, mean rho and the distances, each
+    ``S_dt - S_0`` by Richardson from dt and dt/2 on the same paths, with their SEs
+    (docs/theory.md#step-error), and the largest ratios to the Monte Carlo SE."""
+    if "rho_quantile_step_error" not in comparison:
+        return None
+    last = comparison.isel(t=-1)
+    a = comparison.attrs
+    return {
+        "dt_half": _num(a["limit_dt_half"]),
+        **{
+            f"{var}_T": {
+                "step_error": _nums(last[f"{var}_quantile_step_error"].values),
+                "step_error_se": _nums(last[f"{var}_quantile_step_error_se"].values),
+            }
+            for var in ("rho", "Vaa")
+        },
+        "mean_rho_T": {
+            "step_error": _num(last["mean_rho_step_error"]),
+            "step_error_se": _num(last["mean_rho_step_error_se"]),
+        },
+        "distances_T": {
+            k: _num(last[f"{k}_step_error"]) for k in ("ks_rho", "w1_rho", "ks_logVaa", "w1_logVaa")
+        },
+        "ratio": _num(a["step_error_ratio"]),
+        "resolved_ratio": _num(a["step_error_resolved_ratio"]),
+        "worst": str(a["step_error_worst"]),
+    }
 
 
 def _pairs_summary(pairs: xr.Dataset) -> dict[str, Any]:

@@ -152,6 +152,7 @@ def format_summary(s: Mapping[str, Any]) -> str:
     )
     e = s["sde"]
     lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
+    lines.append(_step_error_line(e))
     if "token_pairs" in s:
         tp = s["token_pairs"]
         cells = [
@@ -177,6 +178,32 @@ def format_summary(s: Mapping[str, Any]) -> str:
         )  # fmt: skip
     lines.append("run times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["run_times_s"].items()))
     return "\n".join(lines)
+
+
+def _step_error_line(e: Mapping[str, Any]) -> str:
+    """The SDE's step error at T (docs/theory.md#step-error), or that it was not estimated."""
+    st = e.get("step_error")
+    if st is None:
+        return f"SDE step error at dt = {number(e['dt'], 4)}: not estimated"
+
+    def worst(key: str) -> str:
+        pairs = [(v, s) for v, s in zip(st[key]["step_error"], st[key]["step_error_se"],
+                                        strict=True) if v is not None]  # fmt: skip
+        v, se = max(pairs, key=lambda p: abs(p[0]), default=(float("nan"), float("nan")))
+        return f"{v:+.4f} ± {number(se, 2)}"
+
+    verdict = (
+        "resolved above the Monte Carlo SE"
+        if (st["resolved_ratio"] or -1.0) > 1
+        else "below the Monte Carlo SE"
+        if (st["ratio"] or 0.0) <= 1
+        else "not resolved above the Monte Carlo SE"
+    )
+    return (
+        f"SDE step error at T (dt = {number(e['dt'], 4)} vs {number(st['dt_half'], 4)}, same "
+        f"paths; largest of the quantiles): rho {worst('rho_T')}, V^aa {worst('Vaa_T')}; "
+        f"{verdict} (|error| / SE at most {number(st['ratio'], 2)})"
+    )
 
 
 # -- advise -----------------------------------------------------------------------------------

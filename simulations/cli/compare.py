@@ -69,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--dt", type=float, default=0.01, help="SDE step (default 0.01)")
     g.add_argument("--sde-method", choices=SDE_METHODS, default="euler")
+    g.add_argument(
+        "--no-step-error",
+        action="store_true",
+        help="skip the SDE's step-error estimate (a second solve at dt/2 on the same paths, "
+        "docs/theory.md#step-error; never with --sde-method torchsde)",
+    )
     add_method_argument(g)
     g.add_argument(
         "--threshold", type=float, default=0.99, help="collapse: mean rho above this (0.99)"
@@ -137,6 +143,7 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
             method=args.method,
             sde_method=args.sde_method,
             dt=args.dt,
+            step_error=not args.no_step_error and args.sde_method != "torchsde",
             threshold=args.threshold,
             seed=settings.seed,
             device=str(device),
