@@ -15,6 +15,7 @@ field overridden (width, depth, ...). On the command line: ``--model NAME``.
 | shaped_t  | shaped (tau0 1/4) | shaped ReLU n | none | gamma^2 d/n = 0.005625 | fan_in | no | no |
 | pre_ln_depth_mup | softmax | GELU 4n   | pre  | X + f / sqrt(d)  | fan_in | yes  | yes      |
 | pre_ln_completep | softmax | GELU 4n   | pre  | X + f / d        | fan_in | yes  | yes      |
+| shaped_free | shaped+gains | shaped ReLU 4n | none | lambda X + gamma f | fan_in | no | no |
 
 All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block,
 ``post_ln`` the original Transformer's. ``sas`` and ``sas_p`` are He & Hofmann's simplified
@@ -33,6 +34,16 @@ VI; Bordelon et al. 2023) and ``pre_ln_completep`` (Dey et al. 2025) are the pre
 the branch multiplier ``depth^(-1/2)`` or ``depth^(-1)`` (``ModelConfig.depth_alpha``) and
 muP's ``1/fan_in`` weight variance instead of GPT-2's init (whose ``1/sqrt(2 depth)`` would
 count depth twice).
+
+``shaped_free`` is the shaped Transformer at initialisation, free to learn its shape
+(docs/theory.md#trainable-shape): the shaped ReLU's slopes are trainable per hidden unit
+(``mlp_slopes="channel"``: every unit can become as nonlinear as it needs, at 2 x 4n
+parameters per block, 0.4% of its MLP weights at width 64) and the shaped attention's per-head
+gains alpha, beta, gamma_c (``attention_gains="trainable"``), all starting at the shaped
+values, so ``compare``, ``simulate`` and the SDE describe it at initialisation unchanged. The
+temperature stays fixed (``temperature="trainable"`` is the option; the ablation,
+examples/ablation, measures it). Take gamma and tau0 from ``shapedtx advise``, as for
+``shaped``; its MLP is 4n wide, as in training.
 """
 
 from __future__ import annotations
@@ -102,6 +113,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "pre_ln_depth_mup": {**_TRANSFER_PRE_LN, "depth_alpha": 0.5},
     "pre_ln_completep": {**_TRANSFER_PRE_LN, "depth_alpha": 1.0},
+    "shaped_free": {
+        "attention": "shaped",
+        "mlp": "shaped_relu",
+        "mlp_ratio": 4,
+        "norm": "none",
+        "residual": "scaled",
+        "init": "fan_in",
+        "heads": 4,
+        "out_proj": True,
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+    },
 }
 """Preset name -> the ModelConfig fields it sets (everything else keeps its default)."""
 
@@ -118,6 +141,8 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "shaped_t": "shaped, tau0 0.25, gamma from T: gamma^2 depth / width held at 0.005625",
     "pre_ln_depth_mup": "pre-LN with branch multiplier 1/sqrt(depth) and 1/fan_in init (depth-muP)",
     "pre_ln_completep": "pre-LN with branch multiplier 1/depth and 1/fan_in init (CompleteP)",
+    "shaped_free": "shaped at initialisation, free to learn: shaped ReLU 4n with trainable "
+    "per-channel slopes, shaped attention with trainable per-head gains",
 }
 
 

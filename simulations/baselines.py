@@ -19,6 +19,10 @@ def baselines(config: ModelConfig) -> dict[str, ModelConfig]:
     std = config.replace(
         attention="softmax" if config.attention == "shaped" else config.attention,
         mlp="relu" if config.mlp == "shaped_relu" else config.mlp,
+        # the trainable shape (docs/theory.md#trainable-shape) is the shaped layers'
+        mlp_slopes="fixed",
+        attention_gains="fixed",
+        temperature="fixed",
     )
     heads = next(h for h in (4, 2, 1) if config.width % h == 0)
     size = {"width": config.width, "depth": config.depth, "causal": config.causal, "heads": heads}

@@ -140,11 +140,21 @@ PRESET_CELLS = {
         "shaped (tau0 = 0.25)": {"attention": "shaped", "tau0": 0.25},
         "softmax": {"attention": "softmax"},
         "simplified": {"attention": "simplified"},
+        "shaped (tau0 = 1), trainable per-head gains": {
+            "attention": "shaped",
+            "tau0": 1.0,
+            "attention_gains": "trainable",
+        },
     },
     "MLP": {
         "shaped ReLU, n": {"mlp": "shaped_relu", "mlp_ratio": 1},
         "GELU, 4n": {"mlp": "gelu", "mlp_ratio": 4},
         "ReLU, 4n": {"mlp": "relu", "mlp_ratio": 4},
+        "shaped ReLU, 4n, trainable slopes per unit": {
+            "mlp": "shaped_relu",
+            "mlp_ratio": 4,
+            "mlp_slopes": "channel",
+        },
     },
     "norm": {
         "none": {"norm": "none"},
