@@ -689,8 +689,8 @@ def monitor_variables(
     """The Dataset variables and coordinates of the monitor's rows (dicts holding
     ``activation_rms``, ``kurtosis``: (L + 1,); ``attention_entropy``, ``max_logit``:
     (L, H); ``entropy_reference``, ``mlp_kappa``: (L,); ``update_size``: (L, W);
-    ``shape_gain``: (L, G), G the names ``gains``). A variable absent from every row is left out; rows
-    without it (an older checkpoint's) get NaN."""
+    ``shape_gain``: (L, G), G the names ``gains``). A variable absent from every row is left
+    out; rows without it (an older checkpoint's) get NaN."""
     dims = {
         "shape_gain": ("step", "block", "gain"),
         "mlp_kappa": ("step", "block"),

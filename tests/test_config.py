@@ -88,7 +88,7 @@ def test_unused_fields_are_exactly_the_ones_without_effect():
     assert "softmax" in unused["tau0"] and "'relu'" in unused["c_plus"]
     no_attention = ModelConfig(attention="none", mlp="shaped_relu").unused_fields()
     assert set(no_attention) == {
-        "heads", "key_dim", "head_dim", "out_proj", "tau0", "causal"
+        "heads", "key_dim", "head_dim", "out_proj", "tau0", "causal", "query_bias"
     } | unused_by_default  # fmt: skip
     assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"} | {
         "mlp_gain", "norm_kind", "base_depth"
