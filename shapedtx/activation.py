@@ -28,7 +28,7 @@ def shaped_relu(x: Tensor, s_plus: float, s_minus: float, *, overwrite: bool = F
     return s_minus * torch.clamp(x, max=0)
 
 
-def trainable_relu(x: Tensor, s_plus: Tensor, s_minus: Tensor) -> Tensor:
+def trainable_relu(x: Tensor, s_plus: Tensor | float, s_minus: Tensor | float) -> Tensor:
     """:func:`shaped_relu` with trainable slopes (0-d, or one per channel of x's last
     dimension; docs/theory.md#trainable-shape); x: (..., k). The same numbers as
     :func:`shaped_relu` at equal slopes when s_+ = 1 (every shaped preset: ``c_plus=0``)."""

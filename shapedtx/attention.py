@@ -167,9 +167,9 @@ def shaped_attention_heads_with_gains(
     k: Tensor,
     values: Tensor,
     tau: float,
-    alpha: Tensor,
-    beta: Tensor,
-    gamma: Tensor,
+    alpha: Tensor | float,
+    beta: Tensor | float,
+    gamma: Tensor | float,
     *,
     causal: bool = False,
 ) -> Tensor:

@@ -216,7 +216,7 @@ def _trainable_shaped_attention(
             alpha,
             beta,
             gamma,
-            causal=config.causal,  # type: ignore[arg-type]
+            causal=config.causal,
         )
     Y = small_matmul(q, k.transpose(-1, -2))
     A = gained_attention_matrix(Y, 1.0 / config.tau, alpha, beta, gamma, causal=config.causal)

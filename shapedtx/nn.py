@@ -106,7 +106,7 @@ class Attention(_Projected):
             self.layers["out"] = _linear(config, "out", values, n, bias)
         if config.attention == "shaped":
             names = ("attn_alpha", "attn_beta", "attn_gamma")
-            trainable = names if config.attention_gains != "fixed" else ()
+            trainable: tuple[str, ...] = names if config.attention_gains != "fixed" else ()
             if config.temperature != "fixed":
                 trainable += ("attn_temperature",)
             for name in trainable:
@@ -137,7 +137,7 @@ class Attention(_Projected):
         if trainable_attention(cfg):
             if "attn_temperature" in self.gains:
                 q = q * self.gains["attn_temperature"][:, None, None]
-            g = {
+            gains = {
                 name: self.gains.get(name, 1.0)
                 for name in ("attn_alpha", "attn_beta", "attn_gamma")
             }
@@ -145,9 +145,9 @@ class Attention(_Projected):
             return gained_attention_matrix(
                 Y,
                 1.0 / cfg.tau,
-                g["attn_alpha"],
-                g["attn_beta"],
-                g["attn_gamma"],
+                gains["attn_alpha"],
+                gains["attn_beta"],
+                gains["attn_gamma"],
                 causal=cfg.causal,
             )
         return attention_matrix(q, k, cfg)
