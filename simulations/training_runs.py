@@ -123,6 +123,25 @@ def summarise_log(log: Any, horizon: int) -> dict[str, Any]:
             "final": _floats(log[name].isel(step=-1).values),
             "final_step": int(log.step.values[-1]),
         }
+    out.update(_shape_curves(log))
+    return out
+
+
+def _shape_curves(log: Any) -> dict[str, Any]:
+    """How a trainable shape moved (docs/theory.md#trainable-shape), where the log has it:
+    ``mlp_kappa`` per logged step and block, and ``shape_gain`` per step, block and gain."""
+    out: dict[str, Any] = {}
+    steps = [int(s) for s in log.step.values]
+    if "mlp_kappa" in log:
+        values = np.asarray(log["mlp_kappa"].values, dtype=float)
+        out["mlp_kappa"] = {"step": steps, "value": [_floats(row) for row in values]}
+    if "shape_gain" in log:
+        values = np.asarray(log["shape_gain"].values, dtype=float)  # (step, block, gain)
+        out["shape_gain"] = {
+            "step": steps,
+            "gain": [str(g) for g in log.gain.values],
+            "value": [[_floats(block) for block in row] for row in values],
+        }
     return out
 
 

@@ -13,6 +13,7 @@ import torch
 from shapedtx import Monitor, TrainConfig, preset
 from shapedtx.monitor import mlp_kappa
 from shapedtx.training import LanguageModel, load_corpus, train
+from simulations.training_runs import summarise_log
 
 FREE = {"mlp_slopes": "channel", "attention_gains": "trainable", "temperature": "trainable"}
 
@@ -86,6 +87,14 @@ def test_the_trainer_logs_the_shape(tmp_path, changes) -> None:
     assert list(log.step.values) == [0, 2, 4]
     kappa = log["mlp_kappa"].values
     assert kappa.shape == (3, 3) and np.isfinite(kappa).all()
+    record = summarise_log(log, 4)  # what a study's result.json keeps of it
+    assert record["mlp_kappa"]["step"] == [0, 2, 4]
+    np.testing.assert_allclose(record["mlp_kappa"]["value"], kappa)
+    if changes:
+        assert record["shape_gain"]["gain"] == list(log.gain.values)
+        np.testing.assert_allclose(record["shape_gain"]["value"], log["shape_gain"].values)
+    else:
+        assert "shape_gain" not in record
     if changes:
         s_minus = log["shape_gain"].sel(gain="mlp_s_minus").values
         assert s_minus[0] == pytest.approx(1 - 1 / math.sqrt(32))
