@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from .data import ByteCorpus, export_corpus, load_corpus, unigram_baseline
     from .horizons import horizon_configs, train_horizons
     from .log import final_val_loss, log_dataset
+    from .many import Run, train_many
     from .model import LanguageModel
     from .plots import plot_collapse, plot_losses
     from .probing import DataMismatch, probe_run
@@ -34,6 +35,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("horizon_configs", "train_horizons"), "horizons"),
     **dict.fromkeys(("final_val_loss", "log_dataset"), "log"),
     "LanguageModel": "model",
+    **dict.fromkeys(("Run", "train_many"), "many"),
     **dict.fromkeys(("plot_collapse", "plot_losses"), "plots"),
     **dict.fromkeys(("DataMismatch", "probe_run"), "probing"),
     **dict.fromkeys(
@@ -57,6 +59,7 @@ __all__ = [
     "DataMismatch",
     "LanguageModel",
     "ResumeMismatch",
+    "Run",
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
@@ -72,5 +75,6 @@ __all__ = [
     "probe_run",
     "train",
     "train_horizons",
+    "train_many",
     "unigram_baseline",
 ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import xarray as xr
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .._validation import ParameterError, check_bool, check_device
+from .._validation import ParameterError, check_bool, check_device, check_number
 from ..config import ModelConfig, check_config
 from ..design import param_count
 from ..files import atomic_path
@@ -36,6 +37,7 @@ from .config import TrainConfig
 from .data import VOCAB, ByteCorpus, WindowSampler, fixed_windows
 from .log import log_dataset
 from .model import LanguageModel
+from .step import CompiledStep, autocast_context
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.nc"
@@ -67,11 +69,14 @@ class TrainingDiverged(FloatingPointError):
 
 @dataclass
 class TrainResult:
-    """The trained model, its log Dataset and the last checkpoint (None without ``out_dir``)."""
+    """The trained model, its log Dataset, the last checkpoint (None without ``out_dir``)
+    and whether the run reached its last step."""
 
     model: LanguageModel
     log: xr.Dataset
     checkpoint: Path | None
+    finished: bool = True
+    """False when ``time_limit`` stopped the run before ``steps`` (resume it by calling again)."""
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -209,7 +214,8 @@ def train(
     loss_hook: LossHook | None = None,
     snapshots: Sequence[int] = (),
     branch_from: str | os.PathLike | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
+    time_limit: float | None = None,
 ) -> TrainResult:
     """Train ``LanguageModel(model_config)`` on ``data`` with the settings ``config``.
 
@@ -234,15 +240,51 @@ def train(
             the checkpoint's (true for two WSD runs when the checkpoint is at or before this
             run's ``cooldown_start``), so the branch continues as if this run had been trained
             from the start (bitwise on CPU).
-        compile: run the training loss through ``torch.compile`` (fused kernels: far fewer
-            kernel launches, the bottleneck of small models on a GPU; the first steps pay the
-            compilation). Same run as uncompiled (it resumes either's checkpoints) up to
-            floating-point rounding; evaluation and metrics run uncompiled.
+        compile: ``False`` (default): eager. ``True`` or ``"loss"``: the training loss (forward
+            and backward) through ``torch.compile`` (fused kernels: far fewer kernel
+            launches, the bottleneck of small models on a GPU). ``"step"``: the whole step
+            (forward, backward, clipping, a foreach AdamW, the log's sums) compiled, with no
+            host sync, and on CUDA recorded once as CUDA graphs and replayed
+            (:class:`shapedtx.training.step.CompiledStep`); not with ``loss_hook``. The first
+            steps pay the compilation. Same run as eager up to floating-point rounding (each
+            resumes the others' checkpoints); evaluation and metrics run uncompiled.
+        time_limit: seconds of wall time for this call (needs ``out_dir``): at the last log
+            row that leaves time for another log interval at the pace so far, a checkpoint is
+            written and the run returns unfinished (``TrainResult.finished`` False); calling
+            again resumes it. ``None``: no limit.
 
     Raises:
         TrainingDiverged: the loss or gradient norm became NaN/inf (message gives the step and
             the last good checkpoint, which is kept; the log is saved with status "diverged").
     """
+    deadline = _deadline(time_limit, out_dir)
+    run = _prepare(
+        model_config, data, config, out_dir=out_dir, device=device, dtype=dtype, resume=resume,
+        progress=progress, loss_hook=loss_hook, snapshots=snapshots, branch_from=branch_from,
+        compile=compile, deadline=deadline,
+    )  # fmt: skip
+    return _drive(run)
+
+
+def _prepare(
+    model_config: ModelConfig,
+    data: ByteCorpus,
+    config: TrainConfig | None,
+    *,
+    out_dir: str | os.PathLike | None,
+    device: str | torch.device | None,
+    dtype: torch.dtype,
+    resume: bool,
+    progress: bool,
+    loss_hook: LossHook | None,
+    snapshots: Sequence[int],
+    branch_from: str | os.PathLike | None,
+    compile: bool | str,
+    deadline: float | None,
+    desc: str = "train",
+) -> Generator[None, None, TrainResult]:
+    """:func:`train`'s arguments checked (ParameterError before anything is computed), and
+    its run as a generator (:func:`_run`)."""
     check_config(model_config, "model_config")
     config = config or TrainConfig()
     if not isinstance(config, TrainConfig):
@@ -259,7 +301,9 @@ def train(
         raise ParameterError("dtype", f"dtype must be a floating-point torch dtype, got {dtype!r}")
     check_bool("resume", resume)
     check_bool("progress", progress)
-    check_bool("compile", compile)
+    mode = _compile_mode(compile)
+    if mode == "step" and loss_hook is not None:
+        raise ParameterError("loss_hook", "loss_hook must be None with compile='step'")
     snapshot_steps = _check_snapshots(snapshots, config, out_dir)
     branch = Path(branch_from) if branch_from is not None else None
     if branch is not None and not branch.is_file():
@@ -267,179 +311,260 @@ def train(
             "branch_from", f"branch_from must be an existing checkpoint file, got {str(branch)!r}"
         )
     _check_fits(model_config, config, dtype, device)
+    return _run(model_config, data, config, out_dir, device, dtype, resume, progress, loss_hook,
+                snapshot_steps, branch, mode, deadline, desc)  # fmt: skip
+
+
+def _compile_mode(compile: Any) -> str:
+    """``"none"``, ``"loss"`` or ``"step"`` from ``train``'s ``compile`` argument."""
+    if isinstance(compile, bool):
+        return "loss" if compile else "none"
+    if compile not in ("loss", "step"):
+        raise ParameterError(
+            "compile", f"compile must be False, True (= 'loss') or 'step', got {compile!r}"
+        )
+    return str(compile)
+
+
+def _deadline(time_limit: Any, out_dir: str | os.PathLike | None) -> float | None:
+    """``time.monotonic()`` at which a call of ``time_limit`` seconds ends (None: no limit)."""
+    if time_limit is None:
+        return None
+    check_number("time_limit", time_limit, 0.0, 1e9, low_open=True)
+    if out_dir is None:
+        raise ParameterError("time_limit", "time_limit needs out_dir (a checkpoint to resume)")
+    return time.monotonic() + float(time_limit)
+
+
+def _drive(run: Generator[None, None, TrainResult]) -> TrainResult:
+    """Run the steps of ``run`` (see :func:`_run`) to the end; its result."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _run(
+    model_config: ModelConfig,
+    data: ByteCorpus,
+    config: TrainConfig,
+    out_dir: str | os.PathLike | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    resume: bool,
+    progress: bool,
+    loss_hook: LossHook | None,
+    snapshot_steps: frozenset[int],
+    branch: Path | None,
+    mode: str,
+    deadline: float | None,
+    desc: str = "train",
+) -> Generator[None, None, TrainResult]:
+    """The run of the checked arguments of :func:`train` as a generator: it yields after every
+    step and returns the TrainResult (the model is built at the first ``next``)."""
     out = Path(out_dir) if out_dir is not None else None
     ckpt_path = out / CHECKPOINT if out is not None else None
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        model = LanguageModel(model_config, config.seq_len)
-    model.to(device=device, dtype=dtype)
-    optimizer = _make_optimizer(model, config)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
-    train_data, val_data = data.train.to(device), data.val.to(device)
-    sampler = WindowSampler(train_data, config.batch_size, config.seq_len, config.seed + 1)
-    val_batches = list(
-        fixed_windows(val_data, config.eval_batches * config.batch_size, config.seq_len).split(
-            config.batch_size
+    def run() -> Generator[None, None, TrainResult]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = LanguageModel(model_config, config.seq_len)
+        model.to(device=device, dtype=dtype)
+        optimizer = _make_optimizer(model, config)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
+        train_data, val_data = data.train.to(device), data.val.to(device)
+        sampler = WindowSampler(train_data, config.batch_size, config.seq_len, config.seed + 1)
+        val_batches = list(
+            fixed_windows(val_data, config.eval_batches * config.batch_size, config.seq_len).split(
+                config.batch_size
+            )
         )
-    )
-    metric_tokens = fixed_windows(val_data, config.metrics_batch, config.seq_len)[:, :-1]
-    with warnings.catch_warnings():  # a model without attention: the note goes into the log
-        warnings.simplefilter("ignore", RuntimeWarning)
-        monitor = Monitor(model, metric_tokens)
-    attrs = {
-        "corpus": data.source,
-        "corpus_fingerprint": data.fingerprint(),
-        "train_bytes": int(data.train.numel()),
-        "val_bytes": int(data.val.numel()),
-        "seed": config.seed,
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "version": _version(),
-        "compiled": int(compile),
-    }
-    identity = {**model_config.to_attrs(), **config.to_attrs(), "data": attrs["corpus_fingerprint"]}
-
-    rows: list[dict[str, Any]] = []
-    step = 0
-    saved_step: list[int | None] = [None]  # step of the last checkpoint written or loaded
-    origin: dict[str, Any] = {}  # where a branched run came from (kept in its checkpoints)
-    resuming = resume and ckpt_path is not None and ckpt_path.exists()
-    if resuming or branch is not None:
-        source = ckpt_path if resuming else branch
-        assert source is not None
-        # CPU first: the generator state must stay a CPU tensor; the model and optimizer
-        # state are copied to the parameters' device by load_state_dict
-        state = torch.load(source, map_location="cpu", weights_only=True)
-        if resuming:
-            _check_identity(state["identity"], identity, source)
-            origin = dict(state.get("origin", {}))
-        else:
-            _check_branch(state["identity"], identity, int(state["step"]), config, source)
-            origin = {"branched_from": str(source), "branch_step": int(state["step"])}
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        _set_sampler_state(sampler, state["generator"], source)
-        rows, step = _rows_from_plain(state["rows"]), int(state["step"])
-        monitor.remember_weights()  # a checkpoint's step is a logged step: update_size continues
-        saved_step[0] = step if resuming else None
-    attrs.update(origin)
-
-    def build_log(status: str, **extra: Any) -> xr.Dataset:
-        notes = {"monitor_missing": monitor.note} if monitor.note else {}
-        all_attrs = {**attrs, **notes, "status": status, **extra}
-        return log_dataset(
-            rows,
-            model_config,
-            config,
-            all_attrs,
-            weights=monitor.weight_names,
-            gains=monitor.gain_names,
-        )
-
-    def checkpoint() -> None:
-        if out is None or ckpt_path is None:
-            return
-        state = {
-            "identity": identity,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "generator": sampler.state(),
-            "rows": _rows_to_plain(rows),
-            "step": step,
-            "origin": origin,
+        metric_tokens = fixed_windows(val_data, config.metrics_batch, config.seq_len)[:, :-1]
+        with warnings.catch_warnings():  # a model without attention: the note goes into the log
+            warnings.simplefilter("ignore", RuntimeWarning)
+            monitor = Monitor(model, metric_tokens)
+        attrs = {
+            "corpus": data.source,
+            "corpus_fingerprint": data.fingerprint(),
+            "train_bytes": int(data.train.numel()),
+            "val_bytes": int(data.val.numel()),
+            "seed": config.seed,
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "version": _version(),
+            "compiled": int(mode != "none"),
+            "compile": mode,
         }
-        _atomic_save(state, ckpt_path)
-        saved_step[0] = step
-        if step in snapshot_steps:
-            with atomic_path(out / f"checkpoint-{step}.pt") as tmp:
-                shutil.copyfile(ckpt_path, tmp)
-        save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
-
-    def diverged(bad_step: int, what: str) -> TrainingDiverged:
-        good = rows[-1]["step"] if rows else 0
-        saved = ckpt_path if saved_step[0] is not None else None
-        where = (
-            f"last good checkpoint kept: {ckpt_path} (step {saved_step[0]})"
-            if saved
-            else "no checkpoint was written (out_dir not given or none due yet)"
-        )
-        log = build_log("diverged", diverged_step=bad_step) if rows else None
-        if log is not None and out is not None:
-            save_dataset(log, out / LOG)
-        return TrainingDiverged(
-            f"non-finite {what} at step {bad_step} (lr {scheduler.get_last_lr()[0]:.3g}, "
-            f"last finite log row at step {good}); training stopped, {where}",
-            step=bad_step,
-            checkpoint=saved,
-            log=log,
-        )
-
-    def log_row(train_loss: float, lr: float, grad_norm: float, blocks: np.ndarray) -> None:
-        row: dict[str, Any] = {
-            "step": step,
-            "train_loss": train_loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "grad_norm_block": blocks,
-            "val_loss": math.nan,
+        identity = {
+            **model_config.to_attrs(),
+            **config.to_attrs(),
+            "data": attrs["corpus_fingerprint"],
         }
-        if step % config.eval_interval == 0 or step == config.steps:
-            row["val_loss"] = evaluate(model, val_batches).item()
-            if not math.isfinite(row["val_loss"]):
-                raise diverged(step, "validation loss")
-        row.update(monitor.measure())  # covariance, activation, attention, update metrics
-        rows.append(row)
 
-    if step == 0 and not rows:  # not again when resuming from the step-0 checkpoint
-        log_row(math.nan, math.nan, math.nan, np.full(model_config.depth, np.nan))
-        if config.checkpoint_interval:
-            checkpoint()
+        rows: list[dict[str, Any]] = []
+        step = 0
+        saved_step: list[int | None] = [None]  # step of the last checkpoint written or loaded
+        origin: dict[str, Any] = {}  # where a branched run came from (kept in its checkpoints)
+        resuming = resume and ckpt_path is not None and ckpt_path.exists()
+        if resuming or branch is not None:
+            source = ckpt_path if resuming else branch
+            assert source is not None
+            # CPU first: the generator state must stay a CPU tensor; the model and optimizer
+            # state are copied to the parameters' device by load_state_dict
+            state = torch.load(source, map_location="cpu", weights_only=True)
+            if resuming:
+                _check_identity(state["identity"], identity, source)
+                origin = dict(state.get("origin", {}))
+            else:
+                _check_branch(state["identity"], identity, int(state["step"]), config, source)
+                origin = {"branched_from": str(source), "branch_step": int(state["step"])}
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            _set_sampler_state(sampler, state["generator"], source)
+            rows, step = _rows_from_plain(state["rows"]), int(state["step"])
+            # a checkpoint's step is a logged step: update_size continues
+            monitor.remember_weights()
+            saved_step[0] = step if resuming else None
+        attrs.update(origin)
 
-    model.train()
-    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    first_bad = torch.full((), -1, device=device, dtype=torch.int64)
-    since_log = 0
-    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-    params = list(model.parameters())
-    loss_of = torch.compile(model.loss) if compile else model.loss
-    with tqdm(total=config.steps, initial=step, disable=not progress, desc="train") as bar:
-        while step < config.steps:
-            batch = sampler()
-            loss = loss_of(batch)
-            if loss_hook is not None:
-                loss = loss_hook(step + 1, loss)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            step += 1
-            log_now = step % config.log_interval == 0 or step == config.steps
-            if log_now:
-                blocks = _block_grad_norms(model)
-            total = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            loss = loss.detach().float()
-            finite = torch.isfinite(loss) & torch.isfinite(total)
-            first_bad = torch.where(~finite & (first_bad < 0), step, first_bad)
-            lr = float(scheduler.get_last_lr()[0])
-            optimizer.step()
-            scheduler.step()
-            loss_sum += loss
-            since_log += 1
-            bar.update(1)
-            if not log_now:
-                continue
-            bad = int(first_bad.item())
-            if bad >= 0:
-                raise diverged(bad, "loss or gradient norm")
-            log_row((loss_sum / since_log).item(), lr, total.item(), blocks.cpu().numpy())
-            loss_sum.zero_()
-            since_log = 0
-            bar.set_postfix(loss=f"{rows[-1]['train_loss']:.3f}")
-            due = config.checkpoint_interval and step % config.checkpoint_interval == 0
-            if due or step == config.steps or step in snapshot_steps:
+        def build_log(status: str, **extra: Any) -> xr.Dataset:
+            notes = {"monitor_missing": monitor.note} if monitor.note else {}
+            all_attrs = {**attrs, **notes, "status": status, **extra}
+            return log_dataset(
+                rows,
+                model_config,
+                config,
+                all_attrs,
+                weights=monitor.weight_names,
+                gains=monitor.gain_names,
+            )
+
+        def checkpoint() -> None:
+            if out is None or ckpt_path is None:
+                return
+            state = {
+                "identity": identity,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "generator": sampler.state(),
+                "rows": _rows_to_plain(rows),
+                "step": step,
+                "origin": origin,
+            }
+            _atomic_save(state, ckpt_path)
+            saved_step[0] = step
+            if step in snapshot_steps:
+                with atomic_path(out / f"checkpoint-{step}.pt") as tmp:
+                    shutil.copyfile(ckpt_path, tmp)
+            save_dataset(build_log("finished" if step == config.steps else "running"), out / LOG)
+
+        def diverged(bad_step: int, what: str) -> TrainingDiverged:
+            good = rows[-1]["step"] if rows else 0
+            saved = ckpt_path if saved_step[0] is not None else None
+            where = (
+                f"last good checkpoint kept: {ckpt_path} (step {saved_step[0]})"
+                if saved
+                else "no checkpoint was written (out_dir not given or none due yet)"
+            )
+            log = build_log("diverged", diverged_step=bad_step) if rows else None
+            if log is not None and out is not None:
+                save_dataset(log, out / LOG)
+            return TrainingDiverged(
+                f"non-finite {what} at step {bad_step} (lr {scheduler.get_last_lr()[0]:.3g}, "
+                f"last finite log row at step {good}); training stopped, {where}",
+                step=bad_step,
+                checkpoint=saved,
+                log=log,
+            )
+
+        def log_row(train_loss: float, lr: float, grad_norm: float, blocks: np.ndarray) -> None:
+            row: dict[str, Any] = {
+                "step": step,
+                "train_loss": train_loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "grad_norm_block": blocks,
+                "val_loss": math.nan,
+            }
+            if step % config.eval_interval == 0 or step == config.steps:
+                row["val_loss"] = evaluate(model, val_batches).item()
+                if not math.isfinite(row["val_loss"]):
+                    raise diverged(step, "validation loss")
+            row.update(monitor.measure())  # covariance, activation, attention, update metrics
+            rows.append(row)
+
+        if step == 0 and not rows:  # not again when resuming from the step-0 checkpoint
+            log_row(math.nan, math.nan, math.nan, np.full(model_config.depth, np.nan))
+            if config.checkpoint_interval:
                 checkpoint()
-    return TrainResult(model, build_log("finished"), ckpt_path)
+
+        model.train()
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        first_bad = torch.full((), -1, device=device, dtype=torch.int64)
+        since_log = 0
+        max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+        params = list(model.parameters())
+        compiled = CompiledStep(model, optimizer, config) if mode == "step" else None
+        if compiled is not None:
+            compiled.start_at(step)
+        loss_of = torch.compile(model.loss) if mode == "loss" else model.loss
+        last_log = time.monotonic()
+        bar = tqdm(total=config.steps, initial=step, disable=not progress, desc=desc)
+        with bar:
+            while step < config.steps:
+                batch = sampler()
+                lr = float(scheduler.get_last_lr()[0])
+                log_now = (step + 1) % config.log_interval == 0 or step + 1 == config.steps
+                if compiled is not None:
+                    compiled(batch, lr_factor(step, config))
+                else:
+                    with autocast_context(config, device):
+                        loss = loss_of(batch)
+                    if loss_hook is not None:
+                        loss = loss_hook(step + 1, loss)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if log_now:
+                        blocks = _block_grad_norms(model)
+                    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                    loss = loss.detach().float()
+                    finite = torch.isfinite(loss) & torch.isfinite(total)
+                    first_bad = torch.where(~finite & (first_bad < 0), step + 1, first_bad)
+                    optimizer.step()
+                    loss_sum += loss
+                scheduler.step()
+                step += 1
+                since_log += 1
+                bar.update(1)
+                if log_now:
+                    if compiled is not None:
+                        train_loss, grad_norm, block_norms, bad = compiled.read(since_log)
+                    else:
+                        bad = int(first_bad.item())
+                        train_loss = (loss_sum / since_log).item()
+                        grad_norm, block_norms = total.item(), blocks.cpu().numpy()
+                        loss_sum.zero_()
+                    if bad >= 0:
+                        raise diverged(bad, "loss or gradient norm")
+                    log_row(train_loss, lr, grad_norm, block_norms)
+                    since_log = 0
+                    bar.set_postfix(loss=f"{rows[-1]['train_loss']:.3f}")
+                    now = time.monotonic()
+                    stop = deadline is not None and step < config.steps
+                    stop = stop and now + (now - last_log) > deadline  # type: ignore[operator]
+                    last_log = now
+                    due = config.checkpoint_interval and step % config.checkpoint_interval == 0
+                    if due or step == config.steps or step in snapshot_steps or stop:
+                        checkpoint()
+                    if stop:
+                        return TrainResult(model, build_log("running"), ckpt_path, finished=False)
+                yield
+        return TrainResult(model, build_log("finished"), ckpt_path)
+
+    return run()
 
 
 def _check_identity(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
