@@ -20,6 +20,14 @@
 #       GPU, $WORKERS workers (default 8; uncompiled: a run of 1,150 steps would spend much of
 #       its time compiling); its finished runs come back in transfer_runs.tgz the same way.
 #       TRANSFER_PHASES="ARGS|ARGS..." runs study.py once per argument set, in turn.
+#   STUDY=train-step bash benchmarks/gpu_session.sh
+#       the training-step checks of issue 67 alone, on a quiet GPU (about 10 minutes, no
+#       corpus needed): the CUDA and compile tests of tests/test_train_step.py and
+#       tests/test_train_many.py, benchmarks/bench_train_step.py (eager, compiled loss,
+#       compiled step and 6 runs at once at width 256; eager and compiled step at width 512;
+#       bfloat16 autocast at width 256; depth 16, batch 32 x 64) into train_step*.json, and
+#       1,000-step runs at width 256 in float32 and bfloat16 autocast, two seeds each, trained
+#       together by train_many (autocast.json: their validation losses).
 #   BENCH=0 skips benchmarks/gpu.py (its timings would be under load anyway).
 #   Every mode trains on the CPU machine's corpus, which the device's Python (another version,
 #   another standard library: 10.8 MB of sources on the H200 of 2026-11-26, against 31.5 MB
@@ -38,6 +46,42 @@ STUDY_SECONDS=${STUDY_SECONDS:-500}
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
   nproc; } > "$OUT/machine.txt" 2>&1
 started=$(mktemp)  # the runs newer than this came from this session (machine.txt grows later)
+
+if [ "${STUDY:-gpu}" = train-step ]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_train_step.py \
+    tests/test_train_many.py -k "cuda or compiled or graph or finite" > "$OUT/train_step_tests.log" 2>&1
+  echo "rc $?" >> "$OUT/train_step_tests.log"
+  timeout 300 python3 benchmarks/bench_train_step.py --device cuda --widths 256 \
+    --json "$OUT/train_step_256.json" > "$OUT/train_step_bench.log" 2>&1
+  echo "rc $?" >> "$OUT/train_step_bench.log"
+  timeout 150 python3 benchmarks/bench_train_step.py --device cuda --widths 512 \
+    --modes eager step --json "$OUT/train_step_512.json" >> "$OUT/train_step_bench.log" 2>&1
+  echo "rc $?" >> "$OUT/train_step_bench.log"
+  timeout 150 python3 benchmarks/bench_train_step.py --device cuda --widths 256 \
+    --modes step many --autocast bfloat16 --json "$OUT/train_step_bf16.json" \
+    >> "$OUT/train_step_bench.log" 2>&1
+  echo "rc $?" >> "$OUT/train_step_bench.log"
+  timeout 240 python3 - "$OUT/autocast.json" > "$OUT/autocast.log" 2>&1 <<'PY'
+import json, sys, time
+from shapedtx import TrainConfig, load_corpus, preset
+from shapedtx.training import Run, train_many
+data = load_corpus(max_bytes=8_000_000)
+model = preset("shaped", width=256, depth=16, heads=4, causal=True)
+base = TrainConfig(steps=1000, batch_size=32, seq_len=64, lr=1.1e-3, schedule="wsd",
+                   log_interval=100, eval_interval=100, eval_batches=8, checkpoint_interval=0)
+runs = [Run(model, base.replace(seed=s, autocast=a)) for a in ("none", "bfloat16") for s in (0, 1)]
+start = time.time()
+results = train_many(runs, data, device="cuda", compile="step", progress=False)
+out = [{"autocast": r.config.autocast, "seed": r.config.seed,
+        "val_loss": float(res.log["val_loss"].dropna("step").values[-1])} for r, res in zip(runs, results)]
+json.dump({"runs": out, "wall_seconds": time.time() - start}, open(sys.argv[1], "w"), indent=1)
+print(out, time.time() - start)
+PY
+  echo "rc $?" >> "$OUT/autocast.log"
+  nvidia-smi >> "$OUT/machine.txt" 2>&1
+  ls -la "$OUT"
+  exit 0
+fi
 
 if [ ! -d .corpus ]; then
   echo "gpu_session.sh: the CPU machine's corpus must be carried in .corpus (see the header)" >&2
