@@ -475,14 +475,12 @@ def _grid_best(cell: dict) -> tuple[float, float, float]:
 
 
 def test_docs_quote_the_committed_depth_mup_transfer_results():
-    """The depth-muP numbers of the study's results.md and the long-horizon results.md are the
-    committed study's, and the claims hold on them."""
+    """The depth-muP numbers of the study's results.md are the committed study's, and the
+    claims hold on them (against the long-horizon study's runs too)."""
     summary = json.loads((STUDY / "results.json").read_text())
     cell = summary["parametrisations"]["pre_ln_depth_mup"]["1000"]
     shaped = summary["parametrisations"]["shaped_t"]["1000"]
-    root = STUDY.parents[1]
     study = _flat(STUDY / "results.md")
-    long_md = _flat(root / "examples" / "long_horizon" / "results.md")
     depths = (4, 8, 16, 32, 64)
     fits = {d: _grid_best(cell["shapes"][f"w64_d{d}"]) for d in depths}
     narrow = _grid_best(cell["shapes"]["w32_d8"])
@@ -523,24 +521,13 @@ def test_docs_quote_the_committed_depth_mup_transfer_results():
     gpt2 = {d: min(v for v in long[d]["models"]["pre-LN (GPT-2)"]["1000"]["lr_curve"]["val_loss"]
                    if v is not None) for d in ("16", "64")}  # fmt: skip
     shaped16 = min(v for v in shaped["shapes"]["w64_d16"]["lr_curve"]["val_loss"] if v)
-    assert fits[16][1] < gpt2["16"] < shaped16
-    assert f"reaches {fits[16][1]:.3f} at depth 16 and {fits[64][1]:.3f} at depth 64" in long_md
-    assert f"pre-LN's {gpt2['16']:.3f} and {gpt2['64']:.3f}" in long_md
-    advised = [long[d]["models"]["shaped advise"]["1000"]["mean"] for d in ("16", "64")]
-    assert f"shaped model's {advised[0]:.3f} and {advised[1]:.3f}" in long_md
-    # the overlap: shaped_t at depth 16 is the long-horizon study's shaped model at advise's gamma
-    here = shaped["shapes"]["w64_d16"]["lr_curve"]
-    there = long["16"]["models"]["shaped advise"]["1000"]["lr_curve"]
-    at = f"{here['val_loss'][here['log2_lr'].index(-8)]:.3f} at 3.9e-3"
-    at += f" there, {there['val_loss'][there['lr'].index(0.00333)]:.3f} at 3.3e-3 here"
-    assert at in long_md
+    assert fits[16][1] < gpt2["16"] < shaped16 and fits[64][1] < gpt2["64"]
     # the init control at depth 8: pre_ln (GPT-2 init) against pre_ln_depth_mup (1/fan_in)
     gpt2_d8 = summary["parametrisations"]["pre_ln"]["1000"]["shapes"]["w64_d8"]["lr_curve"]
     v = [gpt2_d8["val_loss"][gpt2_d8["log2_lr"].index(j)] for j in (-8, -7, -6)]
     low, best, high = (f"{x:.3f}" for x in v)
     assert v[1] < min(v[0], v[2]) and fits[8][1] < v[1]  # a closed grid; fan_in trains better
     assert f"`pre_ln` reaches {best} at its best lr, 2^-7 ({low} at 2^-8, {high} at 2^-6;" in study
-    assert f"GPT-2's init reaches {best} and `1/fan_in` {fits[8][1]:.3f}" in long_md
 
 
 def _summary_rows() -> list[str]:

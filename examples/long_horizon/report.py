@@ -3,17 +3,32 @@ finished runs (``study.py --report``)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import MODELS, Setup, available_models, best_k, check_point
+from study import DEFAULT, GPU, HERE, MODELS, Setup, available_models, best_k, check_point
 
 from shapedtx.files import atomic_path, write_json
-from shapedtx.training import load_corpus, unigram_baseline
+from simulations.studies import STORE, RunStore
 from simulations.training_runs import horizon_loss, one_corpus
+
+REPORTS: dict[str, Setup] = {
+    ".": DEFAULT,
+    "gpu_h2000": replace(
+        GPU,
+        horizons={16: (500, 2000)},
+        models=("shaped advise", "pre-LN (GPT-2)"),
+        max_extensions=1,
+    ),
+}
+"""The committed reports: folder (relative to this script's) -> the setup its runs were
+planned with (``gpu_h2000``: one lent GPU session, width 256, horizons 500 and 2000)."""
 
 REFERENCE = "pre-LN (GPT-2)"
 """The model every other is divided by in the loss-ratio table."""
@@ -184,25 +199,23 @@ def failures(
     return out
 
 
-def baseline(setup: Setup, results: list[dict[str, Any]]) -> dict[str, float] | None:
-    """The unigram baseline of the runs' corpus: as the runs recorded it, else computed here
-    if this machine's default corpus is theirs (same training-split size; the default corpus
-    is the local Python's standard library), else None."""
-    recorded = [r["unigram_baseline"] for r in results if "unigram_baseline" in r]
-    if any(b != recorded[0] for b in recorded):
+def baseline(results: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The unigram baseline of the runs' corpus as the runs recorded it: None when none
+    recorded it, when they recorded different ones, or when a run that did not record it
+    trained on a split of another size (runs from before it was recorded)."""
+    recorded = [r for r in results if "unigram_baseline" in r]
+    if not recorded or any(
+        r["unigram_baseline"] != recorded[0]["unigram_baseline"] for r in recorded
+    ):
         return None
-    if recorded and len(recorded) == len(results):
-        return recorded[0]
-    # runs from before results recorded it: this machine's corpus if it is theirs
-    data = load_corpus(max_bytes=setup.max_bytes)
-    if any(r["train_bytes"] != data.train.numel() for r in results):
+    sizes = {r["train_bytes"] for r in recorded}
+    if any(r["train_bytes"] not in sizes for r in results):
         return None
-    local = unigram_baseline(data)
-    return local if not recorded or recorded[0] == local else None
+    return recorded[0]["unigram_baseline"]
 
 
 def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
-    base = baseline(setup, results)
+    base = baseline(results)
     depths: dict[str, Any] = {}
     for depth in setup.depths:
         horizons = list(setup.horizons[depth])
@@ -489,11 +502,322 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _lr(x: float) -> str:
+    """A learning rate as the report writes it: ``3.3e-3``, ``1e-2``."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _setup_section(
+    setup: Setup, summary: dict[str, Any], results: list[dict[str, Any]]
+) -> list[str]:
+    """The settings every run shares, read from the setup and the runs' recorded configs."""
+    wsd = [r for r in results if r["schedule"] == "wsd"]
+    train = wsd[0]["train_config"] if wsd else {}
+    model = wsd[0]["model_config"] if wsd else {}
+    lines = ["## Setup", ""]
+    if sizes := sorted({r["train_bytes"] for r in results}):
+        split = _and([f"{b:,}" for b in sizes])
+        lines.append(
+            f"- **Data.** A training split of {split} bytes (`train_bytes`), read as bytes."
+        )
+    if model:
+        lines.append(
+            f"- **Model.** Width {model['config.width']}, {model['config.heads']} heads"
+            + (" with W^O" if model["config.out_proj"] else "")
+            + f", MLP hidden width {model['config.mlp_ratio']}n, context {setup.seq_len}, causal."
+        )
+    if train:
+        lines.append(
+            f"- **Optimiser.** Batch {setup.batch_size}, AdamW (betas {train['train.beta1']}, "
+            f"{train['train.beta2']}; weight decay {train['train.weight_decay']}), gradient "
+            f"clipping at {train['train.grad_clip']}."
+        )
+    lines.append(
+        f"- **Schedule.** Warmup-stable-decay: {setup.warmup_steps} warm-up steps, a constant "
+        f"learning rate, then a linear cooldown to 0 over the last {setup.cooldown_fraction:.0%} "
+        "of each horizon; each shorter horizon is a cooldown branched from the longest run."
+    )
+    for depth in summary["depths"]:
+        hs = setup.horizons[int(depth)]
+        runs = [r for r in wsd if r["depth"] == int(depth)]
+        epochs = max((r["epochs_at_longest"] for r in runs), default=None)
+        lines.append(
+            f"- **Depth {depth}.** Horizons {_and([str(h) for h in hs])} steps"
+            + (f"; the longest is {epochs:.2f} epochs of the training split." if epochs else ".")
+        )
+    lines.append(
+        f"- **Evaluation.** Validation loss on {setup.eval_batches} fixed batches of "
+        f"{setup.batch_size} windows ({setup.eval_batches * setup.batch_size * setup.seq_len:,} "
+        "predicted bytes), in nats per byte (bits per byte = nats / ln 2)."
+    )
+    if base := summary["unigram_baseline"]:
+        ce = base["cross_entropy"]
+        lines.append(
+            f"- **Unigram baseline.** {ce:.3f} nats/byte ({ce / math.log(2):.2f} bits/byte); "
+            f"a run within {STUCK_MARGIN:.0%} of it learned only the byte frequencies."
+        )
+    lines += ["", "| model | preset and settings | " + " | ".join(
+        f"gamma, tau0 at depth {d}" for d in summary["depths"]) + " |",
+        "|---|---|" + "---|" * len(summary["depths"])]  # fmt: skip
+    for m, fields in summary["models"].items():
+        spec = "".join(
+            f", {k} {v:.3g}" if isinstance(v, float) else f", {k} {v}"
+            for k, v in fields.items()
+            if k != "name"
+        )
+        cells = []
+        for depth in summary["depths"]:
+            run = next((r for r in wsd if (r["model_name"], r["depth"]) == (m, int(depth))), None)
+            c = run["model_config"] if run else None
+            cells.append(
+                f"{c['config.gamma']:.3g}, {c['config.tau0']:.3g}"
+                if c and c["config.attention"] == "shaped" else "-"
+            )  # fmt: skip
+        lines.append(f"| {m} | `{fields['name']}`{spec} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _grid_cell(h: dict[str, Any] | None, best: bool, stuck: float | None) -> str:
+    if h is None:
+        return "-"
+    if h["diverged"]:
+        step = h.get("diverged_step")
+        return "diverged" + (f" at step {step}" if step else "")
+    text = f"**{h['val_loss']:.3f}**" if best else f"{h['val_loss']:.3f}"
+    return text + (" (unigram level)" if stuck is not None and h["val_loss"] >= stuck else "")
+
+
+def grid_table(results: list[dict[str, Any]], models: list[str], horizons: list[int],
+               unigram: float | None) -> list[str]:  # fmt: skip
+    """Seed 0's loss at every lr run and every horizon; bold: the model's best lr at that
+    horizon (models with one lr: none); a diverged run's later horizons are left empty."""
+    stuck = None if unigram is None else (1 - STUCK_MARGIN) * unigram
+    lines = _header(["lr", *[f"{h} steps" for h in horizons]])
+    for m in models:
+        mine = [r for r in results if r["model_name"] == m and r["schedule"] == "wsd"]
+        runs = sorted((r for r in mine if r["seed"] == 0), key=lambda r: r["lr"])
+        best = {h: best_k(runs, h) if len(runs) > 1 else None for h in horizons}
+        for i, r in enumerate(runs):
+            cells, gone = [], False
+            for h in horizons:
+                e = r["horizons"].get(str(h))
+                cells.append("" if gone else _grid_cell(e, best[h] == r["k"], stuck))
+                gone = gone or bool(e and e["diverged"] and e.get("diverged_step"))
+            lines.append(f"| {m if i == 0 else ''} | {_lr(r['lr'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _best_lrs(cells: dict[str, Any], horizons: list[int]) -> str:
+    """Which lr is best at which horizons, in order: ``3.3e-3 at 250 and 500 steps``."""
+    runs: list[tuple[float | None, list[int]]] = []
+    for h in horizons:
+        lr = (cells.get(str(h)) or {}).get("best_lr")
+        if runs and runs[-1][0] == lr:
+            runs[-1][1].append(h)
+        else:
+            runs.append((lr, [h]))
+    parts = []
+    for lr, hs in runs:
+        edge = any((cells.get(str(h)) or {}).get("at_edge") for h in hs)
+        what = (
+            "none (every lr diverged)" if lr is None else _lr(lr) + (" (grid edge)" if edge else "")
+        )
+        parts.append(f"{what} at {_and([str(h) for h in hs])} steps")
+    return "; ".join(parts)
+
+
+def _findings(summary: dict[str, Any], depth: str) -> list[str]:
+    """The computed statements of one depth: best lrs, the ranking at the longest horizon,
+    the seeded means, the ratios to the reference, order changes, level pairs, failures."""
+    d = summary["depths"][depth]
+    hs, longest = d["horizons"], str(max(d["horizons"]))
+    lines = []
+    tuned = [
+        m
+        for m, cells in d["models"].items()
+        if all(c.get("best_lr") is not None and not c["at_edge"] for c in cells.values())
+    ]
+    lines.append(
+        "- **Best lr (seed 0)**: "
+        + "; ".join(f"{m}: {_best_lrs(cells, hs)}" for m, cells in d["models"].items())
+        + f". Tuned (best lr inside the grid at every horizon): {_and(tuned) if tuned else 'none'}."
+    )
+    ranked = sorted(
+        (min(v for v in c["lr_curve"]["val_loss"] if v is not None), m)
+        for m, cells in d["models"].items()
+        if (c := cells.get(longest)) and any(v is not None for v in c["lr_curve"]["val_loss"])
+    )
+    lines.append(
+        f"- **Lowest at {longest} steps** (seed 0, each model at its best lr): "
+        + ", ".join(f"{m} {loss:.3f}" for loss, m in ranked)
+        + "."
+    )
+    seeded = [
+        f"{m} {_fmt_stats(c)} at {_lr(c['best_lr'])}"
+        for m, cells in d["models"].items()
+        if (c := cells.get(longest)) and len(c.get("values", [])) > 1
+    ]
+    if seeded:
+        lines.append(
+            f"- **Seeds at {longest} steps** (mean ± sd at the best lr): {'; '.join(seeded)}."
+        )
+    paired = []
+    for m, row in d["ratio_to_reference"].items():
+        for h in hs:
+            e = row.get(str(h))
+            if e and e["pairs"] > 1:
+                paired.append(
+                    f"{m} at {h} steps {e['ratio']:.3f} ± {e['sd']:.3f} ({e['pairs']} seeds)"
+                )
+    if paired:
+        lines.append(f"- **Loss / {REFERENCE} loss over paired seeds**: {'; '.join(paired)}.")
+    for c in d["crossings"]:
+        a, b = c["models"]
+        level = f", level at {_and([str(h) for h in c['level']])}" if c["level"] else ""
+        lines.append(
+            f"- **Order change**: {a} vs {b} between {c['between'][0]} and {c['between'][1]} "
+            f"steps{level}; {c['ahead_after']} ahead after"
+            + (" (provisional: a best lr at a grid edge)." if c["provisional"] else ".")
+        )
+    level = "; ".join(f"{a} and {b}" for a, b in d["level_at_longest"])
+    lines.append(f"- **Level at {longest} steps**: {level or 'none'}.")
+    failed = [f"{f['model']} lr {_lr(f['lr'])} s{f['seed']}: {f['what']}" for f in d["failures"]]
+    lines.append(f"- **Failed runs at {longest} steps**: {'; '.join(failed) or 'none'}.")
+    return lines
+
+
+def _depth_section(summary: dict[str, Any]) -> list[str]:
+    """Each model's seeded mean at the depths' common longest horizon, depth against depth."""
+    depths = list(summary["depths"])
+    if len(depths) < 2:
+        return []
+    common = set.intersection(*(set(summary["depths"][d]["horizons"]) for d in depths))
+    if not common:
+        return []
+    h = str(max(common))
+    rows = []
+    for m in summary["models"]:
+        cells = [summary["depths"][d]["models"].get(m, {}).get(h) for d in depths]
+        if all(c and c.get("mean") is not None for c in cells):
+            rows.append(f"| {m} | " + " | ".join(_fmt_cell(c) for c in cells) + " |")
+    if not rows:
+        return []
+    return [f"## Depth against depth at {h} steps", "", *_header([f"depth {d}" for d in depths]),
+            *rows, ""]  # fmt: skip
+
+
+FIXED_NOTES = """\
+## Method notes (fixed text, not computed from the runs)
+
+- Each shorter horizon is a cooldown branched from a snapshot of the longest run at that
+  horizon's cooldown start, bitwise the run trained to that horizon from the start
+  (`tests/test_train_schedule.py`); the WSD-vs-cosine check above measures it on the runs.
+- Seed 0 chooses each model's best lr; the seeds run at that lr give the mean ± sd. Two
+  models are compared on the seeds both ran (one seed against three: seed 0 against seed 0).
+- Signal propagation during training (attention entropy, outlier features) is measured by
+  `monitor.py` from the runs' logs, which stay on the machine that trained them; its output
+  is [monitor.md](monitor.md) and `figures/monitor_d*.png`.
+- The pre-LN reference is GPT-2's pre-LN block with GPT-2's init and one lr for every
+  parameter; the transfer study ([../transfer/results.md](../transfer/results.md)) trains
+  other pre-LN parametrisations at 1000 steps.
+"""
+
+
+def results_md(setup: Setup, summary: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The study's written report, every number computed from the runs (``results.md``)."""
+    from study import plan  # type: ignore[import-not-found]  # beside this script
+
+    todo = len(plan(setup, results))
+    depths = list(summary["depths"])
+    unigram = summary["unigram_baseline"]["cross_entropy"] if summary["unigram_baseline"] else None
+    lines = [
+        f"# Results: training claims at long horizons (width {setup.width}, "
+        + ("depths " if len(depths) > 1 else "depth ")
+        + f"{_and(depths)})",
+        "",
+        f"Generated by `report.py` from `runs.jsonl` ({len(results)} finished runs; "
+        + (f"{todo} more planned now" if todo else "none planned: the study is complete")
+        + "). Do not edit: change `report.py` and run `python examples/long_horizon/report.py`. "
+        "The tables of means over seeds are in [tables.md](tables.md), the numbers in "
+        "[results.json](results.json).",
+        "",
+        *_setup_section(setup, summary, results),
+    ]
+    for depth in depths:
+        d = summary["depths"][depth]
+        at_depth = [r for r in results if r["depth"] == int(depth)]
+        lines += [
+            f"## Depth {depth}",
+            "",
+            "Seed 0's validation loss (nats/byte) at every lr run; bold: the model's best lr "
+            "at that horizon.",
+            "",
+            *grid_table(at_depth, list(d["models"]), d["horizons"], unigram),
+            "",
+            *_findings(summary, depth),
+            "",
+        ]
+    lines += _depth_section(summary)
+    if check := summary["wsd_vs_cosine"]:
+        diff, se = check["difference"], check["difference_se"]
+        verdict = ""
+        if diff is not None and se is not None:
+            within = abs(diff) <= 2 * se
+            verdict = f" The difference is {'within' if within else 'beyond'} two standard errors."
+        same = {True: "equals", False: "differs from", None: "was not compared with"}
+        lines += [
+            f"## WSD against a full cosine schedule ({check['horizon']} steps)",
+            "",
+            f"{check['model']}, depth {check['depth']}, lr {_lr(check['lr'])}: cosine "
+            f"{_fmt_stats(check['cosine'])}, WSD {_fmt_stats(check['wsd'])}"
+            + ("" if diff is None else f"; WSD - cosine {diff:+.4f}")
+            + ("" if se is None else f" (SE {se:.4f})")
+            + f".{verdict} Seed 0's WSD run of {check['horizon']} steps alone "
+            f"{same[check['branch_equals_alone']]} the branch of its long run.",
+            "",
+        ]
+    lines += [
+        "## Figures",
+        "",
+        "![loss vs horizon](figures/loss_vs_horizon.png)",
+        "",
+        "![covariance by layer](figures/covariance_by_layer.png)",
+        "",
+        FIXED_NOTES,
+    ]
+    return "\n".join(lines)
+
+
 def report(setup: Setup, out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write ``results.json``, ``tables.md`` and ``figures/`` from the finished runs."""
+    """Write ``results.md``, ``results.json``, ``tables.md`` and ``figures/`` from the
+    finished runs."""
     summary = summarise(setup, results)
     write_json(summary, out / "results.json", indent=1)
     with atomic_path(out / "tables.md") as tmp:
         tmp.write_text(tables(summary))
+    with atomic_path(out / "results.md") as tmp:
+        tmp.write_text(results_md(setup, summary, results))
     figures(summary, results, out / "figures")
     return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rebuild the committed reports (``REPORTS``) from their ``runs.jsonl``."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("folders", nargs="*", default=list(REPORTS), help="default: all of them")
+    args = p.parse_args(argv)
+    for folder in args.folders:
+        if folder not in REPORTS:
+            p.error(f"no committed report {folder!r}; choose from {', '.join(REPORTS)}")
+        out = HERE / folder
+        report(REPORTS[folder], out, RunStore(out / STORE).results())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,17 +15,18 @@ complete): for the first model at its best lr of ``check_horizon`` steps, 3 seed
 cosine run of that horizon against 3 seeds of a WSD run of that horizon alone (``wsd-check``;
 bitwise the branch of the same horizon in the long run, which the report verifies on seed 0).
 
-Runs are tasks of the project's Dask machinery (``simulations.run_planned``: embedded local
-cluster, or ``--scheduler ADDRESS``); each writes ``runs/<model>/d<depth>/lr<lr>_s<seed>/
-result.json`` atomically when all its horizons have ended and resumes from its checkpoints if
-interrupted (interrupted runs go first). The plan is rebuilt from the finished runs: the grid
-centres; 3 seeds for shaped (advise) and pre-LN, whose loss ratio the report states with its
-spread, once each is tuned; the rest of the lr grid (3 values spaced by 3x, extended one
-point at a time, up to two per side, while the best lr of any horizon is at an edge); then 3
-seeds at the best lr of the longest horizon for the two best models per depth; then the
-check. Each phase covers every depth before the next (see ``plan``).
-``--report`` writes ``results.json``, ``tables.md`` and ``figures/`` from the finished runs
-(``results.md`` is the written report).
+Runs are tasks of the project's Dask machinery through the shared study runner
+(``simulations.studies``: embedded local cluster, or ``--scheduler ADDRESS``); each trains in
+its scratch folder ``runs/<model>/d<depth>/lr<lr>_s<seed>/`` (git-ignored), resumes from its
+checkpoints if interrupted (interrupted runs go first), and once all its horizons have ended
+is appended to ``runs.jsonl``, the study's record of its finished runs. The plan is rebuilt
+from the finished runs: the grid centres; 3 seeds for shaped (advise) and pre-LN, whose loss
+ratio the report states with its spread, once each is tuned; the rest of the lr grid (3 values
+spaced by 3x, extended one point at a time, up to two per side, while the best lr of any
+horizon is at an edge); then 3 seeds at the best lr of the longest horizon for the two best
+models per depth; then the check. Each phase covers every depth before the next (see
+``plan``). ``--report`` writes ``results.md``, ``results.json``, ``tables.md`` and
+``figures/`` from ``runs.jsonl`` (``report.py``); none of them is edited by hand.
 
 Usage::
 
@@ -46,9 +47,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shapedtx import PRESETS, ModelConfig, ParameterError, TrainConfig, preset
+from shapedtx import PRESETS, ModelConfig, TrainConfig, preset
 from shapedtx.files import write_json
-from simulations.training_runs import TrainingRun, check_run_options, horizon_loss, run_planned
+from simulations.studies import (
+    STORE,
+    RunStore,
+    Study,
+    lr_tag,
+    parse_study_args,
+    study_main,
+    study_parser,
+)
+from simulations.training_runs import TrainingRun, horizon_loss
 
 HERE = Path(__file__).parent
 
@@ -271,7 +281,7 @@ def make_run(
         model=model_config(setup, model, depth, out),
         train=train_config(setup, lr, seed, trained),
         horizons=tuple(horizons),
-        folder=str(out / "runs" / slug(model) / f"d{depth}" / f"lr{lr:.3g}_s{seed}{tag}"),
+        folder=str(out / "runs" / slug(model) / f"d{depth}" / f"{lr_tag(lr)}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,
         data=data,
         device=device,
@@ -288,7 +298,9 @@ def make_run(
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/d*/*/result.json"))]
+    """The study's finished runs: ``out/runs.jsonl`` after taking in any finished run's
+    ``result.json`` under ``out/runs/`` not stored yet (``simulations.studies.RunStore``)."""
+    return RunStore(out / STORE).finished()
 
 
 def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
@@ -397,48 +409,42 @@ def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, i
     ]
 
 
-def run_study(
+def study(
     setup: Setup,
     out: Path,
     *,
-    device: str,
-    compile: bool,
-    workers: int | None,
-    scheduler: str | None,
-    max_runs: int | None,
+    device: str = "cpu",
+    compile: bool = False,
     check: bool = False,
     data: str | None = None,
-) -> int:
-    """Run planned runs until nothing is left (or ``max_runs`` new runs), interrupted ones
-    first; returns how many. The plan is asked again each time a run ends, on one Dask
-    client (an embedded cluster of ``workers``, or ``scheduler``; ``simulations.run_planned``).
+) -> Study:
+    """The study for the shared runner (``simulations.studies``): the runs of :func:`plan`
+    (of :func:`check_plan` with ``check``) in ``out/runs/``, the report of ``report.py``.
     ``data``: the corpus (``TrainingRun.data``; default: this Python's standard library)."""
     planner = check_plan if check else plan
 
-    def planned() -> list[TrainingRun]:
-        runs = [
+    def runs(results: list[dict[str, Any]]) -> list[TrainingRun]:
+        return [
             make_run(setup, out, *job, device=device, compile=compile, data=data)
-            for job in planner(setup, load_results(out))
+            for job in planner(setup, results)
         ]
-        # interrupted runs first (they resume from their checkpoints), else in plan order
-        return sorted(runs, key=lambda r: not any(Path(r.folder).glob("h*/checkpoint.pt")))
 
-    summary = run_planned(
-        planned,
-        client=scheduler,
-        workers=workers,
-        max_runs=max_runs,
+    def write_report(results: list[dict[str, Any]]) -> Any:
+        from report import report  # type: ignore[import-not-found]  # beside this script
+
+        return report(setup, out, results)
+
+    return Study(
+        out,
+        runs,
+        write_report,
         describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}",
     )
-    for key, error in summary.failed.items():
-        print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-    return len(summary.results)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--out", type=Path, default=None, help="study folder (default: beside me; gpu/ for --gpu)"
+    p = study_parser(
+        __doc__.splitlines()[0], out_help="study folder (default: beside me; gpu/ for --gpu)"
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
@@ -446,32 +452,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument(
         "--ablation", action="store_true", help="the shaped model's ablation screen (../ablation)"
     )
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", action="store_true", help="train through torch.compile")
-    p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
-    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
-    p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     p.add_argument("--depths", type=int, nargs="+", default=None)
     p.add_argument(
         "--horizons", type=int, nargs="+", default=None, help="replace every depth's horizons"
     )
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
-    p.add_argument("--report", action="store_true", help="only rebuild the report")
-    p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
     p.add_argument(
         "--check", action="store_true", help="only the WSD-vs-cosine check (first model, now)"
     )
-    p.add_argument(
-        "--data", default=None, metavar="PATH",
-        help="corpus file or folder (default: this Python's standard library; on a machine "
-        "with another Python use the folder shapedtx.training.export_corpus wrote here)",
-    )  # fmt: skip
-    args = p.parse_args(argv)
-    try:
-        check_run_options(args.device, args.data)
-    except ParameterError as err:
-        p.error(f"--{err.parameter}: {err}")
-    return args
+    return parse_study_args(p, argv)
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
@@ -489,33 +478,17 @@ def setup_of(args: argparse.Namespace) -> Setup:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    setup = setup_of(args)
     if args.out is None:
         args.out = HERE / "gpu" if args.gpu else HERE.parent / "ablation" if args.ablation else HERE
-    if args.plan:
-        for job in (check_plan if args.check else plan)(setup, load_results(args.out)):
-            print(*job)
-        return 0
-    try:
-        if not args.report:
-            run_study(
-                setup,
-                args.out,
-                device=args.device,
-                compile=args.compile,
-                workers=args.workers,
-                scheduler=args.scheduler,
-                max_runs=args.max_runs,
-                check=args.check,
-                data=args.data,
-            )
-        from report import report  # type: ignore[import-not-found]  # beside this script
-
-        report(setup, args.out, load_results(args.out))
-    except KeyboardInterrupt:
-        sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")
-        return 130
-    return 0
+    the_study = study(
+        setup_of(args),
+        args.out,
+        device=args.device,
+        compile=args.compile,
+        check=args.check,
+        data=args.data,
+    )
+    return study_main(the_study, args)
 
 
 if __name__ == "__main__":
