@@ -254,3 +254,15 @@ def test_unigram_baseline_by_hand():
     cross = -sum(q[b] * math.log(p[b]) for b in q)
     own = -sum(q[b] * math.log(q[b]) for b in q)
     assert out == pytest.approx({"cross_entropy": cross, "val_entropy": own}, rel=1e-12)
+
+
+def test_defaults_hold_out_a_tenth_of_eight_million_bytes(tmp_path):
+    """The documented defaults: ``max_bytes=8_000_000`` (load and export) and
+    ``val_fraction=0.1`` (a single file: its last 800,000 bytes)."""
+    text = bytes(range(97, 123)) * (8_000_010 // 26 + 1)
+    (tmp_path / "big.txt").write_bytes(text[:8_000_010])
+    corpus = load_corpus(tmp_path / "big.txt")
+    assert corpus.val.numel() == 800_000 and corpus.train.numel() == 7_200_000
+    assert bytes(corpus.val[-3:].numpy()) == text[7_999_997:8_000_000]
+    export_corpus(tmp_path / "out", tmp_path / "big.txt")
+    assert (tmp_path / "out" / "big.txt").stat().st_size == 8_000_000
