@@ -1,0 +1,89 @@
+"""The ablation's committed report is generated from the committed runs
+(examples/ablation/runs.jsonl and the long-horizon study's store): regenerated, it equals the
+committed files; its numbers are the runs' (a cell recomputed by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulations.studies import RunStore
+
+ROOT = Path(__file__).parents[1]
+STUDY = ROOT / "examples" / "ablation"
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("ablation_report", STUDY / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ablation_report"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs():
+    ablation = RunStore(STUDY / "runs.jsonl").results()
+    long_horizon = RunStore(ROOT / "examples" / "long_horizon" / "runs.jsonl").results()
+    return ablation, long_horizon
+
+
+def test_committed_report_is_regenerated_from_the_committed_runs(report, runs, tmp_path):
+    summary = report.summarise(*runs)
+    assert summary == json.loads((STUDY / "results.json").read_text())
+    assert report.markdown(summary) == (STUDY / "results.md").read_text()
+    assert report.figure(summary, tmp_path / "f.png").stat().st_size > 0
+    assert (STUDY / "figures" / "loss_vs_horizon.png").exists()
+
+
+def test_every_ablation_run_is_stored_and_is_a_variant(report, runs):
+    ablation, _ = runs
+    assert len(ablation) >= 2
+    assert {r["model_name"] for r in ablation} <= set(report.VARIANTS)
+    for r in ablation:
+        assert r["depth"] == 16 and r["model_config"]["config.gamma"] == 0.15
+        assert r["model_config"]["config.tau0"] == 0.25
+
+
+def test_a_cell_and_its_ratios_recomputed_from_the_runs(report, runs):
+    ablation, long_horizon = runs
+    summary = report.summarise(ablation, long_horizon)
+    relu = [r for r in ablation if r["model_name"] == "shaped advise, relu"]
+    gpt2 = [
+        r for r in long_horizon
+        if r["model_name"] == "pre-LN (GPT-2)" and r["depth"] == 16 and r["schedule"] == "wsd"
+    ]  # fmt: skip
+    h = "2000"
+    seed0 = [r for r in relu if r["seed"] == 0 and not r["horizons"][h]["diverged"]]
+    best = min(seed0, key=lambda r: r["horizons"][h]["val_loss"])
+    cell = summary["models"]["shaped advise, relu"][h]
+    assert cell["best_lr"] == best["lr"]
+    at = [r["horizons"][h]["val_loss"] for r in relu if r["lr"] == best["lr"]]
+    assert cell["mean"] == pytest.approx(sum(at) / len(at))
+    g0 = [r for r in gpt2 if r["seed"] == 0 and not r["horizons"][h]["diverged"]]
+    g_lr = min(g0, key=lambda r: r["horizons"][h]["val_loss"])["lr"]
+    g = [r["horizons"][h]["val_loss"] for r in gpt2 if r["lr"] == g_lr]
+    assert cell["vs_gpt2"] == pytest.approx(cell["mean"] / (sum(g) / len(g)) - 1)
+    assert math.isclose(cell["vs_best"], cell["mean"] / min(
+        summary["models"][b][h]["mean"] for b in report.BASELINES if b in summary["models"]
+    ) - 1)  # fmt: skip
+
+
+def test_a_diverged_horizon_is_reported_as_diverged(report):
+    run = {
+        "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "seed": 0,
+        "schedule": "wsd", "model_config": {"config.width": 64},
+        "horizons": {"1000": {"val_loss": 1.5, "diverged": False},
+                     "2000": {"val_loss": None, "diverged": True}},
+    }  # fmt: skip
+    summary = report.summarise([run], [])
+    cells = summary["models"]["shaped advise, gelu"]
+    assert cells["2000"]["mean"] is None and cells["2000"]["diverged"] == 1
+    assert cells["1000"]["mean"] == 1.5 and not cells["1000"]["bracketed"]
+    assert "diverged" in report.markdown(summary)
