@@ -65,7 +65,9 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/training/trainer.py": ["tests/test_train.py"],
     "shapedtx/training/model.py": ["tests/test_train.py"],
     "shapedtx/training/config.py": ["tests/test_train.py"],
-    "shapedtx/training/data.py": ["tests/test_train_data.py"],
+    "shapedtx/training/data.py": ["tests/test_train_data.py", "tests/test_data_teeth.py"],
+    "shapedtx/training/horizons.py": ["tests/test_schedule_teeth.py"],
+    "simulations/training_runs.py": ["tests/test_training_runs_teeth.py"],
     "shapedtx/training/log.py": ["tests/test_train.py"],
     "sde/coefficients.py": ["tests/test_sde_coefficients.py", "tests/test_sde_causal.py"],
     "sde/noise.py": [
