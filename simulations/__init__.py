@@ -13,7 +13,16 @@ if TYPE_CHECKING:
     from shapedtx.covariance import equicorrelated
     from shapedtx.results import with_metrics, with_rho
 
-    from .advise import Advice, Candidate, Criteria, Measurement, advise, measure, measure_dataset
+    from .advise import (
+        Advice,
+        Candidate,
+        Criteria,
+        Measurement,
+        advise,
+        measure,
+        measure_dataset,
+        trained_checks,
+    )
     from .baselines import baselines
     from .compare import QUANTILES, align_times, causal_pairs, collapse_report, compare, token_pairs
     from .convergence import at_width, convergence
@@ -74,6 +83,7 @@ _LAZY: dict[str, str] = {
     "advise": ".advise",
     "measure": ".advise",
     "measure_dataset": ".advise",
+    "trained_checks": ".advise",
     "baselines": ".baselines",
     "QUANTILES": ".compare",
     "align_times": ".compare",
@@ -235,6 +245,7 @@ __all__ = [
     "summarise",
     "sweep",
     "token_pairs",
+    "trained_checks",
     "transfer_lr",
     "wishart",
     "wishart_factor",

@@ -38,6 +38,7 @@ from two short timed runs. An advice at the edge of the gamma or tau0 grid says 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -429,8 +430,34 @@ class Advice:
                 "resolved": self.resolved,
                 "grid_edges": list(self.grid_edges),
                 "notes": list(self.notes),
+                "trained_checks": trained_checks(self.width, self.depth) if self.checked else [],
             }
         )
+
+    @property
+    def checked(self) -> bool:
+        """Whether this advice is for the models whose training :func:`trained_checks`
+        reports (the shaped ReLU MLP of ratio 4, causal, 4 heads: ``shaped``/``shaped_free``
+        as trained)."""
+        return (self.mlp, self.mlp_ratio, self.causal, self.heads) == ("shaped_relu", 4, True, 4)
+
+
+def trained_checks(width: int | None = None, depth: int | None = None) -> list[dict[str, Any]]:
+    """What training found for the models ``advise`` advises, at the sizes it was checked:
+    per preset (``shaped``, and ``shaped_free``, the same network at initialisation with a
+    trainable shape) at advise's gamma and tau0, the best lr of those run (``lr_bracketed``:
+    a worse lr on both sides), the horizon, the seeds, the validation loss and its ratio to
+    GPT-2's pre-LN. Package data written by the ablation study's report
+    (examples/ablation/report.py); ``width``/``depth``: only the checks at that size."""
+    from importlib.resources import files
+
+    text = files("simulations").joinpath("data", "trained_checks.json").read_text()
+    checks: list[dict[str, Any]] = json.loads(text)
+    return [
+        c
+        for c in checks
+        if (width is None or c["width"] == width) and (depth is None or c["depth"] == depth)
+    ]
 
 
 def _config(width, depth, heads, mlp, causal, gamma, tau0, mlp_ratio=1) -> ModelConfig:

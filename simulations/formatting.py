@@ -269,7 +269,38 @@ def format_advice(advice: Advice, *, every: bool = False) -> str:
         + f"; at most {d.max_unbottlenecked_heads} heads of size n/heads >= m",
     ]
     lines += [f"note: {n}" for n in advice.notes]
+    lines += _trained_lines(advice)
     return "\n".join(lines)
+
+
+def _trained_lines(advice: Advice) -> list[str]:
+    """Which model the advice is for and what training found for it at this size
+    (:func:`simulations.advise.trained_checks`), or that it was not checked there."""
+    from .advise import trained_checks
+
+    lines = [
+        "",
+        "model advised: the shaped Transformer at this gamma and tau0 at initialisation, the "
+        "preset shaped and shaped_free (the same network at initialisation, slopes and "
+        "attention gains trainable; docs/guide/models.md)",
+    ]
+    if not advice.checked:
+        note = "only shaped ReLU MLP 4n, 4 heads, causal (this advice's model: not checked)"
+        return [*lines, f"checked in training: {note}"]
+    checks = trained_checks(advice.width, advice.depth)
+    if not checks:
+        sizes = sorted({(c["width"], c["depth"]) for c in trained_checks()})
+        where = ", ".join(f"width {w} depth {d}" for w, d in sizes)
+        return [*lines, f"checked in training: not at this size (checked: {where})"]
+    for c in checks:
+        tuned = "bracketed" if c["lr_bracketed"] else "not bracketed: tune it"
+        lines.append(
+            f"checked in training: {c['preset']} at gamma {c['gamma']:g}, tau0 {c['tau0']:g}: "
+            f"lr {c['lr']:g} ({tuned}), {c['horizon']} steps, {c['seeds']} seed(s): loss "
+            f"{c['loss']:.3f} vs GPT-2 pre-LN {c['gpt2_pre_ln_loss']:.3f} "
+            f"({100 * c['vs_gpt2_pre_ln']:+.1f}%); {c['report']}"
+        )
+    return lines
 
 
 def _verdict(c: Candidate) -> str:

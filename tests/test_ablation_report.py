@@ -87,3 +87,28 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
     assert cells["2000"]["mean"] is None and cells["2000"]["diverged"] == 1
     assert cells["1000"]["mean"] == 1.5 and not cells["1000"]["bracketed"]
     assert "diverged" in report.markdown(summary)
+
+
+def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
+    """``shapedtx advise``'s training checks are package data the report writes from the
+    runs: regenerated, they equal the packaged file; the advice names its model and, at a
+    size not checked, says so."""
+    from dataclasses import replace
+
+    from simulations import advise, format_advice, trained_checks
+
+    ablation, long_horizon = runs
+    summary = report.summarise(ablation, long_horizon)
+    assert trained_checks() == report.trained_checks(summary, ablation)
+    assert {c["preset"] for c in trained_checks(64, 16)} == {"shaped", "shaped_free"}
+    assert trained_checks(128, 16) == []
+    grid = {"gammas": (0.15,), "tau0s": (0.25,), "samples": 16, "screen_samples": 16, "steps": 5}
+    a = advise(64, 16, 8, heads=4, mlp_ratio=4, **grid)
+    text = format_advice(a)
+    assert "model advised: the shaped Transformer" in text
+    free = next(c for c in trained_checks(64, 16) if c["preset"] == "shaped_free")
+    assert f"shaped_free at gamma 0.15, tau0 0.25: lr {free['lr']:g}" in text
+    assert a.to_dict()["trained_checks"] == trained_checks(64, 16)
+    other = format_advice(replace(a, width=128))
+    assert "checked in training: not at this size (checked: width 64 depth 16)" in other
+    assert "not checked" in format_advice(replace(a, mlp_ratio=1))

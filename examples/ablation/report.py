@@ -297,6 +297,44 @@ def figure(summary: dict[str, Any], path: Path) -> Path:
     return path
 
 
+CHECKS = HERE.parents[1] / "simulations" / "data" / "trained_checks.json"
+"""Package data for ``shapedtx advise`` (``simulations.advise.trained_checks``): what training
+found for the advised models, generated here (the library reads no study file)."""
+CHECKED = {SHAPED: "shaped", "shaped advise, slopes+attn": "shaped_free"}
+"""The models whose training ``advise`` quotes: study model -> preset."""
+
+
+def trained_checks(summary: dict[str, Any], ablation: list[dict[str, Any]]) -> list[dict]:
+    """At the longest horizon, for the shaped model and ``shaped_free`` at advise's gamma and
+    tau0: the best lr found (and whether a worse lr brackets it), the seeds, the loss and its
+    ratio to GPT-2's pre-LN."""
+    h = str(max(summary["horizons"]))
+    config = next(r["model_config"] for r in ablation)
+    checks = []
+    for model, name in CHECKED.items():
+        row = summary["models"].get(model, {}).get(h)
+        if row is None or row["mean"] is None:
+            continue
+        checks.append(
+            {
+                "preset": name,
+                "gamma": config["config.gamma"],
+                "tau0": config["config.tau0"],
+                "width": config["config.width"],
+                "depth": summary["depth"],
+                "horizon": int(h),
+                "lr": row["best_lr"],
+                "lr_bracketed": row["bracketed"],
+                "seeds": row["seeds"],
+                "loss": row["mean"],
+                "gpt2_pre_ln_loss": summary["models"][GPT2][h]["mean"],
+                "vs_gpt2_pre_ln": row.get("vs_gpt2"),
+                "report": "examples/ablation/results.md",
+            }
+        )
+    return checks
+
+
 def load() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The ablation's runs (its store, after taking in finished run folders) and the
     long-horizon study's."""
@@ -305,8 +343,10 @@ def load() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 def report(folder: Path = HERE) -> dict[str, Any]:
     """Write ``results.json``, ``results.md`` and ``figures/`` into ``folder``."""
-    summary = summarise(*load())
+    ablation, long_horizon = load()
+    summary = summarise(ablation, long_horizon)
     write_json(summary, folder / "results.json", indent=1)
+    write_json(trained_checks(summary, ablation), CHECKS, indent=1)
     with atomic_path(folder / "results.md") as tmp:
         Path(tmp).write_text(markdown(summary))
     figure(summary, folder / "figures" / "loss_vs_horizon.png")
