@@ -28,9 +28,9 @@ def test_run_comparison_reports_the_step_error(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StepErrorWarning)  # 128 samples: either way
         result = run_comparison(_experiment(), tmp_path, figures=False)
-    assert "V_half" in result.limit and result.limit.attrs["dt_half"] == pytest.approx(0.005)
+    assert "V_half" in result.limit and result.limit.attrs["dt_half"] == pytest.approx(0.0025)
     st = result.summary["sde"]["step_error"]
-    assert st["dt_half"] == pytest.approx(0.005)
+    assert st["dt_half"] == pytest.approx(0.0025)
     last = result.comparison.isel(t=-1)
     np.testing.assert_allclose(st["rho_T"]["step_error"], last["rho_quantile_step_error"])
     np.testing.assert_allclose(st["Vaa_T"]["step_error_se"], last["Vaa_quantile_step_error_se"])
@@ -40,7 +40,7 @@ def test_run_comparison_reports_the_step_error(tmp_path):
     text = format_summary(result.summary)
     line = next(x for x in text.splitlines() if x.startswith("SDE step error at T"))
     worst = max(st["Vaa_T"]["step_error"], key=abs)
-    assert f"V^aa {worst:+.4f}" in line and "dt = 0.01 vs 0.005" in line
+    assert f"V^aa {worst:+.4f}" in line and "dt = 0.005 vs 0.0025" in line
     conv = result.convergence
     assert conv is not None and conv.attrs["median_rho_gap_reference"] == "sde, dt -> 0"
     assert result.summary["convergence"]["w1_rho_step_error"] == pytest.approx(
@@ -53,7 +53,7 @@ def test_without_step_error():
         warnings.simplefilter("error", StepErrorWarning)
         result = run_comparison(_experiment(step_error=False, convergence_widths=()))
     assert "V_half" not in result.limit and result.summary["sde"]["step_error"] is None
-    assert "SDE step error at dt = 0.01: not estimated" in format_summary(result.summary)
+    assert "SDE step error at dt = 0.005: not estimated" in format_summary(result.summary)
     with pytest.raises(ParameterError, match="step_error") as err:
         _experiment(sde_method="torchsde")
     assert err.value.parameter == "step_error"
