@@ -125,7 +125,7 @@ class CompiledStep:
         state = [t for g in self.groups for k in ("exp_avgs", "exp_avg_sqs", "steps") for t in g[k]]
         buffers = [self.factor, self.lrs, self.loss_sum, self.grad_norm, self.block_norms]
         for t in (*buffers, self.first_bad, self.step, *state):
-            torch._dynamo.mark_static_address(t)
+            torch._dynamo.mark_static_address(t, guard=False)  # no recompile per run
         backend = backend if backend is not None else COMPILE_BACKEND
         if mode is None and device.type == "cuda" and backend == "inductor":
             mode = "reduce-overhead"
