@@ -451,7 +451,7 @@ def trained_checks(width: int | None = None, depth: int | None = None) -> list[d
     (examples/ablation/report.py); ``width``/``depth``: only the checks at that size."""
     from importlib.resources import files
 
-    text = files("simulations").joinpath("data", "trained_checks.json").read_text()
+    text = files("simulations").joinpath("data").joinpath("trained_checks.json").read_text()
     checks: list[dict[str, Any]] = json.loads(text)
     return [
         c
