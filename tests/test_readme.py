@@ -421,15 +421,15 @@ def _ablation() -> tuple[list, list]:
     free, relu = models["shaped advise, slopes+attn"][h], models["shaped advise, relu"][h]
     shaped, gpt2 = models["shaped advise"][h], models["pre-LN (GPT-2)"][h]
     assert free["vs_gpt2"] < 0 < shaped["vs_gpt2"] and relu["vs_gpt2"] < 0  # leads / trails
-    assert not free["bracketed"] and free["seeds"] == 1  # "not yet bracketed", seed 0
-    assert shaped["seeds"] == 3 and shaped["bracketed"]  # "3 seeds, tuned"
+    assert free["bracketed"] and free["seeds"] == 1  # "bracketed by", seed 0
+    assert shaped["seeds"] == 3 and shaped["bracketed"]  # "3 seeds"
 
     def pct(x: float) -> str:
         return f"{abs(100 * x):.1f}"
 
     claim = [pct(free["vs_gpt2"]), f"{free['mean']:.3f}", f"{gpt2['mean']:.3f}"]
     claim += [pct(shaped["vs_gpt2"]), f"{shaped['mean']:.3f}", pct(relu["vs_gpt2"])]
-    return claim, [int(h), *d["widths"], d["depth"], 0, free["best_lr"], shaped["seeds"]]
+    return claim, [int(h), *d["widths"], d["depth"], 0, *free["lr"], shaped["seeds"]]
 
 
 FINDINGS = {

@@ -138,8 +138,12 @@ def shape_moves(ablation: list[dict[str, Any]], summary: dict[str, Any]) -> dict
             if "mlp_kappa" not in record:
                 continue
             kappa = np.asarray(record["mlp_kappa"]["value"], dtype=float)
+            config = run["model_config"]  # kappa at initialisation: the configured slopes
+            root = math.sqrt(config["config.width"])
+            s_plus = 1 + config["config.c_plus"] / root
+            s_minus = 1 + config["config.c_minus"] / root
             entry: dict[str, Any] = {
-                "kappa_init": float(np.nanmean(kappa[0])),
+                "kappa_init": (s_plus - s_minus) ** 2 / (2 * (s_plus**2 + s_minus**2)),
                 "kappa_final": float(np.nanmean(kappa[-1])),
             }
             if "shape_gain" in record:
