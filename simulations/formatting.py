@@ -152,7 +152,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
     )
     e = s["sde"]
     lines.append(f"SDE paths exploded: {e['exploded']} of {e['samples']} (excluded)")
-    lines.append(_step_error_line(e))
+    if "dt" in e:  # a summary.json written before the step error was reported has no dt
+        lines.append(_step_error_line(e))
     if "token_pairs" in s:
         tp = s["token_pairs"]
         cells = [

@@ -354,4 +354,5 @@ def test_param_count_is_the_models_own_count_for_every_preset(bias):
         assert (counted.mlp, counted.attention) == (mlp, attention), name
         assert counted.total == sum(p.numel() for p in params.values()), name
         hidden = config.mlp_ratio * 16
-        assert counted.mlp == 3 * (2 * 16 * hidden + (hidden + 16 if bias else 0)), name
+        slopes = {"fixed": 0, "layer": 2, "channel": 2 * hidden}[config.mlp_slopes]
+        assert counted.mlp == 3 * (2 * 16 * hidden + (hidden + 16 if bias else 0) + slopes), name

@@ -341,6 +341,12 @@ def test_format_advice_in_full():
             "[BH] key size per head 32 vs m = 4: ok (>= m - 1); at most 16 heads of size "
             "n/heads >= m",
             "note: a note",
+            "",
+            "model advised: the shaped Transformer at this gamma and tau0 at initialisation, "
+            "the preset shaped and shaped_free (the same network at initialisation, slopes and "
+            "attention gains trainable; docs/guide/models.md)",
+            "checked in training: only shaped ReLU MLP 4n, 4 heads, causal (this advice's "
+            "model: not checked)",
         ]
     )
     # table() right-aligns the verdicts: "pass" ends the widest one's 49 characters
@@ -356,7 +362,7 @@ def test_format_advice_without_advice_and_with_small_heads():
             _advice([_FAIL], gamma=gamma, tau0=tau0, design=small, notes=())
         ).splitlines()
         assert lines[1] == "NO candidate of the grid passes the criteria"
-        assert lines[-2:] == [
+        assert lines[-5:-3] == [
             "[LW] depth threshold log_3(n) = 1.26: depth 8 is depth-efficient; allocation for "
             "12 L d^2: too shallow",
             "[BH] key size per head 2 vs m = 4: TOO SMALL (< m - 1); at most 0 heads of size "

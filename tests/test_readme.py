@@ -224,7 +224,7 @@ def test_main_job_table_is_the_default_presets():
 
     block = PRESETS["block"]
     table = _main_job_table()
-    assert f"SDE paths exploded: 3 of {block.samples} (excluded)" in table
+    assert f"SDE paths exploded: 5 of {block.samples} (excluded)" in table
     widths = re.search(r"by width \{(.*?)\}", table).group(1)
     listed = [int(item.split(":")[0]) for item in widths.split(", ")]
     assert listed == [*block.convergence_widths, block.config.width]
