@@ -141,11 +141,11 @@ def test_compiled_step_training_is_the_eager_run_and_resumes_it(data, tmp_path, 
     eager run's checkpoint (the state of ``torch.optim.AdamW`` is shared)."""
     monkeypatch.setattr(step_module, "COMPILE_BACKEND", "aot_eager")  # no kernel generation
     eager = train(SHAPED, data, CONFIG, progress=False).log
-    half = train(SHAPED, data, CONFIG.replace(steps=4), out_dir=tmp_path / "a", progress=False)
-    torch.save(torch.load(half.checkpoint), tmp_path / "half.pt")
+    # the eager run's snapshot at step 4 of the same schedule, continued by the compiled step
+    train(SHAPED, data, CONFIG, out_dir=tmp_path / "a", progress=False, snapshots=(4,))
     compiled = train(
-        SHAPED, data, CONFIG, progress=False, compile="step", branch_from=tmp_path / "half.pt",
-        out_dir=tmp_path / "b",
+        SHAPED, data, CONFIG, progress=False, compile="step",
+        branch_from=tmp_path / "a" / "checkpoint-4.pt", out_dir=tmp_path / "b",
     ).log  # fmt: skip
     fresh = train(SHAPED, data, CONFIG, progress=False, compile="step").log
     assert fresh.attrs["compile"] == "step" and fresh.attrs["compiled"] == 1
