@@ -4,25 +4,14 @@ must take on its own rows (issue 66)."""
 
 import pytest
 import torch
+from test_sde_batch import _configs  # configurations whose constants all differ
 
 import sde
 import sde.solvers as solvers
 from sde.solvers import FactoredEulerStep
-from shapedtx import ModelConfig
 from shapedtx.covariance import equicorrelated
 
 M, T, STEPS = 4, 0.4, 12
-
-
-def _configs(causal: bool) -> list[ModelConfig]:
-    """Configurations whose constants all differ (gamma, tau0, MLP or not, heads)."""
-    base = ModelConfig(width=64, depth=16, causal=causal)
-    return [
-        base.replace(mlp="shaped_relu", gamma=0.3, tau0=1.0),
-        base.replace(mlp="shaped_relu", gamma=0.8, tau0=0.5),
-        base.replace(mlp="none", gamma=0.5, tau0=2.0),
-        base.replace(mlp="shaped_relu", gamma=0.6, tau0=1.0, heads=2, out_proj=True),
-    ]
 
 
 @pytest.mark.parametrize("causal", [False, True])
