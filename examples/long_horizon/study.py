@@ -133,6 +133,7 @@ class Setup:
     lr_scale: float = 1.0  # the lr grid's centre is LR_CENTRE * lr_scale
     checkpoint_interval: int | None = None  # default: eval_interval
     check: bool = True  # plan the WSD-vs-cosine check once the first depth is complete
+    ablation: bool = False  # report with ``examples/ablation/report.py``
 
 
 DEFAULT = Setup(
@@ -157,10 +158,21 @@ ABLATION = replace(
     compared=(),
     best_models=0,
     check=False,
+    ablation=True,
 )
 """The ablation's screen (``--ablation``, folder ``../ablation``): every variant of the shaped
 model at depth 16 to 2,000 steps on the long-horizon recipe; no seeds and no check (the best
 two go on to 5,000 steps at depth 16 and 2,000 at depth 64)."""
+ABLATION_LONG = replace(
+    ABLATION,
+    depths=DEFAULT.depths,
+    horizons=DEFAULT.horizons,
+    models=("shaped advise, slopes+attn", "shaped advise, slopes+attn+tau"),
+    best_models=2,
+)
+"""The ablation's second stage (``--ablation-long``, folder ``../ablation/long``): the
+screen's best two variants at the long-horizon study's horizons (5,000 steps at depth 16,
+2,000 at depth 64), their lr grids, and 3 seeds at the best lr of the longest horizon."""
 QUICK = Setup(
     width=16,
     depths=(2, 4),
@@ -430,6 +442,14 @@ def study(
         ]
 
     def write_report(results: list[dict[str, Any]]) -> Any:
+        if setup.ablation:  # one report of both stages, from both stores
+            import importlib.util
+
+            path = HERE.parent / "ablation" / "report.py"
+            spec = importlib.util.spec_from_file_location("ablation_report", path)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            return module.report()
         from report import report  # type: ignore[import-not-found]  # beside this script
 
         return report(setup, out, results)
@@ -452,6 +472,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument(
         "--ablation", action="store_true", help="the shaped model's ablation screen (../ablation)"
     )
+    size.add_argument(
+        "--ablation-long",
+        action="store_true",
+        help="the ablation's best two to 5,000 steps (../ablation/long)",
+    )
     p.add_argument("--depths", type=int, nargs="+", default=None)
     p.add_argument(
         "--horizons", type=int, nargs="+", default=None, help="replace every depth's horizons"
@@ -464,7 +489,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
-    setup = QUICK if args.quick else GPU if args.gpu else ABLATION if args.ablation else DEFAULT
+    setup = (
+        QUICK
+        if args.quick
+        else GPU
+        if args.gpu
+        else ABLATION
+        if args.ablation
+        else ABLATION_LONG
+        if args.ablation_long
+        else DEFAULT
+    )
     if args.depths:
         longest = setup.horizons[max(setup.horizons)]
         horizons = {d: setup.horizons.get(d, longest) for d in args.depths}
@@ -479,7 +514,16 @@ def setup_of(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.out is None:
-        args.out = HERE / "gpu" if args.gpu else HERE.parent / "ablation" if args.ablation else HERE
+        ablation = HERE.parent / "ablation"
+        args.out = (
+            HERE / "gpu"
+            if args.gpu
+            else ablation
+            if args.ablation
+            else ablation / "long"
+            if args.ablation_long
+            else HERE
+        )
     the_study = study(
         setup_of(args),
         args.out,
