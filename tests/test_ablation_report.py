@@ -1,6 +1,7 @@
 """The ablation's committed report is generated from the committed runs
-(examples/ablation/runs.jsonl and the long-horizon study's store): regenerated, it equals the
-committed files; its numbers are the runs' (a cell recomputed by hand)."""
+(examples/ablation/runs.jsonl, long/runs.jsonl and the long-horizon study's store):
+regenerated, it equals the committed files; its numbers are the runs' (a cell recomputed
+by hand)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def report():
 
 
 @pytest.fixture(scope="module")
-def runs():
-    ablation = RunStore(STUDY / "runs.jsonl").results()
+def runs(report):
+    ablation = [r for folder in report.STAGES for r in RunStore(folder / "runs.jsonl").results()]
     long_horizon = RunStore(ROOT / "examples" / "long_horizon" / "runs.jsonl").results()
     return ablation, long_horizon
 
@@ -112,3 +113,21 @@ def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
     other = format_advice(replace(a, width=128))
     assert "checked in training: not at this size (checked: width 64 depth 16)" in other
     assert "not checked" in format_advice(replace(a, mlp_ratio=1))
+
+
+def test_a_repeated_run_keeps_its_longest_record_and_states_the_difference(report):
+    def run(horizons: dict[str, float]) -> dict:
+        return {
+            "model_name": "shaped advise, slopes+attn", "depth": 16, "lr": 0.01, "seed": 0,
+            "schedule": "wsd",
+            "horizons": {h: {"val_loss": v, "diverged": False} for h, v in horizons.items()},
+        }  # fmt: skip
+
+    screen, longer = run({"250": 2.0, "2000": 1.25}), run({"250": 2.0, "2000": 1.5, "5000": 1.1})
+    other = {**run({"250": 3.0}), "lr": 0.03}
+    kept, diff = report.merge([screen, other, longer])
+    assert kept == [longer, other] and diff == 0.25
+    assert report.merge([screen, other]) == ([screen, other], None)
+    assert report.merge([screen, run({"250": 2.0, "2000": 1.25, "5000": 1.0})])[1] == 0.0
+    assert "the same losses" in "".join(report._repeated(0.0))
+    assert "within 0.25" in "".join(report._repeated(0.25)) and report._repeated(None) == []

@@ -1,8 +1,9 @@
 """The shaped model's ablation: which part of shaping costs it its long-horizon gap.
 
 Generated from the runs, never edited by hand: ``results.json`` (every number), ``results.md``
-(the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``;
-``../long_horizon/study.py --ablation`` trains them); the shaped model as it is, (a), and the
+(the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``, the
+screen: ``../long_horizon/study.py --ablation``) and ``long/runs.jsonl`` (the screen's best
+two to 5,000 steps: ``--ablation-long``); the shaped model as it is, (a), and the
 baselines come from the long-horizon study's store (the same recipe: width 64, 4 heads with
 W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus, WSD with 50 warm-up steps and a
 20% cooldown branched at every horizon, seed 0 for the lr grid).
@@ -43,6 +44,8 @@ BASELINES = (GPT2, "pre-LN depth-muP", "SAS-P")
 measured at a horizon (pre-LN with depth-muP where the long-horizon study has it)."""
 SHOWN = (SHAPED, *BASELINES, "SAS-P no norm")
 DEPTH = 16
+STAGES = (HERE, HERE / "long")
+"""The ablation's stores: the screen (2,000 steps) and its second stage (5,000 steps)."""
 
 
 def _loss(result: dict[str, Any], horizon: int) -> float:
@@ -78,9 +81,35 @@ def cell(runs: list[dict[str, Any]], horizon: int) -> dict[str, Any] | None:
     }
 
 
+def _identity(r: dict[str, Any]) -> tuple[Any, ...]:
+    return r["model_name"], r["depth"], r["lr"], r["seed"], r["schedule"]
+
+
+def merge(ablation: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float | None]:
+    """One run per (model, depth, lr, seed, schedule), the one with the most horizons (a longer
+    run's shorter horizons are the same WSD branches), and the largest difference between the
+    losses of the horizons two such runs share (0.0: the longer run reproduced the shorter;
+    None: no run was repeated)."""
+    kept: dict[tuple[Any, ...], dict[str, Any]] = {}
+    diff: float | None = None
+    for r in ablation:
+        other = kept.get(_identity(r))
+        if other is not None:
+            for h in set(r["horizons"]) & set(other["horizons"]):
+                a, b = _loss(r, int(h)), _loss(other, int(h))
+                d = 0.0 if a == b else abs(a - b)
+                diff = d if diff is None else max(diff, d)
+        if other is None or len(r["horizons"]) > len(other["horizons"]):
+            kept[_identity(r)] = r
+    return list(kept.values()), diff
+
+
 def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]) -> dict[str, Any]:
     """Every number of the report: per model and horizon its :func:`cell`, the ratio of its
-    best loss to GPT-2's pre-LN and to the best baseline, and its difference from (a)."""
+    best loss to GPT-2's pre-LN and to the best baseline, and its difference from (a).
+    ``ablation``: the runs of every stage (:func:`merge` keeps the longest of a repeated run)."""
+    stored = len(ablation)
+    ablation, repeated = merge(ablation)
     runs = [r for r in ablation + long_horizon if r["depth"] == DEPTH and r["schedule"] == "wsd"]
     horizons = sorted({int(h) for r in ablation for h in r["horizons"]})
     models = [m for m in (*SHOWN, *VARIANTS) if any(r["model_name"] == m for r in runs)]
@@ -111,7 +140,8 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
             rows[str(h)] = row
         out["models"][m] = rows
     out["shape"] = shape_moves(ablation, out)
-    out["runs"] = len(ablation)
+    out["runs"] = stored
+    out["repeated_max_diff"] = repeated
     out["fingerprints"] = sorted({r.get("corpus_fingerprint", "") for r in runs} - {""})
     return out
 
@@ -168,6 +198,16 @@ def _label(m: str) -> str:
     return VARIANTS.get(m, "(a) shaped ReLU" if m == SHAPED else m)
 
 
+def _repeated(diff: float | None) -> list[str]:
+    if diff is None:
+        return []
+    same = "the same losses" if diff == 0 else f"losses within {diff:.2g}"
+    return [
+        "The screen's runs that went on to 5,000 steps were trained again from scratch; their",
+        f"shorter horizons (the same WSD branches) gave {same}.",
+    ]
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The report (``results.md``), every number from ``summary``."""
     horizons = summary["horizons"]
@@ -183,6 +223,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
         "model is changed in one part at a time, at `advise`'s gamma 0.15 and tau0 0.25.",
         f"Ablation runs so far: {summary['runs']}.",
+        *_repeated(summary["repeated_max_diff"]),
         "",
         "## Loss at the best lr",
         "",
@@ -340,9 +381,10 @@ def trained_checks(summary: dict[str, Any], ablation: list[dict[str, Any]]) -> l
 
 
 def load() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ablation's runs (its store, after taking in finished run folders) and the
+    """The ablation's runs (every stage's store, after taking in finished run folders) and the
     long-horizon study's."""
-    return RunStore(HERE / STORE).finished(), RunStore(LONG_HORIZON / STORE).results()
+    ablation = [r for folder in STAGES for r in RunStore(folder / STORE).finished()]
+    return ablation, RunStore(LONG_HORIZON / STORE).results()
 
 
 def report(folder: Path = HERE) -> dict[str, Any]:
