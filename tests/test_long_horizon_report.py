@@ -106,3 +106,23 @@ def test_every_converted_run_equals_its_original_result_json():
         assert len(found) == len(tracked) == count, folder  # every original has its line
         for key, result, original in found:
             assert result == json.loads(original), key
+
+
+def test_the_best_baseline_is_the_lowest_mean_of_the_three_and_ratios_divide_by_it(report):
+    def cells(mean: float | None, sd: float | None = None, n: int = 1) -> dict:
+        return {"1000": {"mean": mean, "sd": sd, "n": n}}
+
+    per_model = {
+        "pre-LN (GPT-2)": cells(1.5, 0.01, 3),
+        "pre-LN depth-muP": cells(1.4),
+        "SAS-P": cells(None),  # every lr diverged
+        "no-norm gpt2": cells(1.2),  # lower, but not a baseline
+        "shaped advise": cells(1.54),
+    }
+    best = report.best_baselines(per_model, [1000, 2000])
+    assert best == {"1000": {"model": "pre-LN depth-muP", "mean": 1.4, "sd": None, "n": 1}}
+    ratios = report.ratios_to_best(per_model, best)
+    assert ratios["shaped advise"] == {"1000": pytest.approx(1.1)}
+    assert ratios["SAS-P"] == {} and ratios["pre-LN depth-muP"] == {"1000": 1.0}
+    per_model["SAS-P"] = cells(1.3, 0.02, 3)
+    assert report.best_baselines(per_model, [1000])["1000"]["model"] == "SAS-P"

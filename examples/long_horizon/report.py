@@ -12,7 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import DEFAULT, GPU, HERE, MODELS, Setup, available_models, best_k, check_point
+from study import (
+    BASELINES,
+    DEFAULT,
+    GPU,
+    HERE,
+    MODELS,
+    Setup,
+    available_models,
+    best_k,
+    check_point,
+)
 
 from shapedtx.files import atomic_path, write_json
 from simulations.studies import STORE, RunStore
@@ -173,6 +183,38 @@ def ratios(per_model: dict[str, dict[str, Any]], horizons: list[int]) -> dict[st
     return out
 
 
+def best_baselines(
+    per_model: dict[str, dict[str, Any]], horizons: list[int]
+) -> dict[str, dict[str, Any]]:
+    """horizon -> the best baseline measured there: the one of ``BASELINES`` with the lowest
+    mean over its seeds at its best lr, with that mean, sd and number of seeds."""
+    out = {}
+    for h in horizons:
+        present = [
+            (c["mean"], b)
+            for b in BASELINES
+            if (c := per_model.get(b, {}).get(str(h))) and c.get("mean") is not None
+        ]
+        if present:
+            c = per_model[min(present)[1]][str(h)]
+            out[str(h)] = {"model": min(present)[1], "mean": c["mean"], "sd": c["sd"], "n": c["n"]}
+    return out
+
+
+def ratios_to_best(
+    per_model: dict[str, dict[str, Any]], best: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """model -> horizon -> its mean loss (seeds at its best lr) / the best baseline's mean."""
+    return {
+        m: {
+            h: c["mean"] / best[h]["mean"]
+            for h, c in cells.items()
+            if h in best and c.get("mean") is not None
+        }
+        for m, cells in per_model.items()
+    }
+
+
 STUCK_MARGIN = 0.02
 """A run within this fraction of the unigram baseline learned nothing beyond byte frequencies."""
 
@@ -229,6 +271,7 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         at_depth = [r for r in results if r["depth"] == depth]
         unigram = base["cross_entropy"] if base else None
+        best = best_baselines(per_model, horizons)
         depths[str(depth)] = {
             "horizons": horizons,
             "models": per_model,
@@ -236,6 +279,8 @@ def summarise(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
             "crossings": crossings(per_model, horizons),
             "level_at_longest": level_pairs(per_model, max(horizons)),
             "ratio_to_reference": ratios(per_model, horizons),
+            "best_baseline": best,
+            "ratio_to_best_baseline": ratios_to_best(per_model, best),
         }
     return {
         "setup": {
@@ -676,6 +721,24 @@ def _findings(summary: dict[str, Any], depth: str) -> list[str]:
                 )
     if paired:
         lines.append(f"- **Loss / {REFERENCE} loss over paired seeds**: {'; '.join(paired)}.")
+    best = d["best_baseline"]
+    if best:
+        lines.append(
+            f"- **Best baseline** (the lowest of {_and(list(BASELINES))} measured, mean over "
+            "its seeds at its best lr): "
+            + "; ".join(
+                f"{h} steps {b['model']} {b['mean']:.3f}"
+                + (f" ± {b['sd']:.3f} ({b['n']} seeds)" if b["sd"] is not None else "")
+                for h, b in best.items()
+            )
+            + f". Loss / best baseline at {longest} steps: "
+            + ", ".join(
+                f"{m} {row[longest]:.3f}"
+                for m, row in d["ratio_to_best_baseline"].items()
+                if longest in row
+            )
+            + "."
+        )
     for c in d["crossings"]:
         a, b = c["models"]
         level = f", level at {_and([str(h) for h in c['level']])}" if c["level"] else ""
@@ -723,8 +786,9 @@ FIXED_NOTES = """\
   `monitor.py` from the runs' logs, which stay on the machine that trained them; its output
   is [monitor.md](monitor.md) and `figures/monitor_d*.png`.
 - The pre-LN reference is GPT-2's pre-LN block with GPT-2's init and one lr for every
-  parameter; the transfer study ([../transfer/results.md](../transfer/results.md)) trains
-  other pre-LN parametrisations at 1000 steps.
+  parameter. pre-LN depth-muP is the transfer study's recipe
+  ([../transfer/results.md](../transfer/results.md)): branch multiplier (depth / 8)^(-1/2),
+  1/fan_in init, its base lr tuned at width 64 and depth 8 and transferred by its rule.
 """
 
 

@@ -70,6 +70,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "no-norm gpt2": {"name": "no_norm", "init": "gpt2"},
     "SAS-P no norm": {"name": "sas_p_no_norm"},
     "shaped g=0.35": {"name": "shaped", "gamma": 2**-1.5},
+    # the transfer study's strongest pre-LN at 1,000 steps: its recipe (branch multiplier
+    # (depth / 8)^(-1/2), the lr tuned at width 64 and depth 8 and transferred by its rule)
+    "pre-LN depth-muP": {"name": "pre_ln_depth_mup", "base_depth": 8, "lr_proxy": (64, 8)},
     # the ablation (--ablation): the shaped model at advise's gamma and tau0, one part changed
     "shaped advise, relu": {"name": "shaped", "gamma": "advise", "mlp": "relu"},
     "shaped advise, gelu": {"name": "shaped", "gamma": "advise", "mlp": "gelu"},
@@ -89,10 +92,14 @@ MODELS: dict[str, dict[str, Any]] = {
     },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
-for the depth), in the order their runs are planned."""
+for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
+``lr_proxy_width`` and ``lr_proxy_depth``), in the order their runs are planned."""
 
-LONG_HORIZON_MODELS = tuple(MODELS)[:7]
-ABLATION_MODELS = tuple(MODELS)[7:]
+LONG_HORIZON_MODELS = tuple(MODELS)[:8]
+ABLATION_MODELS = tuple(MODELS)[8:]
+BASELINES = ("pre-LN (GPT-2)", "pre-LN depth-muP", "SAS-P")
+"""The baselines a model is measured against: at each horizon the lowest of these (its mean
+over seeds at its best lr) is the best baseline."""
 
 LR_CENTRE: dict[str, float] = {
     "shaped": 1e-2,
@@ -100,10 +107,12 @@ LR_CENTRE: dict[str, float] = {
     "no_norm": 1e-2 / 3,
     "sas_p": 1e-2 / 3,
     "sas_p_no_norm": 1e-2 / 3,
+    "pre_ln_depth_mup": 1e-2,  # the transfer study's best base lr at depth 16: 2^-7
 }
 """Centre of each preset's lr grid at depth 16 (the best lr at 300 steps of the short study
 and of an independent trainer); the grid is centre * 3^k, k = -1, 0, 1, one 3x lower at depth
-64 (the short study's best lr fell 3-9x from depth 16 to 64)."""
+64 (the short study's best lr fell 3-9x from depth 16 to 64), except for a model with an
+``lr_proxy``, whose base lr its transfer rule scales to the depth and width."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +247,7 @@ def advised(setup: Setup, depth: int, out: Path) -> dict[str, float]:
 def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig:
     fields = dict(MODELS[model])
     name = fields.pop("name")
+    fields.pop("lr_proxy", None)
     if fields.get("gamma") == "advise":
         advice = advised(setup, depth, out)
         fields.update(gamma=advice["gamma"], tau0=advice["tau0"])
@@ -245,7 +255,9 @@ def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig
     return preset(name, **{**sizes, **fields})
 
 
-def train_config(setup: Setup, lr: float, seed: int, schedule: str = "wsd") -> TrainConfig:
+def train_config(
+    setup: Setup, lr: float, seed: int, schedule: str = "wsd", lr_proxy: tuple[int, int] = (0, 0)
+) -> TrainConfig:
     return TrainConfig(
         steps=max(max(h) for h in setup.horizons.values()),
         batch_size=setup.batch_size,
@@ -261,11 +273,15 @@ def train_config(setup: Setup, lr: float, seed: int, schedule: str = "wsd") -> T
         metrics_batch=8,
         checkpoint_interval=setup.checkpoint_interval or setup.eval_interval,
         seed=seed,
+        lr_proxy_width=lr_proxy[0],
+        lr_proxy_depth=lr_proxy[1],
     )
 
 
 def lr_grid(setup: Setup, model: str, depth: int, k: int) -> float:
-    centre = LR_CENTRE[MODELS[model]["name"]] * setup.lr_scale / (3.0 if depth > 16 else 1.0)
+    centre = LR_CENTRE[MODELS[model]["name"]]
+    if "lr_proxy" not in MODELS[model]:  # with a proxy, its rule transfers the lr to the size
+        centre *= setup.lr_scale / (3.0 if depth > 16 else 1.0)
     return float(f"{centre * 3.0**k:.3g}")
 
 
@@ -291,7 +307,7 @@ def make_run(
     tag = "" if schedule == "wsd" else f"_{trained}{setup.check_horizon}"
     return TrainingRun(
         model=model_config(setup, model, depth, out),
-        train=train_config(setup, lr, seed, trained),
+        train=train_config(setup, lr, seed, trained, MODELS[model].get("lr_proxy", (0, 0))),
         horizons=tuple(horizons),
         folder=str(out / "runs" / slug(model) / f"d{depth}" / f"{lr_tag(lr)}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,
