@@ -12,10 +12,10 @@ from torch import nn
 
 import shapedtx
 from shapedtx import metrics
-from shapedtx.probe import CovarianceProbe, find_blocks, probe
+from shapedtx.diagnostics import CovarianceProbe, find_blocks, probe
+from shapedtx.metrics import covariance_metrics
 from shapedtx.results import load_dataset
 from shapedtx.training import LanguageModel
-from shapedtx.training.log import covariance_metrics
 from simulations.cli import main
 
 
@@ -435,16 +435,14 @@ def test_covariance_probe_passes_eval_on():
 def test_covariance_probe_defaults_count_calls_from_zero_in_eval_mode(monkeypatch):
     """Documented defaults: ``cov()`` counts calls from 0 (so the first call measures), eval
     mode, and the metrics are computed every ``max_pending`` measurements."""
-    import shapedtx.training.log as log
-
     model, X = _dropout_model(), torch.randn(2, 4, 8, dtype=torch.float64)
     cov = CovarianceProbe(model, X, every=2, blocks="stack")
     assert [cov(), cov(), cov()] == [True, False, True]
     assert model.stack[0].seen == [(False, False)] * 2
     np.testing.assert_array_equal(cov.dataset()["step"].values, [0, 2])
     computed = []
-    original = log.metric_tensors
-    monkeypatch.setattr(log, "metric_tensors", lambda V: computed.append(1) or original(V))
+    original = metrics.metric_tensors
+    monkeypatch.setattr(metrics, "metric_tensors", lambda V: computed.append(1) or original(V))
     cov = CovarianceProbe(model, X, blocks="stack", max_pending=2)
     cov(0)
     assert computed == []  # pending until max_pending measurements
