@@ -495,3 +495,15 @@ def test_two_tokens_and_a_batch_of_one_are_enough():
     assert ds.sizes == {"sample": 1, "t": 3, "token_a": 2, "token_b": 2}
     with pytest.raises(ValueError, match="at least 2 tokens"):
         probe(model, torch.randn(3, 1, 8), blocks="stack")
+
+
+def test_covariance_probe_is_the_monitor_reduced_to_the_covariance_metrics():
+    """CovarianceProbe is a Monitor: the same hooks and the same covariance metrics, bit for
+    bit, without the monitor's other variables."""
+    model, X = _transformer(), _tokens()
+    cov, mon = CovarianceProbe(model, X), shapedtx.Monitor(model, X)
+    assert isinstance(cov, shapedtx.Monitor) and cov(0) and mon(0) is not None
+    ours, theirs = cov.dataset(), mon.dataset()
+    assert set(ours.data_vars) == set(metrics.METRICS) < set(theirs.data_vars)
+    for name in metrics.METRICS:
+        np.testing.assert_array_equal(ours[name].values, theirs[name].values)

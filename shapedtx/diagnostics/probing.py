@@ -36,6 +36,7 @@ from ..config import ModelConfig, check_config
 from .attention import AttentionEntry
 from .hooks import Blocks, find_blocks, record_streams
 from .monitor import Monitor
+from .updates import UpdateMeter
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -185,9 +186,12 @@ class CovarianceProbe(Monitor):
         super().__init__(model, inputs, every, blocks=blocks, eval=eval)
 
     def _instruments(self, attention: Sequence[AttentionEntry] | None) -> None:
-        """None: the covariance metrics need no attention reader, update meter or gains."""
+        """None: the covariance metrics need no attention reader, weights, gains or slopes."""
         self.readers = [None] * len(self.blocks)
-        self.weight_names, self.gain_names, self.note = [], [], ""
+        self._meter = UpdateMeter(self.blocks, lambda name, parameter: None)
+        self.weight_names, self.gain_names, self._gain_params = [], [], []
+        self._slopes = [None] * len(self.blocks)
+        self.note = ""
 
     def __call__(self, step: int | None = None) -> bool:  # type: ignore[override]
         """Measure if ``step`` (default: the number of earlier calls) is a multiple of
