@@ -27,7 +27,8 @@ from collections.abc import Callable
 import torch
 
 from shapedtx import ModelConfig, find_blocks
-from shapedtx.coord_check import _ActivationHooks, _UpdateMeter, default_group
+from shapedtx.diagnostics import UpdateMeter, default_group
+from shapedtx.diagnostics.coordinates import _Activations
 from shapedtx.training import LanguageModel
 
 VARIANTS = ("plain", "hooks", "hooks + updates")
@@ -70,10 +71,12 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
         torch.manual_seed(0)
         model = LanguageModel(cfg, args.tokens).to(device).train()
         blocks = find_blocks(model)
-        hooks = _ActivationHooks(blocks)
+        hooks = _Activations(blocks)
         if name != "plain":
             hooks.__enter__()  # installed for the whole run
-        meter = _UpdateMeter(blocks, default_group) if name == "hooks + updates" else None
+        meter = UpdateMeter(blocks, default_group) if name == "hooks + updates" else None
+        if meter is not None:
+            meter.remember()
         runs[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), hooks, meter)
     kept: list[torch.Tensor] = []  # the measurements, as coord_check keeps them (no sync)
 
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
         loss.backward()
         opt.step()
         if meter is not None:
-            kept.append(meter.measure())
+            kept.append(meter.mean_square())
 
     clock = _clock(device)
     for name in VARIANTS:  # warm-up

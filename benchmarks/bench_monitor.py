@@ -28,8 +28,8 @@ import torch
 
 import shapedtx
 from shapedtx import Monitor, TrainConfig
+from shapedtx.metrics import covariance_metrics
 from shapedtx.training import LanguageModel
-from shapedtx.training.log import covariance_metrics
 
 VARIANTS = ("steps", "covariance", "monitor")
 

@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     from .blocks import attention_branch, block, gaussian_linear, mlp_branch, residual
     from .bottleneck import fit_attention, realise_attention
     from .config import ModelConfig, check_config
-    from .coord_check import coord_check, plot_coord_check
     from .covariance import (
         check_covariance,
         check_covariance_batch,
@@ -45,8 +44,16 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
         param_count,
         regime,
     )
+    from .diagnostics import (
+        CovarianceProbe,
+        Monitor,
+        coord_check,
+        find_blocks,
+        plot_coord_check,
+        plot_monitor,
+        probe,
+    )
     from .metrics import detect_collapse
-    from .monitor import Monitor, plot_monitor
     from .nn import (
         MLP,
         Attention,
@@ -58,7 +65,6 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     )
     from .norm import layer_norm
     from .presets import PRESETS, preset
-    from .probe import CovarianceProbe, find_blocks, probe
     from .results import (
         config_of,
         covariance_dataset,
@@ -69,13 +75,13 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     )
     from .training import TrainConfig, TrainingDiverged, load_corpus, train
     from .training.plots import plot_collapse, plot_losses, plot_runs
-    from .transfer import lr_multipliers, lr_rule
+    from .training.transfer import lr_multipliers, lr_rule
 
 # Every public name is loaded on first use, so that ``import shapedtx`` costs nothing (the
 # command line's --help and argument errors stay fast; torch loads with the first layer,
 # metric or model): public name -> module that defines it ("" for a submodule).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("bottleneck", "design", "metrics", "results", "training"), ""),
+    **dict.fromkeys(("bottleneck", "design", "diagnostics", "metrics", "results", "training"), ""),
     **dict.fromkeys(("relu_slopes", "shaped_relu"), "activation"),
     **dict.fromkeys(
         (
@@ -96,7 +102,6 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("fit_attention", "realise_attention"), "bottleneck"),
     **dict.fromkeys(("ModelConfig", "check_config"), "config"),
-    **dict.fromkeys(("coord_check", "plot_coord_check"), "coord_check"),
     "ParameterError": "_validation",
     **dict.fromkeys(
         ("check_covariance", "check_covariance_batch", "equicorrelated", "initial_tokens"),
@@ -128,10 +133,20 @@ _LAZY: dict[str, str] = {
         ),
         "nn",
     ),
-    **dict.fromkeys(("Monitor", "plot_monitor"), "monitor"),
     "layer_norm": "norm",
     **dict.fromkeys(("PRESETS", "preset"), "presets"),
-    **dict.fromkeys(("CovarianceProbe", "find_blocks", "probe"), "probe"),
+    **dict.fromkeys(
+        (
+            "CovarianceProbe",
+            "Monitor",
+            "coord_check",
+            "find_blocks",
+            "plot_coord_check",
+            "plot_monitor",
+            "probe",
+        ),
+        "diagnostics",
+    ),
     **dict.fromkeys(
         (
             "config_of",
@@ -145,7 +160,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
     **dict.fromkeys(("plot_collapse", "plot_losses", "plot_runs"), "training.plots"),
-    **dict.fromkeys(("lr_multipliers", "lr_rule"), "transfer"),
+    **dict.fromkeys(("lr_multipliers", "lr_rule"), "training.transfer"),
 }
 
 
@@ -161,9 +176,9 @@ def __getattr__(name: str) -> Any:
 
 
 class _Package(types.ModuleType):
-    """``shapedtx`` itself: importing the submodule ``shapedtx.probe`` must not replace the
-    public function ``shapedtx.probe`` (Python sets a package's attribute to each submodule it
-    loads; the eager imports used to rebind the function afterwards)."""
+    """``shapedtx`` itself: importing a submodule named like a public name must not replace
+    that name (Python sets a package's attribute to each submodule it loads; the eager imports
+    used to rebind the function afterwards)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, types.ModuleType) and _LAZY.get(name, "") != "":

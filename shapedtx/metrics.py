@@ -16,7 +16,7 @@ covariance ``xarray.Dataset`` (its ``V`` variable, e.g. from ``simulations.simul
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, overload
 
 import numpy as np
@@ -216,3 +216,34 @@ def detect_collapse(V: Any, threshold: float = 0.99) -> Collapse:
         return Collapse(collapsed, first)
     kept = labelled.ndim - 3
     return Collapse(_labelled(collapsed, labelled, kept), _labelled(first, labelled, kept))
+
+
+METRICS: dict[str, Callable[[Tensor], Tensor]] = {
+    "mean_rho": mean_correlation,
+    "stable_rank": stable_rank,
+    "centred_stable_rank": centred_stable_rank,
+    "eigenvalue_ratio": eigenvalue_ratio,
+    "residual": covariance_residual,
+}
+"""The token-covariance metrics of the training log, the monitor and the covariance probe:
+variable name -> metric of ``V: (..., m, m)``."""
+
+
+@torch.no_grad()
+def metric_tensors(V: Tensor) -> dict[str, Tensor]:
+    """Batch-averaged :data:`METRICS` of covariances ``V: (B, L, m, m)`` -> {name: (L,)},
+    computed in V's dtype on V's device (no host transfer); non-finite covariances give NaN."""
+    finite = torch.isfinite(V).all(dim=(-2, -1))
+    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+    V = torch.where(finite[..., None, None], V, eye)
+    return {name: torch.where(finite, fn(V), torch.nan).mean(0) for name, fn in METRICS.items()}
+
+
+@torch.no_grad()
+def covariance_metrics(hidden: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Batch-averaged :data:`METRICS` of every hidden state (B, m, n) -> {name: (depth + 1,)}.
+
+    Computed in float64 on the hidden states' device; non-finite states give NaN.
+    """
+    V = torch.stack([covariance(h.double()) for h in hidden], dim=1)  # (B, L, m, m)
+    return {name: value.cpu().numpy() for name, value in metric_tensors(V).items()}

@@ -18,7 +18,7 @@ from typing import Any
 
 from shapedtx._validation import ParameterError, check_choice, check_int, check_number
 from shapedtx.presets import PRESETS, preset
-from shapedtx.transfer import SOURCES, lr_multipliers, lr_rule
+from shapedtx.training.transfer import SOURCES, lr_multipliers, lr_rule
 
 STUDY_RESULTS = Path(__file__).resolve().parents[1] / "examples" / "transfer" / "results.json"
 """Where the transfer study writes its summary (in a source checkout)."""
@@ -42,7 +42,7 @@ class TransferAdvice:
         proxy, target: (width, depth).
         rule: the learning-rate rule (:func:`shapedtx.lr_rule`).
         source: the rule's statement and the paper it comes from.
-        lrs: parameter group (``shapedtx.transfer.GROUPS``) -> learning rate at the target.
+        lrs: parameter group (``shapedtx.training.transfer.GROUPS``) -> learning rate at the target.
         multipliers: group -> ``lrs[group] / lr``.
         evidence: the measured drift of the optimal lr for this parametrisation, or
             ``"not yet measured"``.

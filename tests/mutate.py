@@ -40,10 +40,25 @@ ROOT = Path(__file__).resolve().parent.parent
 #: module -> the test files (or pytest node ids / -k expressions after "::") that own it.
 TESTS: dict[str, list[str]] = {
     "shapedtx/_validation.py": ["tests/test_validation.py"],
-    "shapedtx/metrics.py": ["tests/test_metrics.py"],
+    "shapedtx/metrics.py": [
+        "tests/test_metrics.py",
+        "tests/test_train.py::test_covariance_metrics_average_the_metrics_over_the_batch",
+    ],
     "shapedtx/design.py": ["tests/test_design.py"],
     "shapedtx/bottleneck.py": ["tests/test_bottleneck.py"],
-    "shapedtx/probe.py": ["tests/test_probe.py::-k not transformers_gpt2"],
+    "shapedtx/diagnostics/probing.py": ["tests/test_probe.py::-k not transformers_gpt2"],
+    "shapedtx/diagnostics/hooks.py": [
+        "tests/test_probe.py::-k not gpt2",
+        "tests/test_coord_check.py::-k not gpt2",
+    ],
+    "shapedtx/diagnostics/updates.py": [
+        "tests/test_monitor.py::-k not gpt2",
+        "tests/test_coord_check.py::-k not gpt2",
+    ],
+    "shapedtx/diagnostics/attention.py": ["tests/test_monitor.py", "tests/test_monitor_teeth.py"],
+    "shapedtx/diagnostics/monitor.py": ["tests/test_monitor.py", "tests/test_monitor_shape.py"],
+    "shapedtx/diagnostics/coordinates.py": ["tests/test_coord_check.py"],
+    "shapedtx/training/transfer.py": ["tests/test_transfer.py"],
     "simulations/compare.py": ["tests/test_compare.py"],
     "simulations/convergence.py": ["tests/test_compare.py"],
     "simulations/grid.py": ["tests/test_sweep.py"],

@@ -14,7 +14,7 @@ from torch import nn
 import shapedtx
 from shapedtx import ModelConfig, TrainConfig, load_corpus, train
 from shapedtx.attention import causal_uniform, split_heads
-from shapedtx.monitor import (
+from shapedtx.diagnostics import (
     Monitor,
     activation_rms,
     attention_entropy,

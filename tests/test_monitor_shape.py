@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shapedtx import Monitor, TrainConfig, preset
-from shapedtx.monitor import mlp_kappa
+from shapedtx.diagnostics import mlp_kappa
 from shapedtx.training import LanguageModel, load_corpus, train
 from simulations.training_runs import summarise_log
 

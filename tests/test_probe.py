@@ -12,10 +12,10 @@ from torch import nn
 
 import shapedtx
 from shapedtx import metrics
-from shapedtx.probe import CovarianceProbe, find_blocks, probe
+from shapedtx.diagnostics import CovarianceProbe, find_blocks, probe
+from shapedtx.metrics import covariance_metrics
 from shapedtx.results import load_dataset
 from shapedtx.training import LanguageModel
-from shapedtx.training.log import covariance_metrics
 from simulations.cli import main
 
 
@@ -435,16 +435,14 @@ def test_covariance_probe_passes_eval_on():
 def test_covariance_probe_defaults_count_calls_from_zero_in_eval_mode(monkeypatch):
     """Documented defaults: ``cov()`` counts calls from 0 (so the first call measures), eval
     mode, and the metrics are computed every ``max_pending`` measurements."""
-    import shapedtx.training.log as log
-
     model, X = _dropout_model(), torch.randn(2, 4, 8, dtype=torch.float64)
     cov = CovarianceProbe(model, X, every=2, blocks="stack")
     assert [cov(), cov(), cov()] == [True, False, True]
     assert model.stack[0].seen == [(False, False)] * 2
     np.testing.assert_array_equal(cov.dataset()["step"].values, [0, 2])
     computed = []
-    original = log.metric_tensors
-    monkeypatch.setattr(log, "metric_tensors", lambda V: computed.append(1) or original(V))
+    original = metrics.metric_tensors
+    monkeypatch.setattr(metrics, "metric_tensors", lambda V: computed.append(1) or original(V))
     cov = CovarianceProbe(model, X, blocks="stack", max_pending=2)
     cov(0)
     assert computed == []  # pending until max_pending measurements
@@ -497,3 +495,15 @@ def test_two_tokens_and_a_batch_of_one_are_enough():
     assert ds.sizes == {"sample": 1, "t": 3, "token_a": 2, "token_b": 2}
     with pytest.raises(ValueError, match="at least 2 tokens"):
         probe(model, torch.randn(3, 1, 8), blocks="stack")
+
+
+def test_covariance_probe_is_the_monitor_reduced_to_the_covariance_metrics():
+    """CovarianceProbe is a Monitor: the same hooks and the same covariance metrics, bit for
+    bit, without the monitor's other variables."""
+    model, X = _transformer(), _tokens()
+    cov, mon = CovarianceProbe(model, X), shapedtx.Monitor(model, X)
+    assert isinstance(cov, shapedtx.Monitor) and cov(0) and mon(0) is not None
+    ours, theirs = cov.dataset(), mon.dataset()
+    assert set(ours.data_vars) == set(metrics.METRICS) < set(theirs.data_vars)
+    for name in metrics.METRICS:
+        np.testing.assert_array_equal(ours[name].values, theirs[name].values)

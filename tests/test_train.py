@@ -396,7 +396,7 @@ def test_covariance_metrics_average_the_metrics_over_the_batch():
     """Per layer: the batch mean of each shapedtx.metrics function of V = h h^T / n; a
     non-finite hidden state makes that layer's value NaN, not the others'."""
     from shapedtx import metrics
-    from shapedtx.training.log import covariance_metrics
+    from shapedtx.metrics import covariance_metrics
 
     g = torch.Generator().manual_seed(3)
     hidden = [torch.randn(3, 4, 6, generator=g) for _ in range(3)]

@@ -14,7 +14,6 @@ from shapedtx import ModelConfig, ParameterError, Transformer, preset
 from shapedtx.activation import shaped_relu, trainable_relu
 from shapedtx.training import LanguageModel, TrainConfig
 from shapedtx.training.trainer import _make_optimizer
-from shapedtx.transfer import parameter_group
 
 BASE = preset("shaped", width=32, depth=3, heads=4, mlp_ratio=4, causal=True, tau0=0.25)
 VARIANTS = {
@@ -102,7 +101,7 @@ def test_new_parameters_shapes_initial_values_and_gradients(name: str) -> None:
 def test_new_parameters_are_block_vectors_without_weight_decay(name: str) -> None:
     _, free = _models(VARIANTS[name])
     for key in _gains(free):
-        assert parameter_group(key) == "block_vector"
+        assert free.parameter_group(key) == "block_vector"
     optimizer = _make_optimizer(free, TrainConfig(steps=10, lr=1e-3, weight_decay=0.1))
     decay_of = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
     for key, p in _gains(free).items():
@@ -209,8 +208,8 @@ def test_simplified_presets_are_built_as_the_reference_code_builds_them(name: st
     for p in (value.weight, value.s):
         assert p.grad is not None and p.grad.abs().sum() > 0
     assert value.r.grad == 0  # r multiplies W = 0: it moves once W has
-    assert parameter_group("body.blocks.0.attention.layers.value.r") == "block_vector"
-    assert parameter_group("body.blocks.0.attention.layers.value.weight") == "hidden"
+    assert new.parameter_group("body.blocks.0.attention.layers.value.r") == "block_vector"
+    assert new.parameter_group("body.blocks.0.attention.layers.value.weight") == "hidden"
 
 
 def test_first_value_needs_simplified_attention() -> None:

@@ -13,7 +13,7 @@ from shapedtx import ModelConfig, ParameterError, Transformer, lr_multipliers, l
 from shapedtx.presets import SHAPED_T_GAMMA_T
 from shapedtx.training import LanguageModel, TrainConfig
 from shapedtx.training.trainer import _make_optimizer
-from shapedtx.transfer import GROUPS, parameter_group, proxy_config
+from shapedtx.training.transfer import GROUPS, proxy_config
 
 
 def _config(name: str, width: int, depth: int) -> ModelConfig:
@@ -166,7 +166,7 @@ def test_trainer_gives_each_parameter_its_group_lr(name):
     }
     seen = set()
     for pname, p in model.named_parameters():
-        group = parameter_group(pname)
+        group = model.parameter_group(pname)
         seen.add(group)
         assert lr_of[id(p)] == pytest.approx(1e-2 * factors[group], rel=1e-12), pname
     # the shaped model has no biases and no norms: no vectors in its blocks
@@ -177,14 +177,19 @@ def test_trainer_gives_each_parameter_its_group_lr(name):
 
 
 def test_parameter_groups_by_name():
-    assert parameter_group("body.blocks.3.attention.layers.query.weight") == "hidden"
-    assert parameter_group("body.blocks.0.mlp.layers.mlp_out.bias") == "block_vector"
-    assert parameter_group("body.blocks.0.norms.attn_norm.weight") == "block_vector"
-    assert parameter_group("unembed.weight") == "readout"
-    assert parameter_group("unembed.bias") == "final"
-    assert parameter_group("position") == "embedding"
+    """LanguageModel.parameter_group sorts its parameters by the module that holds them."""
+    model = LanguageModel(_config("pre_ln", 16, 4).replace(final_norm=True), 8)
+    assert model.parameter_group("body.blocks.3.attention.layers.query.weight") == "hidden"
+    assert model.parameter_group("body.blocks.0.mlp.layers.mlp_out.bias") == "block_vector"
+    assert model.parameter_group("body.blocks.0.norms.attn_norm.weight") == "block_vector"
+    assert model.parameter_group("unembed.weight") == "readout"
+    assert model.parameter_group("unembed.bias") == "final"
+    assert model.parameter_group("final_norm.weight") == "final"
+    assert model.parameter_group("position") == "embedding"
+    assert model.parameter_group("embed.weight") == "embedding"
+    assert set(model.parameter_groups()) == {name for name, _ in model.named_parameters()}
     with pytest.raises(ParameterError):
-        parameter_group("head.weight")
+        model.parameter_group("head.weight")
 
 
 @pytest.mark.parametrize("name", ["pre_ln_depth_mup", "pre_ln_completep"])
@@ -196,7 +201,7 @@ def test_depth_rule_presets_init_hidden_weights_at_one_over_fan_in(name):
     for depth in (2, 16):
         model = LanguageModel(_config(name, 64, depth), 8)
         for pname, w in model.named_parameters():
-            if parameter_group(pname) != "hidden":
+            if model.parameter_group(pname) != "hidden":
                 continue
             fan_in = w.shape[1]
             rel_se = (2 * w.numel()) ** -0.5

@@ -2,7 +2,8 @@
 
 ``train(model_config, load_corpus(), TrainConfig(...))`` returns the model and its log
 (an ``xarray.Dataset``, see :mod:`shapedtx.training.log`); ``plots`` draws loss curves and
-rank collapse over training.
+rank collapse over training; ``transfer`` holds the learning-rate transfer rules the trainer
+applies (``TrainConfig.lr_proxy_width``/``lr_proxy_depth``).
 """
 
 from importlib import import_module
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
         lr_factor,
         train,
     )
+    from .transfer import GROUPS, lr_multipliers, lr_rule, proxy_config
 
 # Every public name is loaded on first use, so that ``from shapedtx.training import TrainConfig``
 # costs no torch (the command line's ``train --help`` and argument errors stay fast; torch loads
@@ -42,6 +44,7 @@ _LAZY: dict[str, str] = {
         ("ResumeMismatch", "TrainingDiverged", "TrainResult", "configs_of", "lr_factor", "train"),
         "trainer",
     ),
+    **dict.fromkeys(("GROUPS", "lr_multipliers", "lr_rule", "proxy_config"), "transfer"),
 }
 
 
@@ -55,6 +58,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "GROUPS",
     "ByteCorpus",
     "DataMismatch",
     "LanguageModel",
@@ -70,9 +74,12 @@ __all__ = [
     "load_corpus",
     "log_dataset",
     "lr_factor",
+    "lr_multipliers",
+    "lr_rule",
     "plot_collapse",
     "plot_losses",
     "probe_run",
+    "proxy_config",
     "train",
     "train_horizons",
     "train_many",

@@ -2,7 +2,7 @@
 
 Variables: ``train_loss`` (mean over the steps since the previous row), ``val_loss`` (NaN on
 rows without evaluation), ``lr``, ``grad_norm`` (global, before clipping) and
-``grad_norm_block(step, block)``, and the token-covariance metrics of ``shapedtx.metrics``
+``grad_norm_block(step, block)``, and the token-covariance metrics of ``shapedtx.metrics.METRICS``
 measured on a fixed validation batch after every block (docs/theory.md#rank-collapse):
 ``mean_rho(step, layer)``, ``stable_rank(step, layer)``, ``centred_stable_rank(step,
 layer)``, ``eigenvalue_ratio(step, layer)``,
@@ -21,42 +21,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 import xarray as xr
-from torch import Tensor
 
-from .. import metrics
 from .._validation import ParameterError
 from ..config import ModelConfig
+from ..diagnostics.monitor import monitor_variables
+from ..metrics import METRICS
 from .config import TrainConfig
-
-METRICS = {
-    "mean_rho": metrics.mean_correlation,
-    "stable_rank": metrics.stable_rank,
-    "centred_stable_rank": metrics.centred_stable_rank,
-    "eigenvalue_ratio": metrics.eigenvalue_ratio,
-    "residual": metrics.covariance_residual,
-}
-
-
-@torch.no_grad()
-def metric_tensors(V: Tensor) -> dict[str, Tensor]:
-    """Batch-averaged :data:`METRICS` of covariances ``V: (B, L, m, m)`` -> {name: (L,)},
-    computed in V's dtype on V's device (no host transfer); non-finite covariances give NaN."""
-    finite = torch.isfinite(V).all(dim=(-2, -1))
-    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
-    V = torch.where(finite[..., None, None], V, eye)
-    return {name: torch.where(finite, fn(V), torch.nan).mean(0) for name, fn in METRICS.items()}
-
-
-@torch.no_grad()
-def covariance_metrics(hidden: Sequence[Tensor]) -> dict[str, np.ndarray]:
-    """Batch-averaged metrics of every hidden state (B, m, n) -> {name: (depth + 1,)}.
-
-    Computed in float64 on the hidden states' device; non-finite states give NaN.
-    """
-    V = torch.stack([metrics.covariance(h.double()) for h in hidden], dim=1)  # (B, L, m, m)
-    return {name: value.cpu().numpy() for name, value in metric_tensors(V).items()}
 
 
 def log_dataset(
@@ -71,8 +42,6 @@ def log_dataset(
     """Assemble log rows (dicts of scalars and arrays, one per logged step) into the Dataset;
     ``weights``: the names of the ``weight`` coordinate of ``update_size`` and ``gains`` of
     the ``gain`` coordinate of ``shape_gain`` (the monitor's)."""
-    from ..monitor import monitor_variables
-
     if not rows:
         raise ParameterError("rows", "rows must hold at least one logged step")
     depth = model_config.depth

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .._validation import ParameterError
 from ..config import GPT2_STD, ModelConfig
-from ..nn import Transformer, init_linear, layer_norm_module
+from ..nn import MLP, Attention, Transformer, init_linear, layer_norm_module
 from .data import VOCAB
 
 
@@ -58,6 +58,33 @@ class LanguageModel(nn.Module):
         """Mean next-byte cross-entropy (nats) of windows batch (B, m + 1) -> scalar."""
         logits = self(batch[:, :-1])
         return nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+
+    def parameter_groups(self) -> dict[str, str]:
+        """Parameter name (as in ``named_parameters()``) -> its learning-rate transfer group
+        (:data:`shapedtx.training.transfer.GROUPS`), by the module that holds it: ``hidden``
+        the weight of every linear map of the blocks' attention and MLP, ``block_vector`` every
+        other parameter of the blocks (biases, norm gains, trainable gains), ``embedding`` the
+        token and position embeddings, ``readout`` the unembedding matrix, ``final`` the final
+        LayerNorm and the unembedding bias (docs/theory.md#transfer)."""
+        maps = [m for m in self.body.modules() if isinstance(m, (Attention, MLP))]
+        hidden = {id(getattr(layer, "weight", None)) for m in maps for layer in m.layers.values()}
+        owner: dict[int, str] = {id(self.embed.weight): "embedding", id(self.position): "embedding"}
+        owner[id(self.unembed.weight)] = "readout"
+        final = [self.unembed.bias, *(self.final_norm.parameters() if self.final_norm else ())]
+        owner.update(dict.fromkeys(map(id, final), "final"))
+        for p in self.body.parameters():
+            owner[id(p)] = "hidden" if id(p) in hidden else "block_vector"
+        return {name: owner[id(p)] for name, p in self.named_parameters()}
+
+    def parameter_group(self, name: str) -> str:
+        """The transfer group of the parameter ``name`` (:meth:`parameter_groups`);
+        ParameterError for a name that is not one of the model's parameters."""
+        groups = self.parameter_groups()
+        if name not in groups:
+            raise ParameterError(
+                "name", f"name is not a parameter of this LanguageModel, got {name!r}"
+            )
+        return groups[name]
 
     @torch.no_grad()
     def hidden_states(self, tokens: Tensor) -> list[Tensor]:

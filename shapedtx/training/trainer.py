@@ -29,15 +29,15 @@ from tqdm.auto import tqdm
 from .._validation import ParameterError, check_bool, check_device, check_number
 from ..config import ModelConfig, check_config
 from ..design import param_count
+from ..diagnostics import Monitor
 from ..files import atomic_path
-from ..monitor import Monitor
 from ..results import save_dataset
-from ..transfer import lr_multipliers, parameter_group, proxy_config
 from .config import TrainConfig
 from .data import VOCAB, ByteCorpus, WindowSampler, fixed_windows
 from .log import log_dataset
 from .model import LanguageModel
 from .step import CompiledStep, autocast_context
+from .transfer import lr_multipliers, proxy_config
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.nc"
@@ -124,6 +124,7 @@ def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ad
     # or the position embeddings (a (max_len, n) table, but not a map between features)
     decayed = {name for name, p in model.named_parameters() if p.dim() >= 2} - {"position"}
     factors = _lr_factors(model.config, config)
+    group_of = model.parameter_groups()
     groups = []
     for decay in (True, False):
         # the token embedding (factor 1) first: the log's lr is group 0's, the base lr
@@ -131,7 +132,7 @@ def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ad
             params = [
                 p
                 for name, p in model.named_parameters()
-                if (name in decayed) == decay and (factor is None or parameter_group(name) == group)
+                if (name in decayed) == decay and (factor is None or group_of[name] == group)
             ]
             if params:
                 lr = config.lr * (factor or 1.0)

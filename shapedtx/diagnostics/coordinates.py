@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._validation import (
+from .._validation import (
     ParameterError,
     check_choice,
     check_device,
@@ -40,7 +40,8 @@ from ._validation import (
     check_int,
     check_positive,
 )
-from .probe import Blocks, _stream, find_blocks
+from .hooks import BlockHooks, Blocks, NamedBlocks, find_blocks, residual_stream
+from .updates import GroupRule, UpdateMeter
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -60,7 +61,6 @@ _ATTENTION = {"attn", "attention", "query", "key", "value", "qkv", "q", "k", "v"
 _MLP = {"mlp", "ffn", "fc", "feed", "linear1", "linear2", "up", "down", "gate", "w1", "w2", "w3"}
 
 Batch = Any
-GroupRule = Callable[[str, Tensor], "str | None"]
 OptimizerFactory = Callable[[nn.Module, float], torch.optim.Optimizer]
 LossFunction = Callable[[nn.Module, Batch], Tensor]
 
@@ -180,146 +180,68 @@ def _optimizer(
     return cls[build](model.parameters(), lr=lr)
 
 
-class _ActivationHooks:
-    """Forward hooks on ``blocks`` that keep, per forward pass, the mean squares of each
-    block's output ``X_l`` and of ``X_l - X_{l-1}`` (its own input) as 0-d tensors on the
-    stream's device (no host synchronisation). Use as a context manager; :meth:`take` returns
-    ``(stream, branch)``, each ``(L,)``, of the last forward pass."""
+class _Activations:
+    """The mean squares of each block's output ``X_l`` and of ``X_l - X_{l-1}`` (its own input)
+    in every forward pass run inside it, read through :class:`BlockHooks` and kept as 0-d
+    tensors on the stream's device (no host synchronisation). Use as a context manager;
+    :meth:`take` returns ``(stream, branch)``, each ``(L,)``, of the last forward pass."""
 
-    def __init__(self, blocks: list[tuple[str, nn.Module]]) -> None:
+    def __init__(self, blocks: NamedBlocks) -> None:
         self.blocks = blocks
         depth = len(blocks)
         self.inputs: list[Tensor | None] = [None] * depth
         self.stream: list[Tensor | None] = [None] * depth
         self.branch: list[Tensor | None] = [None] * depth
-        self.calls = [0] * depth
         self.numel = [1] * depth
         self.width: int | None = None
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.hooks = BlockHooks(
+            blocks, on_input=self._input, on_output=self._output, all_inputs=True
+        )
 
-    def _pre(self, index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            x = _stream(args) if args else _stream(kwargs.get("hidden_states", kwargs))
-            self.inputs[index] = x.detach() if x is not None else None
+    def _input(self, index: int, x: Tensor | None, raw: Any) -> None:
+        self.inputs[index] = x.detach() if x is not None else None
 
-        return hook
+    def _output(self, index: int, output: Any) -> None:
+        name = self.blocks[index][0]
+        x, x_in = residual_stream(output), self.inputs[index]
+        if x is None or x_in is None:
+            what = "output" if x is None else "input"
+            raise ParameterError(
+                "blocks",
+                f"the {what} of block {name!r} is not a tensor (or a tuple starting with "
+                f"one): the coordinate check records the residual stream, pass blocks= "
+                f"that carry it",
+            )
+        if x.shape != x_in.shape:
+            raise ParameterError(
+                "blocks",
+                f"block {name!r} maps {tuple(x_in.shape)} to {tuple(x.shape)}: blocks "
+                f"must keep the residual stream's shape",
+            )
+        x = x.detach()
+        if not x.dtype.is_floating_point or x.element_size() < 4:
+            x, x_in = x.float(), x_in.float()
+        self.width, self.numel[index] = int(x.shape[-1]), x.numel()
+        # norms (one reduction each); squared and divided by the size in take()
+        self.stream[index] = torch.linalg.vector_norm(x)
+        self.branch[index] = torch.linalg.vector_norm(x - x_in)
+        self.inputs[index] = None
 
-    def _post(self, index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            self.calls[index] += 1
-            name = self.blocks[index][0]
-            x, x_in = _stream(output), self.inputs[index]
-            if x is None or x_in is None:
-                what = "output" if x is None else "input"
-                raise ParameterError(
-                    "blocks",
-                    f"the {what} of block {name!r} is not a tensor (or a tuple starting with "
-                    f"one): the coordinate check records the residual stream, pass blocks= "
-                    f"that carry it",
-                )
-            if x.shape != x_in.shape:
-                raise ParameterError(
-                    "blocks",
-                    f"block {name!r} maps {tuple(x_in.shape)} to {tuple(x.shape)}: blocks "
-                    f"must keep the residual stream's shape",
-                )
-            x = x.detach()
-            if not x.dtype.is_floating_point or x.element_size() < 4:
-                x, x_in = x.float(), x_in.float()
-            self.width, self.numel[index] = int(x.shape[-1]), x.numel()
-            # norms (one reduction each); squared and divided by the size in take()
-            self.stream[index] = torch.linalg.vector_norm(x)
-            self.branch[index] = torch.linalg.vector_norm(x - x_in)
-            self.inputs[index] = None
-
-        return hook
-
-    def __enter__(self) -> _ActivationHooks:
-        try:
-            for i, (_, block) in enumerate(self.blocks):
-                pre = block.register_forward_pre_hook(self._pre(i), with_kwargs=True)
-                self.handles.append(pre)
-                self.handles.append(block.register_forward_hook(self._post(i)))
-        except BaseException:
-            self.__exit__()
-            raise
+    def __enter__(self) -> _Activations:
+        self.hooks.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+        self.hooks.__exit__()
 
     def take(self) -> tuple[Tensor, Tensor]:
         """``(stream, branch)`` mean squares ``(L,)`` of the last forward pass; ParameterError
         if a block did not run exactly once."""
-        for (name, _), count in zip(self.blocks, self.calls, strict=True):
-            if count != 1:
-                raise ParameterError(
-                    "blocks",
-                    f"block {name!r} ran {count} times in one forward pass; the coordinate "
-                    f"check needs every block to run exactly once",
-                )
+        self.hooks.check("coordinate check", "in one forward pass")
         stream = torch.stack([s for s in self.stream if s is not None])
         branch = torch.stack([b for b in self.branch if b is not None])
         numel = torch.tensor(self.numel, dtype=stream.dtype).to(stream.device, non_blocking=True)
-        stream, branch = stream.square() / numel, branch.square() / numel
-        self.calls = [0] * len(self.blocks)
-        return stream, branch
-
-
-class _UpdateMeter:
-    """Mean square of the last update ``W_t - W_{t-1}`` per (block, group) of the blocks'
-    parameters, kept on the device: :meth:`measure` after every optimiser step returns
-    ``(L, G)`` (NaN where a block has no parameter of a group), by a few multi-tensor
-    (``torch._foreach_*``) operations over all the parameters."""
-
-    def __init__(self, blocks: list[tuple[str, nn.Module]], rule: GroupRule) -> None:
-        self.params: list[Tensor] = []
-        cells: list[tuple[int, int]] = []  # (block, group) of every parameter
-        names: list[str] = []
-        for layer, (_, block) in enumerate(blocks):
-            for name, p in block.named_parameters():
-                group = rule(name, p)
-                if group is None:
-                    continue
-                if not isinstance(group, str):
-                    raise ParameterError(
-                        "groups",
-                        f"groups(name, parameter) must return a group name (str) or None, got "
-                        f"{type(group).__name__} for {name!r}",
-                    )
-                if group not in names:
-                    names.append(group)
-                self.params.append(p)
-                cells.append((layer, names.index(group)))
-        self.groups, self.depth = names, len(blocks)
-        count = len(names)
-        flat = [layer * count + group for layer, group in cells]  # index in (L * G,)
-        device = self.params[0].device if self.params else torch.device("cpu")
-        self.dtype = torch.float64 if any(p.dtype == torch.float64 for p in self.params) else (
-            torch.float32
-        )  # fmt: skip
-        self.cells = torch.tensor(flat, dtype=torch.long, device=device)
-        sizes = torch.zeros(self.depth * count, dtype=self.dtype)
-        for cell, param in zip(flat, self.params, strict=True):
-            sizes[cell] += param.numel()
-        self.sizes = sizes.to(device)
-        self.previous = [p.detach().clone() for p in self.params]
-
-    @torch.no_grad()
-    def measure(self) -> Tensor:
-        if not self.params:
-            return torch.empty(self.depth, 0)
-        diffs = torch._foreach_sub(self.params, self.previous)
-        norms = [n.to(self.dtype) for n in torch._foreach_norm(diffs)]
-        sums = torch.zeros_like(self.sizes).index_add_(0, self.cells, torch.stack(norms).square())
-        if hasattr(torch, "_foreach_copy_"):
-            torch._foreach_copy_(self.previous, self.params)
-        else:  # pragma: no cover - torch < 2.1
-            for q, p in zip(self.previous, self.params, strict=True):
-                q.copy_(p)
-        return (sums / self.sizes).view(self.depth, len(self.groups))  # 0 / 0: NaN
+        return stream.square() / numel, branch.square() / numel
 
 
 def _check_sizes(sizes: Any) -> list[int]:
@@ -475,7 +397,7 @@ def coord_check(
 
 def _run(
     model: nn.Module,
-    blocks: list[tuple[str, nn.Module]],
+    blocks: NamedBlocks,
     batches: list[Batch],
     loss_fn: LossFunction,
     optimizer: str | OptimizerFactory,
@@ -486,9 +408,10 @@ def _run(
     """Train one model, recording every step; returns host arrays ``stream, branch (k+1, L)``,
     ``update (k+1, L, G)``, ``loss (k+1,)``, the group names and the stream width."""
     opt = _optimizer(optimizer, model, lr)
-    meter = _UpdateMeter(blocks, rule)
+    meter = UpdateMeter(blocks, rule)
+    meter.remember()
     streams, branches, updates, losses = [], [], [], []
-    with _ActivationHooks(blocks) as hooks:
+    with _Activations(blocks) as hooks:
         for t in range(steps + 1):
             batch = batches[t % len(batches)]
             if t < steps:
@@ -497,7 +420,7 @@ def _run(
                 stream, branch = hooks.take()
                 value.backward()
                 opt.step()
-                updates.append(meter.measure())
+                updates.append(meter.mean_square())
             else:
                 with torch.no_grad():
                     value = loss_fn(model, batch)

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ._validation import ParameterError
-from .config import ModelConfig, check_config
+from .._validation import ParameterError
+from ..config import ModelConfig, check_config
 
 Rule = Literal["standard", "mup", "depth"]
 GROUPS: tuple[str, ...] = ("hidden", "readout", "block_vector", "embedding", "final")
 """Parameter groups of a :class:`shapedtx.training.LanguageModel`: the weight matrices of the
 blocks, the unembedding matrix, the blocks' vectors (biases, norm gains, trainable gains), the
-token and position embeddings, and the final LayerNorm with the unembedding bias."""
+token and position embeddings, and the final LayerNorm with the unembedding bias
+(:meth:`shapedtx.training.LanguageModel.parameter_groups` sorts a model's parameters)."""
 
 SOURCES: dict[str, str] = {
     "standard": "standard parametrisation: one lr for every parameter (no transfer rule; "
@@ -126,19 +127,4 @@ def proxy_config(target: ModelConfig, width: int, depth: int) -> ModelConfig:
     return target.replace(width=width, depth=depth, **sizes)
 
 
-def parameter_group(name: str) -> str:
-    """The :data:`GROUPS` entry of a :class:`shapedtx.training.LanguageModel` parameter, by
-    its name in ``named_parameters()`` (``"body.blocks.3.attention.layers.query.weight"`` ->
-    ``"hidden"``)."""
-    if name in ("embed.weight", "position"):
-        return "embedding"
-    if name == "unembed.weight":
-        return "readout"
-    if name.startswith("final_norm.") or name == "unembed.bias":
-        return "final"
-    if name.startswith("body."):
-        return "hidden" if ".layers." in name and name.endswith(".weight") else "block_vector"
-    raise ParameterError("name", f"name is not a LanguageModel parameter, got {name!r}")
-
-
-__all__ = ["GROUPS", "SOURCES", "lr_multipliers", "lr_rule", "parameter_group", "proxy_config"]
+__all__ = ["GROUPS", "SOURCES", "lr_multipliers", "lr_rule", "proxy_config"]
