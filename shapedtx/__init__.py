@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     )
     from .training import TrainConfig, TrainingDiverged, load_corpus, train
     from .training.plots import plot_collapse, plot_losses, plot_runs
-    from .transfer import lr_multipliers, lr_rule
+    from .transfer import eps_multiplier, lr_multipliers, lr_rule
 
 # Every public name is loaded on first use, so that ``import shapedtx`` costs nothing (the
 # command line's --help and argument errors stay fast; torch loads with the first layer,
@@ -145,7 +145,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
     **dict.fromkeys(("plot_collapse", "plot_losses", "plot_runs"), "training.plots"),
-    **dict.fromkeys(("lr_multipliers", "lr_rule"), "transfer"),
+    **dict.fromkeys(("eps_multiplier", "lr_multipliers", "lr_rule"), "transfer"),
 }
 
 
@@ -209,6 +209,7 @@ __all__ = [
     "depth_threshold",
     "design",
     "detect_collapse",
+    "eps_multiplier",
     "equicorrelated",
     "extrapolation_warning",
     "find_blocks",
