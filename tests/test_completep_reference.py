@@ -247,6 +247,9 @@ def test_study_plans_the_completep_variants_on_the_depth_axis_only(study):
     assert {(name, w, d) for name, w, d, _, _ in jobs} == {
         (name, 64, d) for name in study.VARIANTS for d in (4, 8, 16, 32, 64)
     }
+    # depths without the width axis's depth: still the depth axis only
+    quick = replace(setup, width=16, depth=2, depths=(4, 8), widths=(8, 16), proxy=(16, 2))
+    assert {(w, d) for _, w, d, _, _ in study.plan(quick, [])} == {(16, 4), (16, 8)}
     assert study.plan(study.DEFAULT, []) == study.plan(
         replace(study.DEFAULT, parametrisations=study.PARAMETRISATIONS), []
     )  # the default study is unchanged

@@ -318,7 +318,7 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
             on_width_axis = depth == setup.proxy[1] and width != setup.proxy[0]
             if name in SAME_AT_PROXY_DEPTH and on_width_axis:
                 continue  # its width axis is SAME_AT_PROXY_DEPTH[name]'s
-            if name in VARIANTS and width != setup.width:
+            if name in VARIANTS and (width != setup.width or depth not in setup.depths):
                 continue  # the CompleteP variants: depth axis only
             runs = [
                 r
