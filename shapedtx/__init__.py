@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
     )
     from .training import TrainConfig, TrainingDiverged, load_corpus, train
     from .training.plots import plot_collapse, plot_losses, plot_runs
-    from .training.transfer import lr_multipliers, lr_rule
+    from .training.transfer import eps_multiplier, lr_multipliers, lr_rule
 
 # Every public name is loaded on first use, so that ``import shapedtx`` costs nothing (the
 # command line's --help and argument errors stay fast; torch loads with the first layer,
@@ -160,7 +160,7 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("TrainConfig", "TrainingDiverged", "load_corpus", "train"), "training"),
     **dict.fromkeys(("plot_collapse", "plot_losses", "plot_runs"), "training.plots"),
-    **dict.fromkeys(("lr_multipliers", "lr_rule"), "training.transfer"),
+    **dict.fromkeys(("eps_multiplier", "lr_multipliers", "lr_rule"), "training.transfer"),
 }
 
 
@@ -224,6 +224,7 @@ __all__ = [
     "depth_threshold",
     "design",
     "detect_collapse",
+    "eps_multiplier",
     "equicorrelated",
     "extrapolation_warning",
     "find_blocks",

@@ -86,12 +86,19 @@ def _masked_softmax(
 
 
 def softmax_attention_matrix(
-    Y: Tensor, key_dim: int, *, causal: bool = False, overwrite: bool = False
+    Y: Tensor,
+    key_dim: int,
+    *,
+    causal: bool = False,
+    overwrite: bool = False,
+    scale: float | None = None,
 ) -> Tensor:
     """Standard attention ``A = Softmax(Y / sqrt(n_k))``; Y: (..., m, m) -> (..., m, m).
 
+    ``scale`` replaces ``1 / sqrt(n_k)`` (``ModelConfig.softmax_scale``: muP's ``1 / n_k``).
     ``overwrite=True`` lets Y be used as scratch memory (ignored when autograd needs Y)."""
-    return _masked_softmax(Y, 1.0 / math.sqrt(key_dim), causal, _may_overwrite(Y, overwrite))
+    scale = 1.0 / math.sqrt(key_dim) if scale is None else scale
+    return _masked_softmax(Y, scale, causal, _may_overwrite(Y, overwrite))
 
 
 def shaped_attention_matrix(
@@ -304,14 +311,22 @@ class _CentredSum(torch.autograd.Function):
 
 
 def softmax_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_dim: int | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_dim: int | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """Fused ``Softmax(q k^T / sqrt(n_k)) v``; q, k: (..., m, e), v: (..., m, d).
 
     ``n_k = key_dim`` (default: e, q's last size; the exact simulator passes queries and keys
-    of fewer columns with the same logits in law, so it gives n_k explicitly).
+    of fewer columns with the same logits in law, so it gives n_k explicitly). ``scale``
+    replaces ``1 / sqrt(n_k)`` (``ModelConfig.softmax_scale``: muP's ``1 / n_k``).
     """
-    scale = None if key_dim is None else 1.0 / math.sqrt(key_dim)
+    if scale is None:
+        scale = None if key_dim is None else 1.0 / math.sqrt(key_dim)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 

@@ -105,7 +105,11 @@ def attention_from_logits(Y: Tensor, config: ModelConfig, *, overwrite: bool = F
         return shaped_attention_matrix(Y, config.tau, causal=config.causal, overwrite=overwrite)
     if config.attention == "softmax":
         return softmax_attention_matrix(
-            Y, config.key_dim, causal=config.causal, overwrite=overwrite
+            Y,
+            config.key_dim,
+            causal=config.causal,
+            overwrite=overwrite,
+            scale=config.softmax_scale,
         )
     if config.attention == "simplified":  # the gains at initialisation
         return simplified_attention_matrix(Y, config.key_dim, 1.0, 1.0, 1.0, causal=config.causal)
@@ -158,7 +162,8 @@ def attention_branch(
     gain: Gain | None = None,
     first: bool = False,
 ) -> Tensor:
-    """Attention branch ``A X W^V / sqrt(n)`` (then ``W^O / sqrt(n_h d_p)`` if ``out_proj``).
+    """Attention branch ``A X W^V / sqrt(n)`` (then ``W^O / sqrt(n_h d_p)`` if ``out_proj``);
+    softmax logits scaled by ``config.softmax_scale`` (``1 / sqrt(n_k)`` or muP's ``1 / n_k``).
 
     X: (..., m, n) -> (..., m, n). ``fused`` uses SDPA and a token mean instead of the explicit
     m x m matrix; both are the same function (tested). ``attention="simplified"``:
@@ -178,7 +183,8 @@ def attention_branch(
     elif config.attention == "shaped":
         out = shaped_attention_heads(q, k, values, config.tau, causal=config.causal)
     elif config.attention == "softmax":
-        out = merge_heads(softmax_attention(q, k, v, causal=config.causal, key_dim=n_k))
+        scale = config.softmax_scale
+        out = merge_heads(softmax_attention(q, k, v, causal=config.causal, scale=scale))
     else:
         raise ParameterError(
             "attention", f"attention must be 'shaped' or 'softmax', got {config.attention!r}"
@@ -227,7 +233,8 @@ def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear, gain: Gain | None
     """MLP branch ``g phi(X W_1) W_2`` with hidden width ``mlp_ratio * n``.
 
     X: (..., m, n) -> (..., m, n). ``phi`` is the shaped or standard ReLU (gain
-    ``g = sqrt(c)``, docs/theory.md#layers, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``) or
+    ``g = sqrt(c)``, docs/theory.md#layers, under ``init="fan_in"``; ``g = 1`` under ``"gpt2"``
+    and ``"mup"``) or
     the exact erf GELU (``g = 1``). With trainable slopes (``config.mlp_slopes``) and a
     ``gain``, phi's slopes are ``gain("mlp_s_plus")``, ``gain("mlp_s_minus")`` and ``g`` keeps
     its value at initialisation (docs/theory.md#trainable-shape); ``gain=None``: the network

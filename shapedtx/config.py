@@ -18,7 +18,8 @@ Norm = Literal["none", "pre", "post"]
 NormKind = Literal["layer", "rms"]
 Residual = Literal["scaled", "unit", "skipless"]
 Layout = Literal["sequential", "parallel"]
-Init = Literal["fan_in", "gpt2"]
+Init = Literal["fan_in", "gpt2", "mup"]
+AttentionScale = Literal["inverse_sqrt", "inverse"]
 Slopes = Literal["fixed", "layer", "channel"]
 Trainable = Literal["fixed", "trainable"]
 FirstValue = Literal["matrix", "reparametrised"]
@@ -29,7 +30,8 @@ NORMS: tuple[str, ...] = ("none", "pre", "post")
 NORM_KINDS: tuple[str, ...] = ("layer", "rms")
 RESIDUALS: tuple[str, ...] = ("scaled", "unit", "skipless")
 LAYOUTS: tuple[str, ...] = ("sequential", "parallel")
-INITS: tuple[str, ...] = ("fan_in", "gpt2")
+INITS: tuple[str, ...] = ("fan_in", "gpt2", "mup")
+ATTENTION_SCALES: tuple[str, ...] = ("inverse_sqrt", "inverse")
 SLOPES: tuple[str, ...] = ("fixed", "layer", "channel")
 TRAINABLE: tuple[str, ...] = ("fixed", "trainable")
 FIRST_VALUES: tuple[str, ...] = ("matrix", "reparametrised")
@@ -51,11 +53,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention_gains": TRAINABLE,
     "temperature": TRAINABLE,
     "first_value": FIRST_VALUES,
+    "attention_scale": ATTENTION_SCALES,
 }
 """The accepted values of every string field."""
 
 GPT2_STD = 0.02
-"""Weight and embedding standard deviation of ``init="gpt2"`` (GPT-2, nanoGPT)."""
+"""Weight and embedding standard deviation of ``init="gpt2"`` (GPT-2, nanoGPT), and the base
+standard deviation of ``init="mup"``."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,13 @@ class ModelConfig:
             ``residual="skipless"``).
         mlp_gain: initial MLP branch gain g_M of ``residual="skipless"`` (0.1 in He &
             Hofmann's code, where it is meant to scale as O(1/sqrt(depth))); in (0, 1e6].
-        init: ``"fan_in"`` (every weight N(0, 1/fan_in), the theory's) or ``"gpt2"``
+        init: ``"fan_in"`` (every weight N(0, 1/fan_in), the theory's), ``"gpt2"``
             (weights and embeddings N(0, 0.02^2), the residual output projections W^O and
             W_2 scaled by ``1/sqrt(2 depth)``, except under ``residual="skipless"``, whose
-            trainable gains take that role; see :func:`weight_std`).
+            trainable gains take that role) or ``"mup"`` (muP's init as CompleteP's reference
+            runs it: every block weight N(0, 0.02^2 / m_N) with ``m_N = width /
+            base_width``, no depth factor; the language model's embeddings and unembedding
+            N(0, 0.02^2); docs/theory.md#transfer); see :func:`weight_std`.
         bias: the ``nn`` modules carry (zero-initialised) biases; at initialisation they do
             not change the law of the network, so the simulators ignore them.
         final_norm: the language model applies LayerNorm before the unembedding.
@@ -137,6 +144,17 @@ class ModelConfig:
             CompleteP (Dey et al. 2025). In [0, 1] (docs/theory.md#transfer).
         base_depth: the depth at which the ``depth_alpha`` multiplier is 1 (default 1: the
             multiplier is ``depth^(-depth_alpha)``).
+        attention_scale: the softmax attention's logit scale: ``"inverse_sqrt"`` (default,
+            ``q k^T / sqrt(n_k)``) or ``"inverse"`` (``q k^T / n_k``, muP's, as CompleteP's
+            reference runs it; docs/theory.md#transfer). ``"inverse"`` requires
+            ``attention="softmax"``.
+        base_width: the width at which muP's width multiplier ``m_N = width / base_width``
+            is 1: it sets ``init="mup"``'s block-weight variance and the
+            ``output_multiplier`` (default 1; unused otherwise).
+        output_multiplier: the language model's unembedding reads the last hidden state times
+            ``1 / m_N = base_width / width`` (muP's output multiplier, as CompleteP's reference
+            runs it; its Adam lr is then width-independent, :func:`shapedtx.lr_multipliers`).
+            Default False: no multiplier.
     """
 
     width: int = 200
@@ -171,6 +189,9 @@ class ModelConfig:
     gamma_t: float = 0.0
     depth_alpha: float = 0.0
     base_depth: int = 1
+    attention_scale: AttentionScale = "inverse_sqrt"
+    base_width: int = 1
+    output_multiplier: bool = False
 
     def __post_init__(self) -> None:
         check_int("width", self.width, 1)
@@ -195,8 +216,15 @@ class ModelConfig:
         if self.key_dim is None:
             object.__setattr__(self, "key_dim", self.head_dim)
         check_int("key_dim", self.key_dim, 1)
-        for name in ("out_proj", "causal", "bias", "final_norm", "query_bias"):
+        for name in ("out_proj", "causal", "bias", "final_norm", "query_bias", "output_multiplier"):
             check_bool(name, getattr(self, name))
+        check_int("base_width", self.base_width, 1)
+        if self.attention_scale != "inverse_sqrt" and self.attention != "softmax":
+            raise ParameterError(
+                "attention_scale",
+                f"attention_scale={self.attention_scale!r} requires attention='softmax' (it is "
+                f"the softmax's logit scale), got attention={self.attention!r}",
+            )
         self._check_simplified()
         self._check_trainable_shape()
         if (
@@ -347,6 +375,19 @@ class ModelConfig:
         return float((self.depth / self.base_depth) ** (-self.depth_alpha))
 
     @property
+    def width_multiplier(self) -> float:
+        """muP's ``m_N = width / base_width`` (of ``init="mup"`` and ``output_multiplier``)."""
+        return self.width / self.base_width
+
+    @property
+    def softmax_scale(self) -> float:
+        """The softmax attention's logit scale: ``1 / sqrt(n_k)``, or ``1 / n_k`` under
+        ``attention_scale="inverse"`` (also the simplified attention's ``1 / sqrt(n_k)``)."""
+        if self.attention_scale == "inverse":
+            return 1.0 / self.key_dim
+        return 1.0 / math.sqrt(self.key_dim)
+
+    @property
     def mlp_width(self) -> int:
         """MLP hidden width ``mlp_ratio * width``."""
         return self.mlp_ratio * self.width
@@ -407,6 +448,12 @@ class ModelConfig:
             unused["mlp_gain"] = "mlp_gain is the MLP branch gain of residual='skipless'"
         if self.norm == "none":
             unused["norm_kind"] = "norm='none' (no normalisation in the blocks)"
+        if self.init != "mup" and not self.output_multiplier:
+            unused["base_width"] = (
+                "base_width sets init='mup' and output_multiplier, neither of which is in use"
+            )
+        if self.attention != "softmax":
+            unused["attention_scale"] = "attention_scale is the softmax attention's logit scale"
         return unused
 
     # Serialisation (netCDF-safe flat attributes) ------------------------------------------
@@ -447,9 +494,14 @@ def weight_std(config: ModelConfig, name: str, fan_in: int) -> float:
     for the residual output projections ``"out"`` (W^O) and ``"mlp_out"`` (W_2), as GPT-2
     and nanoGPT do; not under ``residual="skipless"`` (He & Hofmann's blocks draw every
     weight N(0, 0.02^2) and scale the MLP branch by the gain ``mlp_gain`` instead).
+    ``init="mup"``: ``0.02 / sqrt(m_N)`` for every block weight, ``m_N = width / base_width``
+    (muP's hidden-weight variance ~ 1/width, without GPT-2's depth factor, as CompleteP's
+    reference runs it; docs/theory.md#transfer).
     """
     if config.init == "fan_in":
         return 1.0 / math.sqrt(fan_in)
+    if config.init == "mup":
+        return GPT2_STD / math.sqrt(config.width_multiplier)
     if name in ("out", "mlp_out") and config.residual != "skipless":
         return GPT2_STD / math.sqrt(2 * config.depth)
     return GPT2_STD

@@ -15,6 +15,7 @@ field overridden (width, depth, ...). On the command line: ``--model NAME``.
 | shaped_t  | shaped (tau0 1/4) | shaped ReLU n | none | gamma^2 d/n = 0.005625 | fan_in | no | no |
 | pre_ln_depth_mup | softmax | GELU 4n   | pre  | X + f / sqrt(d)  | fan_in | yes  | yes      |
 | pre_ln_completep | softmax | GELU 4n   | pre  | X + f / d        | fan_in | yes  | yes      |
+| pre_ln_completep_ref | softmax/d_k | GELU 4n | pre | X + f / (d/4) | mup, out 64/n | yes | yes |
 | shaped_free | shaped+gains | shaped ReLU 4n | none | lambda X + gamma f | fan_in | no | no |
 
 All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block,
@@ -33,7 +34,15 @@ The last three are the parametrisations of learning-rate transfer (docs/guide/tr
 VI; Bordelon et al. 2023) and ``pre_ln_completep`` (Dey et al. 2025) are the pre-LN block with
 the branch multiplier ``depth^(-1/2)`` or ``depth^(-1)`` (``ModelConfig.depth_alpha``) and
 muP's ``1/fan_in`` weight variance instead of GPT-2's init (whose ``1/sqrt(2 depth)`` would
-count depth twice).
+count depth twice). ``pre_ln_completep_ref`` is CompleteP as its reference runs it
+(EleutherAI/nanoGPT-mup, branch ``completep``; docs/guide/transfer.md): logits ``q k^T /
+d_head`` (``attention_scale="inverse"``), muP's init as the reference draws it (block weights
+N(0, 0.02^2 / m_N), embeddings and unembedding N(0, 0.02^2); ``init="mup"``), the output
+multiplier ``1 / m_N`` (``output_multiplier``), with ``m_N = width / base_width`` and
+``m_L = depth / base_depth`` from the transfer study's base shape, width 64 and its smallest
+depth 4 (override ``base_width`` and ``base_depth`` for another base). Train it with
+``shapedtx.training.completep_reference_train(base_width, base_depth, ...)`` (AdamW beta2
+0.95, epsilon 1e-12 m_N^-1 m_L^-1, lr rules from the base shape).
 
 ``shaped_free`` is the shaped Transformer at initialisation, free to learn its shape
 (docs/theory.md#trainable-shape): the shaped ReLU's slopes are trainable per hidden unit
@@ -82,6 +91,10 @@ SHAPED_T_GAMMA_T = 0.15**2 * 16 / 64
 """``gamma^2 d / n`` of the ``shaped_t`` preset: ``shapedtx advise`` at width 64, depth 16,
 8 causal tokens, 4 heads (gamma 0.15, examples/long_horizon/advice.json)."""
 
+COMPLETEP_REF_BASE = (64, 4)
+"""(``base_width``, ``base_depth``) of the ``pre_ln_completep_ref`` preset: the transfer
+study's width and smallest depth (examples/transfer)."""
+
 _TRANSFER_PRE_LN: dict[str, Any] = {**_VANILLA, "norm": "pre", "init": "fan_in", "final_norm": True}
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -113,6 +126,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "pre_ln_depth_mup": {**_TRANSFER_PRE_LN, "depth_alpha": 0.5},
     "pre_ln_completep": {**_TRANSFER_PRE_LN, "depth_alpha": 1.0},
+    "pre_ln_completep_ref": {
+        **_TRANSFER_PRE_LN,
+        "depth_alpha": 1.0,
+        "attention_scale": "inverse",
+        "init": "mup",
+        "output_multiplier": True,
+        "base_width": COMPLETEP_REF_BASE[0],
+        "base_depth": COMPLETEP_REF_BASE[1],
+    },
     "shaped_free": {
         "attention": "shaped",
         "mlp": "shaped_relu",
@@ -141,6 +163,8 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "shaped_t": "shaped, tau0 0.25, gamma from T: gamma^2 depth / width held at 0.005625",
     "pre_ln_depth_mup": "pre-LN with branch multiplier 1/sqrt(depth) and 1/fan_in init (depth-muP)",
     "pre_ln_completep": "pre-LN with branch multiplier 1/depth and 1/fan_in init (CompleteP)",
+    "pre_ln_completep_ref": "CompleteP as its reference runs it: pre-LN, branch multiplier "
+    "base_depth/depth, logits / d_head, muP init (0.02), output multiplier base_width/width",
     "shaped_free": "shaped at initialisation, free to learn: shaped ReLU 4n with trainable "
     "per-channel slopes, shaped attention with trainable per-head gains",
 }

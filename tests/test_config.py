@@ -76,25 +76,35 @@ def test_tau0_and_relu_constants_accept_their_whole_range():
 
 
 def test_unused_fields_are_exactly_the_ones_without_effect():
-    # of the skipless residual, of a norm, of the depth_alpha multiplier
-    unused_by_default = {"mlp_gain", "norm_kind", "base_depth"}
+    # of the skipless residual, of a norm, of the depth_alpha multiplier, of muP's width
+    # multiplier (init="mup", output_multiplier) and of the softmax's scale
+    unused_by_default = {"mlp_gain", "norm_kind", "base_depth", "base_width", "attention_scale"}
     assert set(ModelConfig(mlp="shaped_relu").unused_fields()) == unused_by_default
     assert ModelConfig(mlp="shaped_relu", norm="pre").unused_fields() == {
         "mlp_gain": ANY,
         "base_depth": ANY,
+        "base_width": ANY,
+        "attention_scale": ANY,
     }
     unused = ModelConfig(attention="softmax", mlp="relu", residual="unit").unused_fields()
-    assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"} | unused_by_default
+    assert set(unused) == {"tau0", "c_plus", "c_minus", "gamma"} | unused_by_default - {
+        "attention_scale"
+    }
     assert "softmax" in unused["tau0"] and "'relu'" in unused["c_plus"]
+    mup = ModelConfig(attention="softmax", mlp="relu", residual="unit", init="mup")
+    assert "base_width" not in mup.unused_fields()
+    assert "base_width" not in ModelConfig(output_multiplier=True).unused_fields()
     no_attention = ModelConfig(attention="none", mlp="shaped_relu").unused_fields()
     assert set(no_attention) == {
         "heads", "key_dim", "head_dim", "out_proj", "tau0", "causal", "query_bias"
     } | unused_by_default  # fmt: skip
     assert set(ModelConfig().unused_fields()) == {"mlp_ratio", "c_plus", "c_minus"} | {
-        "mlp_gain", "norm_kind", "base_depth"
+        "mlp_gain", "norm_kind", "base_depth", "base_width", "attention_scale"
     }  # fmt: skip
     sas = ModelConfig(attention="simplified", residual="skipless", mlp="relu", norm="pre")
-    assert set(sas.unused_fields()) == {"tau0", "gamma", "c_plus", "c_minus", "base_depth"}
+    assert set(sas.unused_fields()) == {
+        "tau0", "gamma", "c_plus", "c_minus", "base_depth", "base_width", "attention_scale"
+    }  # fmt: skip
 
 
 def test_empty_block_rejected():

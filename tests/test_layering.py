@@ -211,3 +211,15 @@ def test_shapedtx_layers_core_diagnostics_training():
             if other is not None and SHAPEDTX_LAYERS.index(other) > rank:
                 bad.append(f"{name} ({layer}) imports {target} ({other})")
     assert not bad, bad
+
+
+def test_every_import_of_a_project_module_names_one_that_exists():
+    """An import of a removed or misspelt module (``from ..probe import probe`` after probe
+    moved) fails only when its function runs: every imported project name must be a module
+    or a name of one (``from M import x``: ``M`` is a module)."""
+    missing = []
+    for name in MODULES:
+        for imported in _imported(name):
+            if imported.split(".")[0] in PACKAGES and imported not in MODULES:
+                missing.append(f"{name}: {imported}")
+    assert missing == []

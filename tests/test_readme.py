@@ -138,7 +138,8 @@ PRESET_CELLS = {
     "attention": {
         "shaped (tau0 = 1)": {"attention": "shaped", "tau0": 1.0},
         "shaped (tau0 = 0.25)": {"attention": "shaped", "tau0": 0.25},
-        "softmax": {"attention": "softmax"},
+        "softmax": {"attention": "softmax", "attention_scale": "inverse_sqrt"},
+        "softmax, `q k^T / d_head`": {"attention": "softmax", "attention_scale": "inverse"},
         "simplified": {"attention": "simplified"},
         "shaped (tau0 = 1), trainable per-head gains": {
             "attention": "shaped",
@@ -169,12 +170,14 @@ PRESET_CELLS = {
         "`lambda X + gamma f`, gamma^2 d/n = 0.005625": {"residual": "scaled", "gamma_t": 0.005625},
         "`X + f / sqrt(d)`": {"residual": "unit", "depth_alpha": 0.5},
         "`X + f / d`": {"residual": "unit", "depth_alpha": 1.0},
+        "`X + f / (d / 4)`": {"residual": "unit", "depth_alpha": 1.0, "base_depth": 4},
         "skipless, sequential": {"residual": "skipless", "layout": "sequential"},
         "skipless, parallel": {"residual": "skipless", "layout": "parallel"},
     },
     "init": {
         "fan_in": {"init": "fan_in"},
         "gpt2": {"init": "gpt2"},
+        "mup (0.02), output x 64/n": {"init": "mup", "output_multiplier": True, "base_width": 64},
         "gpt2, no 1/sqrt(2d)": {"init": "gpt2"},  # skipless: the gains replace 1/sqrt(2d)
     },
     "biases": {"yes": {"bias": True}, "no": {"bias": False}},

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from shapedtx import ModelConfig, ParameterError, TrainConfig, preset
+from shapedtx.training import COMPLETEP_REFERENCE
 from simulations.training_runs import TrainingRun, check_run_options, horizon_loss, run_planned
 
 HERE = Path(__file__).parent
@@ -73,6 +74,43 @@ SAME_AT_PROXY_DEPTH: dict[str, str] = {"pre_ln_completep": "pre_ln_depth_mup"}
 """At the proxy's depth a branch multiplier (depth / base_depth)^(-a) and the depth factor of
 the lr rule are 1, so CompleteP's runs there are depth-muP's (bit for bit on one machine,
 tested): its width axis (at the proxy's depth) is depth-muP's and is not planned twice."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """CompleteP (``pre_ln_completep``) with some of its reference's settings
+    (EleutherAI/nanoGPT-mup, branch ``completep``; docs/guide/transfer.md): ``smallest_base``
+    takes the base depth (branch multiplier ``(d / d0)^-1``, the lr and epsilon rules) at the
+    depth axis's smallest depth instead of the proxy's; ``model`` and ``train`` are the
+    ModelConfig and TrainConfig fields it changes. Depth axis only (its width is the base
+    width, where ``m_N = 1``)."""
+
+    preset: str = "pre_ln_completep"
+    smallest_base: bool = False
+    model: tuple[tuple[str, Any], ...] = ()
+    train: tuple[tuple[str, Any], ...] = ()
+
+
+_REF_MODEL = (("attention_scale", "inverse"), ("init", "mup"), ("output_multiplier", True))
+VARIANTS: dict[str, Variant] = {
+    # the whole recipe: the preset carries the model's changes, COMPLETEP_REFERENCE AdamW's
+    "pre_ln_completep_ref": Variant(
+        preset="pre_ln_completep_ref", smallest_base=True, train=tuple(COMPLETEP_REFERENCE.items())
+    ),
+    # one change at a time from pre_ln_completep
+    "completep_base_depth": Variant(smallest_base=True),
+    "completep_attention_scale": Variant(model=_REF_MODEL[:1]),
+    # muP's init; the output multiplier 1 / m_N is 1 at the base width (the depth axis)
+    "completep_init": Variant(model=_REF_MODEL[1:]),
+    "completep_eps": Variant(train=(("eps", 1e-12), ("eps_scaling", "completep"))),
+    "completep_beta2": Variant(train=(("beta2", 0.95),)),
+}
+"""CompleteP as its reference runs it (``pre_ln_completep_ref``) and its reference's changes
+one at a time from ``pre_ln_completep``: which of them moves CompleteP's depth drift. Not in
+the default study; ``--completep-ref`` plans them all (depth axis only)."""
+
+for _name in VARIANTS:
+    LOG2_LR_CENTRE[_name] = -7  # CompleteP's measured best at depths 4-16 (results.md)
 
 
 @dataclass(frozen=True)
@@ -155,17 +193,46 @@ Job = tuple[str, int, int, int, int]
 """(parametrisation, width, depth, j, seed): one run at base lr 2^j."""
 
 
-def model_config(name: str, width: int, depth: int, proxy_depth: int) -> ModelConfig:
+def model_config(
+    name: str, width: int, depth: int, proxy_depth: int, proxy_width: int = 64
+) -> ModelConfig:
     """The preset at (width, depth). A branch multiplier ``(depth / base_depth)^(-a)``
     (depth-muP, CompleteP) is taken relative to the proxy's depth (``base_depth``), as
     CompleteP's ``(L / L_base)^(-a)``: the proxy is then the plain model, whose best lr the
-    grid's centre is set near, and the multiplier is 1 where the base lr is tuned."""
-    config = preset(name, width=width, depth=depth, heads=4, mlp_ratio=4, causal=True)
+    grid's centre is set near, and the multiplier is 1 where the base lr is tuned. A
+    :data:`VARIANTS` entry is its preset with its model changes and ``base_width`` the
+    proxy's width (pass the variant's :func:`proxy_of` as the proxy)."""
+    variant = VARIANTS.get(name)
+    config = preset(
+        variant.preset if variant else name,
+        width=width,
+        depth=depth,
+        heads=4,
+        mlp_ratio=4,
+        causal=True,
+        **(dict(variant.model) if variant else {}),
+    )
+    if variant and "base_width" not in config.unused_fields():
+        config = config.replace(base_width=proxy_width)
     return config.replace(base_depth=proxy_depth) if config.depth_alpha else config
 
 
-def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
-    return TrainConfig(
+def proxy_of(setup: Setup, name: str) -> tuple[int, int]:
+    """(width, depth) of the base shape of ``name``'s lr (and epsilon) rules and branch
+    multiplier: the setup's proxy, or its width and the depth axis's smallest depth for a
+    :data:`VARIANTS` entry with ``smallest_base`` (CompleteP's reference's base depth)."""
+    variant = VARIANTS.get(name)
+    if variant and variant.smallest_base:
+        return setup.proxy[0], min(setup.depths)
+    return setup.proxy
+
+
+def train_config(setup: Setup, j: int, seed: int, name: str | None = None) -> TrainConfig:
+    """The run's TrainConfig at base lr 2^j; ``name``: the parametrisation (a
+    :data:`VARIANTS` entry takes its own proxy and AdamW settings)."""
+    proxy = setup.proxy if name is None else proxy_of(setup, name)
+    variant = VARIANTS.get(name or "")
+    config = TrainConfig(
         steps=max(setup.horizons),
         batch_size=setup.batch_size,
         seq_len=setup.seq_len,
@@ -180,9 +247,10 @@ def train_config(setup: Setup, j: int, seed: int) -> TrainConfig:
         metrics_batch=8,
         checkpoint_interval=setup.eval_interval,
         seed=seed,
-        lr_proxy_width=setup.proxy[0],
-        lr_proxy_depth=setup.proxy[1],
+        lr_proxy_width=proxy[0],
+        lr_proxy_depth=proxy[1],
     )
+    return config.replace(**dict(variant.train)) if variant else config
 
 
 def make_run(
@@ -194,9 +262,10 @@ def make_run(
     compile: bool = False,
 ) -> TrainingRun:
     name, width, depth, j, seed = job
+    proxy = proxy_of(setup, name)
     return TrainingRun(
-        model=model_config(name, width, depth, setup.proxy[1]),
-        train=train_config(setup, j, seed),
+        model=model_config(name, width, depth, proxy[1], proxy[0]),
+        train=train_config(setup, j, seed, name),
         horizons=setup.horizons,
         folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"lr{j}_s{seed}"),
         max_bytes=setup.max_bytes,
@@ -233,9 +302,10 @@ def _bracketed(runs: list[dict[str, Any]], best: int | None) -> bool:
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
     """Runs still needed, in priority order: per parametrisation and shape the grid (then its
     extensions while the best lr at the longest horizon is at an edge, or downwards while every
-    lr diverged; no width axis for ``SAME_AT_PROXY_DEPTH``), then the seeds at the
-    best lr of ``seed_depths`` once it is bracketed: its grid complete and not extended, or
-    both its neighbours run (so the seeds need not wait for the grid's outer lrs)."""
+    lr diverged; no width axis for ``SAME_AT_PROXY_DEPTH`` and :data:`VARIANTS`), then the
+    seeds at the best lr of ``seed_depths`` once it is bracketed: its grid complete and not
+    extended, or both its neighbours run (so the seeds need not wait for the grid's outer
+    lrs)."""
     done = {
         (r["parametrisation"], r["width"], r["depth"], r["log2_lr"], r["seed"]) for r in results
     }
@@ -248,6 +318,8 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
             on_width_axis = depth == setup.proxy[1] and width != setup.proxy[0]
             if name in SAME_AT_PROXY_DEPTH and on_width_axis:
                 continue  # its width axis is SAME_AT_PROXY_DEPTH[name]'s
+            if name in VARIANTS and (width != setup.width or depth not in setup.depths):
+                continue  # the CompleteP variants: depth axis only
             runs = [
                 r
                 for r in results
@@ -334,8 +406,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--depths", type=int, nargs="+", default=None, help="the depth axis")
     p.add_argument("--widths", type=int, nargs="+", default=None, help="the width axis")
     p.add_argument(
-        "--parametrisations", nargs="+", choices=PARAMETRISATIONS, default=None, metavar="NAME"
-    )
+        "--parametrisations", nargs="+", choices=(*PARAMETRISATIONS, *VARIANTS), default=None,
+        metavar="NAME",
+        help=f"default: {' '.join(PARAMETRISATIONS)}; or any of {' '.join(VARIANTS)}",
+    )  # fmt: skip
+    p.add_argument(
+        "--completep-ref", action="store_true",
+        help="plan CompleteP as its reference runs it and its changes one at a time "
+        f"({' '.join(VARIANTS)}) on the depth axis, instead of --parametrisations",
+    )  # fmt: skip
     p.add_argument(
         "--log2-lrs", type=int, nargs="+", default=None, metavar="J",
         help="run only the planned runs at base lr 2^J (default: all of them)",
@@ -370,6 +449,8 @@ def setup_of(args: argparse.Namespace) -> Setup:
         setup = replace(setup, widths=tuple(args.widths))
     if args.parametrisations:
         setup = replace(setup, parametrisations=tuple(args.parametrisations))
+    if args.completep_ref:
+        setup = replace(setup, parametrisations=tuple(VARIANTS))
     if args.seeds:
         setup = replace(setup, seeds=tuple(range(args.seeds)))
     return setup

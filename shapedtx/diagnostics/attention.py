@@ -260,7 +260,7 @@ def _reader(name: str, module: nn.Module) -> Reader | None:
         return _EncoderLayerReader(name, module)
     if isinstance(module, Attention):
         cfg = module.config
-        scale = 1.0 / cfg.tau if cfg.attention == "shaped" else 1.0 / math.sqrt(cfg.key_dim)
+        scale = 1.0 / cfg.tau if cfg.attention == "shaped" else cfg.softmax_scale
         layers = module.layers
         temperature = module.gains.get("attn_temperature")
         return _QueryKeyReader(

@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
-    from .config import TrainConfig
+    from .config import COMPLETEP_REFERENCE, TrainConfig, completep_reference_train
     from .data import ByteCorpus, export_corpus, load_corpus, unigram_baseline
     from .horizons import horizon_configs, train_horizons
     from .log import final_val_loss, log_dataset
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # at run time __getattr__ imports each name on first use
 # costs no torch (the command line's ``train --help`` and argument errors stay fast; torch loads
 # with the corpus, the model or the trainer; matplotlib with the plots): public name -> module.
 _LAZY: dict[str, str] = {
-    "TrainConfig": "config",
+    **dict.fromkeys(("COMPLETEP_REFERENCE", "TrainConfig", "completep_reference_train"), "config"),
     **dict.fromkeys(("ByteCorpus", "export_corpus", "load_corpus", "unigram_baseline"), "data"),
     **dict.fromkeys(("horizon_configs", "train_horizons"), "horizons"),
     **dict.fromkeys(("final_val_loss", "log_dataset"), "log"),
@@ -58,6 +58,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "COMPLETEP_REFERENCE",
     "GROUPS",
     "ByteCorpus",
     "DataMismatch",
@@ -67,6 +68,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
+    "completep_reference_train",
     "configs_of",
     "export_corpus",
     "final_val_loss",

@@ -13,6 +13,8 @@ Schedule = Literal["cosine", "wsd"]
 SCHEDULES: tuple[str, ...] = ("cosine", "wsd")
 Autocast = Literal["none", "bfloat16"]
 AUTOCASTS: tuple[str, ...] = ("none", "bfloat16")
+EpsScaling = Literal["constant", "completep"]
+EPS_SCALINGS: tuple[str, ...] = ("constant", "completep")
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,19 @@ class TrainConfig:
             set, each parameter group trains at ``lr`` times the factor its parametrisation's
             transfer rule gives from the proxy to the model (:func:`shapedtx.lr_multipliers`,
             docs/guide/transfer.md). ``0`` (default, both): ``lr`` for every parameter.
+        eps_scaling: ``"constant"`` (default: AdamW's epsilon is ``eps``) or ``"completep"``:
+            ``eps`` times CompleteP's ``m_N^-1 m_L^-a`` from the proxy (``lr_proxy_width``,
+            ``lr_proxy_depth``, which must be set) to the model, for every parameter group as
+            CompleteP's reference applies it (:func:`shapedtx.eps_multiplier`,
+            docs/theory.md#transfer).
 
     Defaults: ``steps=1000, batch_size=16, seq_len=64, lr=1e-3, min_lr_ratio=0.1,
     warmup_steps=None, schedule="cosine", cooldown_fraction=0.2, weight_decay=0.0, beta1=0.9,
     beta2=0.99, eps=1e-8, grad_clip=1.0,
     log_interval=10, eval_interval=50, eval_batches=4, metrics_batch=4,
-    checkpoint_interval=100, seed=0, lr_proxy_width=0, lr_proxy_depth=0, autocast="none"``.
+    checkpoint_interval=100, seed=0, lr_proxy_width=0, lr_proxy_depth=0, autocast="none",
+    eps_scaling="constant"``. :func:`completep_reference_train` gives CompleteP's reference
+    settings (beta2 0.95, epsilon 1e-12 scaled by ``eps_scaling="completep"``).
 
     The architecture, the readout LayerNorm included (``ModelConfig.final_norm``), is the
     ``ModelConfig``.
@@ -89,6 +98,7 @@ class TrainConfig:
     lr_proxy_width: int = 0
     lr_proxy_depth: int = 0
     autocast: Autocast = "none"
+    eps_scaling: EpsScaling = "constant"
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, 1)
@@ -136,6 +146,14 @@ class TrainConfig:
             )
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("autocast", self.autocast, AUTOCASTS)
+        check_choice("eps_scaling", self.eps_scaling, EPS_SCALINGS)
+        if self.eps_scaling != "constant" and not self.lr_proxy_width:
+            raise ParameterError(
+                "eps_scaling",
+                f"eps_scaling={self.eps_scaling!r} scales epsilon from the proxy: it requires "
+                f"lr_proxy_width and lr_proxy_depth (> 0), got {self.lr_proxy_width} and "
+                f"{self.lr_proxy_depth}",
+            )
         if self.schedule == "wsd" and self.cooldown_start < self.warmup_steps:
             raise ParameterError(
                 "cooldown_fraction",
@@ -180,6 +198,32 @@ class TrainConfig:
         """Inverse of :meth:`to_attrs` (ignores unrelated keys; a missing field takes its
         default). ValueError if no key starts with ``prefix`` or a value has the wrong type."""
         return cls(**_fields_from_attrs(cls, _FIELD_TYPES, attrs, prefix))
+
+
+COMPLETEP_REFERENCE: dict[str, Any] = {"beta2": 0.95, "eps": 1e-12, "eps_scaling": "completep"}
+"""The AdamW settings of CompleteP's reference (EleutherAI/nanoGPT-mup, branch ``completep``:
+``beta2 = 0.95``, base epsilon ``1e-12`` scaled by ``m_N^-1 m_L^-a``; docs/guide/transfer.md)."""
+
+
+def completep_reference_train(base_width: int, base_depth: int, **fields: Any) -> TrainConfig:
+    """A :class:`TrainConfig` with CompleteP's reference AdamW settings
+    (:data:`COMPLETEP_REFERENCE`) and its lr and epsilon rules taken from the base model
+    (``lr_proxy_width=base_width``, ``lr_proxy_depth=base_depth``: the reference's base
+    shape, whose depth is the smallest one trained); ``fields`` set the rest (steps, lr, ...)
+    and may override any of these. Pair it with ``preset("pre_ln_completep_ref",
+    base_width=base_width, base_depth=base_depth)``.
+
+    >>> completep_reference_train(64, 4, lr=2**-7).eps
+    1e-12
+    """
+    return TrainConfig(
+        **{
+            **COMPLETEP_REFERENCE,
+            "lr_proxy_width": base_width,
+            "lr_proxy_depth": base_depth,
+            **fields,
+        }
+    )
 
 
 _FIELD_TYPES = _field_types(TrainConfig, ("warmup_steps",))

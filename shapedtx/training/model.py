@@ -18,8 +18,10 @@ class LanguageModel(nn.Module):
 
     ``init="fan_in"``: token and learned position embeddings are N(0, 1/2) each, so the input
     token covariance has unit diagonal (V^{aa} = 1, docs/theory.md#notation), and the unembedding is
-    N(0, 1/n). ``init="gpt2"``: embeddings and unembedding N(0, 0.02^2) (untied). The
-    unembedding has a zero bias; ``config.final_norm`` adds an affine LayerNorm before it.
+    N(0, 1/n). ``init="gpt2"`` and ``"mup"``: embeddings and unembedding N(0, 0.02^2)
+    (untied). The unembedding has a zero bias; ``config.final_norm`` adds an affine LayerNorm
+    before it; ``config.output_multiplier`` multiplies its input by ``1 / m_N = base_width /
+    width`` (muP's output multiplier, docs/theory.md#transfer).
     ``config.causal`` must be True (the causal shaped attention of docs/theory.md#layers goes
     through the fused SDPA path).
 
@@ -32,16 +34,17 @@ class LanguageModel(nn.Module):
             raise ParameterError("config", "config.causal must be True for a causal language model")
         self.config = config
         n = config.width
-        std = GPT2_STD if config.init == "gpt2" else math.sqrt(0.5)
+        small = config.init in ("gpt2", "mup")  # N(0, 0.02^2), as GPT-2 and muP's reference
+        std = GPT2_STD if small else math.sqrt(0.5)
         self.embed = nn.Embedding(VOCAB, n)
         self.position = nn.Parameter(torch.empty(max_len, n))
         nn.init.normal_(self.embed.weight, std=std)
         nn.init.normal_(self.position, std=std)
         self.body = Transformer(config, fused=True)
         self.final_norm = layer_norm_module(n) if config.final_norm else None
-        self.unembed = init_linear(
-            n, VOCAB, bias=True, std=GPT2_STD if config.init == "gpt2" else None
-        )
+        self.unembed = init_linear(n, VOCAB, bias=True, std=GPT2_STD if small else None)
+        # muP's output multiplier 1 / m_N (None: no multiplier, the unchanged graph)
+        self.output_scale = 1.0 / config.width_multiplier if config.output_multiplier else None
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens (B, m) -> X0 (B, m, n)."""
@@ -49,7 +52,8 @@ class LanguageModel(nn.Module):
 
     def readout(self, X: Tensor) -> Tensor:
         """Last hidden state (B, m, n) -> logits (B, m, 256)."""
-        return self.unembed(self.final_norm(X) if self.final_norm is not None else X)
+        X = self.final_norm(X) if self.final_norm is not None else X
+        return self.unembed(X if self.output_scale is None else X * self.output_scale)
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.readout(self.body(self.embed_tokens(tokens)))

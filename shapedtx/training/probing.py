@@ -140,7 +140,7 @@ def probe_run(
         raise ParameterError("folder", f"{folder / LOG} is not a training log: {err}") from None
     import torch
 
-    from ..probe import probe
+    from ..diagnostics import probe
     from .data import fixed_windows, load_corpus
     from .model import LanguageModel
 

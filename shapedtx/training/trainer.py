@@ -37,7 +37,7 @@ from .data import VOCAB, ByteCorpus, WindowSampler, fixed_windows
 from .log import log_dataset
 from .model import LanguageModel
 from .step import CompiledStep, autocast_context
-from .transfer import lr_multipliers, proxy_config
+from .transfer import eps_multiplier, lr_multipliers, proxy_config
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.nc"
@@ -139,8 +139,17 @@ def _make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ad
                 wd = config.weight_decay if decay else 0.0
                 groups.append({"params": params, "weight_decay": wd, "lr": lr})
     return torch.optim.AdamW(
-        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps
+        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=_eps(model.config, config)
     )
+
+
+def _eps(model_config: ModelConfig, config: TrainConfig) -> float:
+    """AdamW's epsilon: ``config.eps``, times :func:`shapedtx.eps_multiplier` from the proxy
+    under ``eps_scaling="completep"``."""
+    if config.eps_scaling == "constant":
+        return config.eps
+    proxy = proxy_config(model_config, config.lr_proxy_width, config.lr_proxy_depth)
+    return config.eps * eps_multiplier(model_config, proxy)
 
 
 def _lr_factors(model_config: ModelConfig, config: TrainConfig) -> dict[str, float | None]:

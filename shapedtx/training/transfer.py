@@ -25,10 +25,15 @@ Table 1 (Dey et al. 2025, and its reference implementation EleutherAI/nanoGPT-mu
 gains and biases inside the blocks m_L^(a-1); a = 1/2 is depth-muP's Adam rule (Yang et al.
 2023, Tensor Programs VI: multiplier 1/sqrt(L), Adam lr ~ 1/sqrt(L)).
 
-Not applied here (stated in docs/guide/transfer.md): CompleteP's and muP's AdamW epsilon and
-weight-decay scalings (the trainer's epsilon is 1e-8 and its weight decay 0 by default), muP's
-1/d_head attention scale and its 1/width readout multiplier (the unembedding keeps its
-N(0, 1/n) initialisation; its Adam lr follows 1/m_N).
+With ``ModelConfig.output_multiplier`` (the unembedding reads ``x / m_N``, muP's output
+multiplier) the readout's factor is 1 under ``mup`` and ``depth``: the multiplier carries the
+width dependence that the lr ``1/m_N`` carries without it (Tensor Programs V, Table 3's
+alternative form; CompleteP's reference ties the unembedding to the embedding, lr factor 1).
+:func:`eps_multiplier` is CompleteP's AdamW epsilon rule as its reference applies it (one
+epsilon for every group, ``m_N^-1 m_L^-a``), used by the trainer under
+``TrainConfig.eps_scaling="completep"``; muP's ``1/d_head`` attention scale
+(``ModelConfig.attention_scale``) and init (``ModelConfig.init="mup"``) are model fields.
+Not applied here: the weight-decay scaling (the trainer's weight decay is 0 by default).
 """
 
 from __future__ import annotations
@@ -110,12 +115,28 @@ def lr_multipliers(target: ModelConfig, proxy: ModelConfig) -> dict[str, float]:
     out = dict.fromkeys(GROUPS, 1.0)
     if rule == "standard":
         return out
-    out["hidden"] = out["readout"] = 1.0 / m_n
+    out["hidden"] = 1.0 / m_n
+    out["readout"] = 1.0 if target.output_multiplier else 1.0 / m_n
     if rule == "depth":
         depth_factor = m_l ** (target.depth_alpha - 1.0)
         out["hidden"] *= depth_factor
         out["block_vector"] = depth_factor
     return {k: float(v) for k, v in out.items()}
+
+
+def eps_multiplier(target: ModelConfig, proxy: ModelConfig) -> float:
+    """The factor on AdamW's epsilon tuned at ``proxy`` that CompleteP prescribes at
+    ``target``: ``m_N^-1 m_L^-a`` with ``m_N = n / n0``, ``m_L = d / d0`` and ``a`` the
+    ``depth_alpha`` (1 for CompleteP, 0: muP's ``1 / m_N``), applied to every parameter
+    group as the reference (EleutherAI/nanoGPT-mup, branch ``completep``) applies it
+    (docs/theory.md#transfer). Example: CompleteP from depth 4 to depth 64 at the proxy's
+    width divides epsilon by 16. ``target`` and ``proxy`` as in :func:`lr_multipliers`."""
+    check_config(target, "target")
+    check_config(proxy, "proxy")
+    _same_parametrisation(target, proxy)
+    m_n = target.width / proxy.width
+    m_l = target.depth / proxy.depth
+    return float(m_n**-1.0 * m_l ** (-target.depth_alpha))
 
 
 def proxy_config(target: ModelConfig, width: int, depth: int) -> ModelConfig:
@@ -127,4 +148,4 @@ def proxy_config(target: ModelConfig, width: int, depth: int) -> ModelConfig:
     return target.replace(width=width, depth=depth, **sizes)
 
 
-__all__ = ["GROUPS", "SOURCES", "lr_multipliers", "lr_rule", "proxy_config"]
+__all__ = ["GROUPS", "SOURCES", "eps_multiplier", "lr_multipliers", "lr_rule", "proxy_config"]
