@@ -265,6 +265,12 @@ def test_figure_marks_censored_cells_and_titles_the_agreement():
     assert (norm.vmin, norm.vmax) == (7.5, 50.0) and sde_ax.collections[0].norm is norm
     diff_norm = diff_ax.collections[0].norm
     assert (diff_norm.vmin, diff_norm.vcenter, diff_norm.vmax) == (-5.0, 0.0, 5.0)
+    maps_bar, diff_bar = fig.axes[3:]  # the shared bar right of both maps, the difference's
+    assert maps_bar.get_ylabel() == "median first t out of [low, high]"
+    assert diff_bar.get_ylabel() == "network - SDE"
+    fig.draw_without_rendering()
+    right_of_maps = sde_ax.get_position().x1
+    assert right_of_maps < maps_bar.get_position().x0 < diff_ax.get_position().x0
     assert net_ax.get_title() == "finite network: median exit t"
     assert sde_ax.get_title() == "SDE: median exit t"
     assert diff_ax.get_title() == (
