@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: module -> the test files (or pytest node ids / -k expressions after "::") that own it.
+#: A "::-k EXPR" entry passes -k to the whole run: it deselects the other files' tests too.
 TESTS: dict[str, list[str]] = {
     "shapedtx/_validation.py": ["tests/test_validation.py"],
     "shapedtx/metrics.py": ["tests/test_metrics.py"],
@@ -70,6 +71,18 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/training/data.py": ["tests/test_train_data.py", "tests/test_data_teeth.py"],
     "shapedtx/training/horizons.py": ["tests/test_schedule_teeth.py"],
     "simulations/training_runs.py": ["tests/test_training_runs_teeth.py"],
+    "simulations/studies.py": [
+        "tests/test_studies_teeth.py",
+        "tests/test_studies.py::test_lr_tag_is_the_one_encoding_of_run_keys",
+        "tests/test_studies.py::test_store_appends_once_per_key_in_key_order_and_reads_back",
+        "tests/test_studies.py::test_store_rejects_a_line_that_is_not_a_run",
+        "tests/test_studies.py::test_ingest_takes_every_result_json_not_stored_and_leaves_the_files",
+    ],
+    "simulations/stability.py": [
+        "tests/test_stability_teeth.py",
+        "tests/test_stability.py::test_exit_times_by_hand",
+        "tests/test_stability.py::test_bad_input_names_the_parameter",
+    ],
     "shapedtx/training/log.py": ["tests/test_train.py"],
     "sde/coefficients.py": ["tests/test_sde_coefficients.py", "tests/test_sde_causal.py"],
     "sde/noise.py": [
