@@ -10,9 +10,11 @@ flip, ``and``/``or`` swap, ``not``/unary minus dropped, numeric constant +1 or x
 ``False`` swapped, return value negated, slice bound dropped) is written into a *copy* of the
 working tree (the tracked and untracked-but-not-ignored files, in a temporary directory; the
 real files are never touched), and the module's tests (:data:`TESTS`, or ``--tests``) run with
-``pytest -x -q`` under a per-mutant timeout. A mutant is *killed* when a test fails, errors or
-times out, and *survives* when they all pass. Survivors are printed with their line and the
-mutated line: judge each one (equivalent, or a missing test).
+``pytest -x -q`` under a per-mutant timeout. A mutant is *killed* when a test fails or
+errors, *survives* when they all pass, and *timed out* when the tests did not finish in time
+(reported apart: a slow machine, or a mutant that loops, is not a failing test; re-run them with
+a longer ``--timeout`` and ``--survivors``). Survivors and timeouts are printed with their line
+and the mutated line: judge each one (equivalent, or a missing test).
 
 Speed: torch, numpy, scipy, xarray, dask and pytest are imported once; every mutant runs in a
 forked child, which imports the project (with the mutant) afresh. Run one module at a time.
@@ -38,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: module -> the test files (or pytest node ids / -k expressions after "::") that own it.
+#: A "::-k EXPR" entry passes -k to the whole run: it deselects the other files' tests too.
 TESTS: dict[str, list[str]] = {
     "shapedtx/_validation.py": ["tests/test_validation.py"],
     "shapedtx/metrics.py": [
@@ -83,6 +86,18 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/training/data.py": ["tests/test_train_data.py", "tests/test_data_teeth.py"],
     "shapedtx/training/horizons.py": ["tests/test_schedule_teeth.py"],
     "simulations/training_runs.py": ["tests/test_training_runs_teeth.py"],
+    "simulations/studies.py": [
+        "tests/test_studies_teeth.py",
+        "tests/test_studies.py::test_lr_tag_is_the_one_encoding_of_run_keys",
+        "tests/test_studies.py::test_store_appends_once_per_key_in_key_order_and_reads_back",
+        "tests/test_studies.py::test_store_rejects_a_line_that_is_not_a_run",
+        "tests/test_studies.py::test_ingest_takes_every_result_json_not_stored_and_leaves_the_files",
+    ],
+    "simulations/stability.py": [
+        "tests/test_stability_teeth.py",
+        "tests/test_stability.py::test_exit_times_by_hand",
+        "tests/test_stability.py::test_bad_input_names_the_parameter",
+    ],
     "shapedtx/training/log.py": ["tests/test_train.py"],
     "sde/coefficients.py": ["tests/test_sde_coefficients.py", "tests/test_sde_causal.py"],
     "sde/noise.py": [
@@ -350,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", help="only mutants on lines A-B (or one line A)")
     parser.add_argument("--timeout", type=float, help="per mutant (default 3 x baseline + 10 s)")
     parser.add_argument(
-        "--survivors", help="re-run only the mutants printed as SURVIVED in this earlier log"
+        "--survivors",
+        help="re-run only the mutants printed as SURVIVED or TIMEOUT in this earlier log",
     )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("-m", "--marker", default="not slow", help="pytest -m expression")
@@ -369,8 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.survivors:
         wanted = set()
         for row in Path(args.survivors).read_text().splitlines():
-            if row.strip().startswith("SURVIVED"):
-                where, _, rest = row.strip().removeprefix("SURVIVED ").partition(": ")
+            label, _, tail = row.strip().partition(" ")
+            if label in ("SURVIVED", "TIMEOUT"):
+                where, _, rest = tail.partition(": ")
                 wanted.add((int(where.rsplit(":", 1)[1]), rest.split("   | ")[0]))
         mutants = [m for m in mutants if (m.line, m.description) in wanted]
     if args.max_mutants is not None and len(mutants) > args.max_mutants:
@@ -401,24 +418,25 @@ def main(argv: list[str] | None = None) -> int:
         timeout = args.timeout or 3 * base + 10
         print(f"{module}: {total} mutants, running {len(mutants)}; tests {' '.join(tests)} "
               f"(baseline {base:.1f} s, timeout {timeout:.0f} s)", flush=True)  # fmt: skip
-        survived, killed, t0 = [], 0, time.monotonic()
+        survived, timed_out, killed, t0 = [], [], 0, time.monotonic()
         src_lines = source.splitlines()
         for i, m in enumerate(mutants, 1):
             target.write_text(apply(source, m))
             status, _secs = _run_tests(work, pytest_args, timeout)
             target.write_text(source)
-            if status == "passed":
-                survived.append(m)
-                code = src_lines[m.line - 1].strip() if m.line else ""
-                print(f"  SURVIVED {module}:{m.line}: {m.description}   | {code}", flush=True)
-            else:
+            if status == "failed":
                 killed += 1
+            else:
+                (survived if status == "passed" else timed_out).append(m)
+                label = "SURVIVED" if status == "passed" else "TIMEOUT"
+                code = src_lines[m.line - 1].strip() if m.line else ""
+                print(f"  {label} {module}:{m.line}: {m.description}   | {code}", flush=True)
             if i % 10 == 0:
                 print(f"  ... {i}/{len(mutants)} ({time.monotonic() - t0:.0f} s)", flush=True)
     n = len(mutants)
     rate = 100.0 * killed / n if n else float("nan")
-    print(f"{module}: killed {killed}/{n} ({rate:.1f}%), survived {len(survived)}, "
-          f"{time.monotonic() - t0:.0f} s")  # fmt: skip
+    print(f"{module}: killed {killed}/{n} ({rate:.1f}%) by failing tests, timed out "
+          f"{len(timed_out)}, survived {len(survived)}, {time.monotonic() - t0:.0f} s")  # fmt: skip
     return 0
 
 

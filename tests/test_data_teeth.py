@@ -167,27 +167,48 @@ def test_default_corpus_reads_py_files_and_names_its_root(tmp_path, monkeypatch)
     assert load_corpus(max_bytes=None, suffix=".txt").documents == 2
 
 
-def test_fingerprint_is_the_sha1_of_train_then_val():
-    corpus = ByteCorpus(torch.tensor([1, 2, 3], dtype=torch.uint8),
-                        torch.tensor([4, 5], dtype=torch.uint8), "s", 1)  # fmt: skip
-    assert corpus.fingerprint() == hashlib.sha1(bytes([1, 2, 3, 4, 5])).hexdigest()[:16]
-    swapped = ByteCorpus(corpus.val, corpus.train, "s", 1)
-    assert swapped.fingerprint() == hashlib.sha1(bytes([4, 5, 1, 2, 3])).hexdigest()[:16]
-    assert len(corpus.fingerprint()) == 16
+def test_fingerprint_is_the_sha1_of_train_then_val_then_the_split():
+    """Hand-built (no val_fraction) or loaded at another fraction than the default: the sha1
+    of train, val and the number of training bytes; at the default fraction of 0.1, of the
+    bytes alone (the value recorded before the split was hashed)."""
+    train, val = torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([4, 5], dtype=torch.uint8)
+    by_hand = ByteCorpus(train, val, "s", 1)
+    assert by_hand.val_fraction is None
+    split = b"\0train_bytes=3"
+    assert by_hand.fingerprint() == hashlib.sha1(bytes([1, 2, 3, 4, 5]) + split).hexdigest()[:16]
+    swapped = ByteCorpus(val, train, "s", 1)
+    assert swapped.fingerprint() == hashlib.sha1(bytes([4, 5, 1, 2, 3]) + b"\0train_bytes=2"
+                                                 ).hexdigest()[:16]  # fmt: skip
+    moved = ByteCorpus(train[:2], torch.cat([train[2:], val]), "s", 1)
+    assert moved.fingerprint() != by_hand.fingerprint()
+    default = ByteCorpus(train, val, "s", 1, 0.1)
+    assert default.fingerprint() == hashlib.sha1(bytes([1, 2, 3, 4, 5])).hexdigest()[:16]
+    other = ByteCorpus(train, val, "s", 1, 0.2)
+    assert other.fingerprint() == by_hand.fingerprint()
+    assert len(by_hand.fingerprint()) == len(default.fingerprint()) == 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fingerprint hashes train + val concatenated: a split moved along the same bytes "
-    "(a single file at another val_fraction) keeps the fingerprint, so a checkpoint resumes "
-    "on other training data",
-)
 def test_fingerprint_tells_two_splits_of_the_same_bytes_apart(tmp_path):
+    """A single file at two fractions (the same bytes, the byte split moved) and a folder at
+    two fractions whose document split moves: other fingerprints; the same load twice, and
+    a file at the default fraction: the same (the default keeps the bytes-only hash)."""
     (tmp_path / "one.txt").write_bytes(bytes(range(65, 91)) * 4)
     a = load_corpus(tmp_path / "one.txt", val_fraction=0.1)
     b = load_corpus(tmp_path / "one.txt", val_fraction=0.2)
-    assert not torch.equal(a.train, b.train)
-    assert a.fingerprint() != b.fingerprint()
+    c = load_corpus(tmp_path / "one.txt", val_fraction=0.3)
+    assert not torch.equal(a.train, b.train) and (a.val_fraction, b.val_fraction) == (0.1, 0.2)
+    assert len({a.fingerprint(), b.fingerprint(), c.fingerprint()}) == 3
+    assert b.fingerprint() == load_corpus(tmp_path / "one.txt", val_fraction=0.2).fingerprint()
+    whole = bytes(range(65, 91)) * 4
+    assert a.fingerprint() == hashlib.sha1(whole).hexdigest()[:16]
+    files = _folder(tmp_path / "f")
+    fractions = sorted(_fraction(n) for n in files)
+    low, high = (fractions[1] + fractions[2]) / 2, (fractions[2] + fractions[3]) / 2
+    x, y = (
+        load_corpus(tmp_path / "f", val_fraction=low),
+        load_corpus(tmp_path / "f", val_fraction=high),
+    )
+    assert x.val.numel() < y.val.numel() and x.fingerprint() != y.fingerprint()
 
 
 @pytest.mark.parametrize("max_bytes", [None, 101])

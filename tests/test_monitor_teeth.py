@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from shapedtx.diagnostics import Monitor
+from shapedtx import Monitor
 
 
 def _entropy(p: torch.Tensor) -> torch.Tensor:

@@ -31,20 +31,35 @@ from .._validation import ParameterError, check_int, check_number
 VOCAB = 256
 
 
+_DEFAULT_VAL_FRACTION = 0.1
+""":func:`load_corpus`'s default share of documents (or bytes) held out for validation."""
+
+
 @dataclass(frozen=True)
 class ByteCorpus:
-    """Training and validation bytes, ``train, val: (N,) uint8`` (CPU)."""
+    """Training and validation bytes, ``train, val: (N,) uint8`` (CPU); ``val_fraction``:
+    the fraction :func:`load_corpus` split them at (None: split otherwise, e.g. by hand)."""
 
     train: Tensor
     val: Tensor
     source: str
     documents: int
+    val_fraction: float | None = None
 
     def fingerprint(self) -> str:
-        """Short hash of the contents (a checkpoint only resumes on the same data)."""
+        """Short hash of the contents and of where the split falls (a checkpoint only resumes,
+        and a study's runs only compare, on the same training and validation data).
+
+        The sha1 of the training bytes, then the validation bytes, then (unless the corpus
+        was loaded at the default ``val_fraction``, 0.1) the number of training bytes: two
+        splits of the same bytes differ. At the default fraction the split is
+        :func:`load_corpus`'s of these documents, and the hash is the bytes' alone, the
+        value every run recorded before the split was hashed."""
         digest = hashlib.sha1()
         for part in (self.train, self.val):
             digest.update(part.numpy().tobytes())
+        if self.val_fraction != _DEFAULT_VAL_FRACTION:
+            digest.update(f"\0train_bytes={self.train.numel()}".encode())
         return digest.hexdigest()[:16]
 
 
@@ -75,7 +90,7 @@ def _documents(root: Path, suffix: str | None, exclude: tuple[str, ...]) -> list
 def load_corpus(
     path: str | os.PathLike | None = None,
     *,
-    val_fraction: float = 0.1,
+    val_fraction: float = _DEFAULT_VAL_FRACTION,
     max_bytes: int | None = 8_000_000,
     suffix: str | None = None,
 ) -> ByteCorpus:
@@ -98,7 +113,7 @@ def load_corpus(
         joined = b"".join(d for _, d in texts)
         cut = len(joined) - max(1, round(val_fraction * len(joined)))
         train, val = joined[:cut], joined[cut:]
-    return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts))
+    return ByteCorpus(_as_tensor(train), _as_tensor(val), source, len(texts), float(val_fraction))
 
 
 def export_corpus(

@@ -71,8 +71,9 @@ def run_data_settings(folder: str | os.PathLike, log: xr.Dataset) -> dict[str, A
 
 
 def _check_same_data(data: ByteCorpus, log: xr.Dataset) -> None:
-    """DataMismatch naming the setting by which ``data`` differs from the run's (the
-    fingerprint hashes the bytes, not where the split falls: the sizes tell that)."""
+    """DataMismatch naming the setting by which ``data`` differs from the run's (at the
+    default ``val_fraction`` the fingerprint hashes the bytes, not where the split falls: the
+    sizes tell that)."""
     corpus = str(log.attrs.get("corpus", ""))
     train, val = int(data.train.numel()), int(data.val.numel())
     run_train, run_val = (int(log.attrs.get(k, n)) for k, n in
