@@ -670,7 +670,7 @@ def _seed_bullet(setup: Setup, name: str, cell: dict[str, Any], results: list[di
         if not seeds or seeds["mean"] is None:
             continue
         part = (
-            f"{seeds['mean']:.3f} ± {seeds['sd']:.3f} (n={seeds['n']}) at depth {depth} "
+            f"{seeds['mean']:.3f} ± {_fmt(seeds['sd'], '.3f')} (n={seeds['n']}) at depth {depth} "
             f"(2^{seeds['log2_lr']})"
         )
         if seeds["n"] > len(setup.seeds):
@@ -708,7 +708,7 @@ def _divergence_bullet(setup: Setup, name: str, results: list[dict]) -> str:
         if not bad:
             continue
         js = [r["log2_lr"] for r in bad]
-        steps = [r["horizons"][h]["diverged_step"] for r in bad]
+        steps = [r["horizons"][h]["diverged_step"] or 0 for r in bad]
         lrs = f"2^{js[0]}" if len(js) == 1 else f"2^{js[0]} to 2^{js[-1]}"
         top = f"2^{max(ok)} trains, " if ok else "every lr diverged: "
         rows.append(f"depth {depth}: {top}{lrs} diverge (by step {max(steps)})")
@@ -1057,7 +1057,7 @@ def _specific(setup: Setup, name: str, summary: dict, results: list[dict]) -> li
             )
         deep = f"w{setup.width}_d{max(setup.depths)}"
         a, b = cell["shapes"].get(deep, {}).get("seeds"), mup["shapes"].get(deep, {}).get("seeds")
-        if name == "pre_ln_completep" and a and b and a["mean"] and b["mean"]:
+        if name == "pre_ln_completep" and a and b and a["sd"] and b["sd"]:
             lead = b["mean"] - a["mean"]
             out.append(
                 f"At depth {max(setup.depths)}, with seeds at each one's best lr, CompleteP "
