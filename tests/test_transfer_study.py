@@ -503,3 +503,20 @@ def test_transfer_advice_trains_with_its_multipliers(name, proxy, target):
     with pytest.raises(ParameterError) as err:
         advice.train_config(lr=1e-3)
     assert err.value.parameter == "lr"
+
+
+def test_report_writes_a_seed_cell_with_one_finished_seed(modules):
+    """A seeded cell whose other seeds diverged has no sd (nor a pooled one): results.md
+    says so instead of failing (the quick study can end that way)."""
+    study, report = modules
+    one = {"log2_lr": -3, "n": 1, "diverged": 1, "mean": 2.5, "sd": None}
+    cell = {"shapes": {"w16_d2": {"seeds": one}}, "seed_sd": None}
+    text = report._seed_bullet(study.QUICK, "shaped_t", cell, [])
+    assert "2.500 ± - (n=1) at depth 2 (2^-3)" in text and "pooled sd -" in text
+    none = {**one, "n": 0, "diverged": 2, "mean": None}
+    assert (
+        report._seed_bullet(
+            study.QUICK, "shaped_t", {**cell, "shapes": {"w16_d2": {"seeds": none}}}, []
+        )
+        == ""
+    )

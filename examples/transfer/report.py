@@ -693,7 +693,7 @@ def _seed_bullet(setup: Setup, name: str, cell: dict[str, Any], results: list[di
     if not parts:
         return ""
     return f"Seeds at the best lr of the seeded depths: {'; '.join(parts)}; pooled sd " + (
-        f"{cell['seed_sd']:.3f}, the sd behind the intervals."
+        f"{_fmt(cell['seed_sd'], '.3f')}, the sd behind the intervals."
     )
 
 
