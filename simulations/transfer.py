@@ -4,24 +4,26 @@ The companion of ``shapedtx advise`` for training (issue 37, item 5): given the 
 rate tuned on a proxy (width, depth) and a target (width, depth) of the same parametrisation
 (a ``shapedtx`` preset), the per-parameter-group Adam learning rates its rule prescribes
 (:func:`shapedtx.lr_multipliers`, docs/guide/transfer.md), with the evidence the advice rests
-on: the rule and its source, and the drift of the optimal learning rate that
-``examples/transfer`` measured for this parametrisation, once its ``results.json`` exists.
+on: the rule and its source, and the drift of the optimal learning rate that the transfer
+study measured for this parametrisation (package data ``simulations/data/transfer_drifts.json``,
+written by the study's report; no repository file is read). :meth:`TransferAdvice.train_config`
+turns the advice into the ``TrainConfig`` whose trainer applies it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
 from typing import Any
 
+from shapedtx import ModelConfig, TrainConfig
 from shapedtx._validation import ParameterError, check_choice, check_int, check_number
 from shapedtx.presets import PRESETS, preset
 from shapedtx.training.transfer import SOURCES, lr_multipliers, lr_rule
 
-STUDY_RESULTS = Path(__file__).resolve().parents[1] / "examples" / "transfer" / "results.json"
-"""Where the transfer study writes its summary (in a source checkout)."""
+DRIFTS = "transfer_drifts.json"
+"""The package data (in ``simulations/data``) of the drifts the transfer study measured."""
 
 NOT_MEASURED = "not yet measured"
 
@@ -47,6 +49,9 @@ class TransferAdvice:
         evidence: the measured drift of the optimal lr for this parametrisation, or
             ``"not yet measured"``.
         measured: the study's numbers behind ``evidence`` (None when not measured).
+        model: the target's model as the transfer study trains it: the preset at the
+            target's width and depth, causal, its branch multiplier (depth-muP, CompleteP)
+            relative to the proxy's depth.
     """
 
     parametrisation: str
@@ -59,6 +64,19 @@ class TransferAdvice:
     multipliers: dict[str, float]
     evidence: str
     measured: dict[str, Any] | None
+    model: ModelConfig
+
+    def train_config(self, **overrides: Any) -> TrainConfig:
+        """The ``TrainConfig`` that trains :attr:`model` with this advice: ``lr`` the proxy's
+        and the proxy's width and depth (``lr_proxy_width``, ``lr_proxy_depth``), from which
+        the trainer gives each parameter group the multiplier of :attr:`multipliers`;
+        ``overrides``: any other ``TrainConfig`` field (steps, batch, schedule, ...)."""
+        for name in ("lr", "lr_proxy_width", "lr_proxy_depth"):
+            if name in overrides:
+                raise ParameterError(name, f"{name} is the advice's, not an override")
+        return TrainConfig(
+            lr=self.lr, lr_proxy_width=self.proxy[0], lr_proxy_depth=self.proxy[1], **overrides
+        )
 
     def __str__(self) -> str:
         lrs = ", ".join(f"{k} {v:.3g}" for k, v in self.lrs.items())
@@ -69,28 +87,33 @@ class TransferAdvice:
         )
 
 
+def measured_drifts() -> dict[str, Any]:
+    """The drifts of the optimal learning rate the transfer study measured (package data
+    written by its report): ``runs``, ``horizon``, ``proxy`` and, per parametrisation, its
+    ``depth_drift`` and ``width_drift`` (None: that axis not measured)."""
+    text = files("simulations").joinpath("data").joinpath(DRIFTS).read_text()
+    drifts: dict[str, Any] = json.loads(text)
+    return drifts
+
+
 def _measured(
-    parametrisation: str, target: tuple[int, int], path: Path
+    parametrisation: str, target: tuple[int, int], summary: dict[str, Any]
 ) -> tuple[str, dict[str, Any] | None]:
-    """The evidence sentence and numbers of the study's ``results.json`` for this
-    parametrisation (``NOT_MEASURED`` when the file or the parametrisation is absent)."""
-    if not path.is_file():
+    """The evidence sentence and numbers of the measured drifts (:func:`measured_drifts`) for
+    this parametrisation (``NOT_MEASURED`` when it is absent)."""
+    cell = summary.get("parametrisations", {}).get(parametrisation)
+    if not cell:
         return NOT_MEASURED, None
-    summary = json.loads(path.read_text())
-    per_h = summary.get("parametrisations", {}).get(parametrisation)
-    if not per_h:
-        return NOT_MEASURED, None
-    horizon = str(max(summary["horizons"]))
-    cell = per_h[horizon]
+    horizon = summary["horizon"]
     parts = []
     measured: dict[str, Any] = {
-        "results": str(path),
+        "study": summary.get("study", "examples/transfer"),
         "horizon": int(horizon),
         "runs": summary["runs"],
     }
     proxy = summary.get("proxy", {})
     for axis, index in (("depth", 1), ("width", 0)):
-        drift = cell.get(f"{axis}_drift")
+        drift = cell.get(f"{axis}_drift")  # None: not measured on that axis
         if drift is None:
             if target[index] != proxy.get(axis):
                 parts.append(f"no drift measured across {axis} (target {axis} {target[index]})")
@@ -111,7 +134,7 @@ def _measured(
     if "depth_drift" not in measured and "width_drift" not in measured:
         return NOT_MEASURED, None
     head = (
-        f"examples/transfer, {summary['runs']} runs, horizon {horizon} steps, proxy width "
+        f"{measured['study']}, {summary['runs']} runs, horizon {horizon} steps, proxy width "
         f"{proxy.get('width')}, depth {proxy.get('depth')}: "
     )
     return head + "; ".join(parts), measured
@@ -125,7 +148,7 @@ def transfer_lr(
     target_depth: int,
     parametrisation: str = "shaped_t",
     *,
-    results: str | os.PathLike | None = None,
+    drifts: dict[str, Any] | None = None,
 ) -> TransferAdvice:
     """Per-group learning rates at the target from ``lr`` tuned at the proxy.
 
@@ -136,7 +159,8 @@ def transfer_lr(
         parametrisation: a ``shapedtx`` preset (docs/guide/transfer.md: ``shaped_t``,
             ``shaped``, ``pre_ln``, ``pre_ln_depth_mup``, ``pre_ln_completep``; any preset is
             accepted and gets the rule of :func:`shapedtx.lr_rule`).
-        results: the transfer study's ``results.json`` (default: :data:`STUDY_RESULTS`).
+        drifts: the measured drifts the evidence quotes, in the form of
+            :func:`measured_drifts` (default: the package data it reads).
 
     >>> transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep").lrs["hidden"]
     0.001
@@ -160,8 +184,8 @@ def transfer_lr(
         raise ParameterError("target_width", f"target: {err}") from None
     factors = lr_multipliers(target, proxy)
     rule = lr_rule(target)
-    path = Path(results) if results is not None else STUDY_RESULTS
-    evidence, measured = _measured(parametrisation, (target_width, target_depth), path)
+    summary = measured_drifts() if drifts is None else drifts
+    evidence, measured = _measured(parametrisation, (target_width, target_depth), summary)
     return TransferAdvice(
         parametrisation=parametrisation,
         lr=lr,
@@ -173,7 +197,10 @@ def transfer_lr(
         multipliers=factors,
         evidence=evidence,
         measured=measured,
+        model=target.replace(
+            causal=True, base_depth=proxy_depth if target.depth_alpha else target.base_depth
+        ),
     )
 
 
-__all__ = ["NOT_MEASURED", "STUDY_RESULTS", "TransferAdvice", "transfer_lr"]
+__all__ = ["DRIFTS", "NOT_MEASURED", "TransferAdvice", "measured_drifts", "transfer_lr"]

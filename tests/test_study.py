@@ -9,16 +9,20 @@ from pathlib import Path
 STUDY = Path(__file__).parents[1] / "examples" / "shaped_vs_vanilla" / "study.py"
 
 
-def _load_study():
-    spec = importlib.util.spec_from_file_location("shaped_vs_vanilla_study", STUDY)
+def _load_study(monkeypatch):
+    # report.py (beside study.py) imports it as ``study``: restored after the test, other
+    # studies have modules of the same names
+    monkeypatch.syspath_prepend(str(STUDY.parent))
+    spec = importlib.util.spec_from_file_location("study", STUDY)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and worker processes look it up by name
+    monkeypatch.setitem(sys.modules, "study", module)  # dataclasses look it up by name
+    monkeypatch.delitem(sys.modules, "report", raising=False)
     spec.loader.exec_module(module)
     return module
 
 
-def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
-    study = _load_study()
+def test_quick_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
+    study = _load_study(monkeypatch)
     assert study.main(["--quick", "--out", str(tmp_path), "--workers", "1",
                        "--models", "shaped g=0.2", "pre-LN (GPT-2)"]) == 0  # fmt: skip
     results = json.loads((tmp_path / "results.json").read_text())
@@ -37,8 +41,12 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
     ]  # fmt: skip
     for name in ("loss_vs_depth", "loss_vs_lr", "loss_curves", "mean_rho_by_layer"):
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+    assert (tmp_path / "results.md").read_text().startswith("# Results: shaped vs vanilla")
+    assert "| shaped g=0.2 |" in (tmp_path / "tables.md").read_text()
     # a second invocation trains nothing: every finished run is kept as it is
     finished = {p: p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/*/result.json")}
+    stored = study.RunStore(tmp_path / "runs.jsonl")
+    assert len(stored) == len(finished) > 0 and len(study.load_results(tmp_path)) == len(stored)
     assert study.plan(setup.__class__(**{**vars(setup), "models": ("shaped g=0.2",
                       "pre-LN (GPT-2)")}), study.load_results(tmp_path)) == []  # fmt: skip
     assert study.main(["--quick", "--out", str(tmp_path), "--workers", "1",

@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +18,11 @@ import pytest
 
 from shapedtx import ParameterError
 from simulations import transfer_lr
-from simulations.transfer import NOT_MEASURED
+from simulations.studies import RunStore, lr_tag
+from simulations.transfer import DRIFTS, NOT_MEASURED
 
-STUDY = Path(__file__).parents[1] / "examples" / "transfer"
-
-
-def _flat(path: Path) -> str:
-    """A document's text with line breaks and indentation folded into single spaces."""
-    return " ".join(path.read_text().split())
-
-
-def _cells() -> dict[str, dict]:
-    """The committed report's cells at 1000 steps, by parametrisation."""
-    summary = json.loads((STUDY / "results.json").read_text())
-    return {n: p["1000"] for n, p in summary["parametrisations"].items()}
+ROOT = Path(__file__).parents[1]
+STUDY = ROOT / "examples" / "transfer"
 
 
 def _load(name: str, monkeypatch):
@@ -232,11 +226,15 @@ def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch)
     row += (f" [{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else "") + " (2->4) | "
     assert row in tables and f"| {losses} | - |" in tables
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/*/result.json")}
+    assert sorted(p.parent.name for p in stamps)[0] == f"{lr_tag(2.0 ** js[0])}_s0"
     assert len(stamps) == 8  # 2 shapes x 3 lrs + seed 1 at 2 depths
     assert study.main(args) == 0  # resumes: nothing is trained again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
-    advice = transfer_lr(1e-2, 16, 2, 16, 8, "shaped_t", results=out / "results.json")
+    assert len(RunStore(out / "runs.jsonl")) == 8  # every finished run stored
+    assert (out / "results.md").read_text().startswith("# Results: learning-rate transfer")
+    drifts = modules[1].drifts(summary)
+    advice = transfer_lr(1e-2, 16, 2, 16, 8, "shaped_t", drifts=drifts)
     assert f"{drift['last_minus_first']:+.2f}" in advice.evidence
     assert "from depth 2 to 4" in advice.evidence
     assert "target depth 8 is outside the measured 2-4" in advice.evidence
@@ -314,20 +312,20 @@ def test_drifts_compare_over_the_depths_every_parametrisation_has(modules):
 
 
 def test_transfer_lr_gives_each_group_its_rule():
-    a = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_depth_mup", results="/nonexistent.json")
+    a = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_depth_mup", drifts={})
     assert a.lrs["hidden"] == pytest.approx(4e-3 / 4 / math.sqrt(8), rel=1e-10)
     assert a.lrs["readout"] == pytest.approx(1e-3, rel=1e-10)
     assert a.lrs["block_vector"] == pytest.approx(4e-3 / math.sqrt(8), rel=1e-10)
     assert a.lrs["embedding"] == a.lrs["final"] == 4e-3
     assert a.rule == "depth" and "Tensor Programs VI" in a.source
     assert a.evidence == NOT_MEASURED and a.measured is None
-    s = transfer_lr(1e-2, 64, 8, 128, 32, "shaped_t", results="/nonexistent.json")
+    s = transfer_lr(1e-2, 64, 8, 128, 32, "shaped_t", drifts={})
     assert s.lrs["hidden"] == pytest.approx(5e-3) and s.lrs["block_vector"] == 1e-2
     assert transfer_lr(1e-2, 64, 8, 256, 64, "pre_ln").lrs == dict.fromkeys(a.lrs, 1e-2)
     assert "evidence: " in str(s)
 
 
-def test_transfer_lr_says_which_axis_was_not_measured(tmp_path):
+def test_transfer_lr_says_which_axis_was_not_measured():
     """A parametrisation measured across depth only (CompleteP: its width axis is
     depth-muP's) quotes its depth drift and says that no width drift was measured, only when
     the target's width is not the proxy's."""
@@ -336,19 +334,16 @@ def test_transfer_lr_says_which_axis_was_not_measured(tmp_path):
         "range": 1.2, "edges": [],
     }  # fmt: skip
     summary = {
-        "proxy": {"width": 64, "depth": 8}, "horizons": [1000], "runs": 9,
-        "parametrisations": {"pre_ln_completep": {"1000": {"depth_drift": drift}}},
+        "proxy": {"width": 64, "depth": 8}, "horizon": 1000, "runs": 9,
+        "parametrisations": {"pre_ln_completep": {"depth_drift": drift, "width_drift": None}},
     }  # fmt: skip
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(summary))
-    wide = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", results=path).evidence
+    wide = transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", drifts=summary).evidence
     assert "moves -1.20 from depth 4 to 64" in wide
     assert "no drift measured across width (target width 256)" in wide
-    narrow = transfer_lr(4e-3, 64, 8, 64, 64, "pre_ln_completep", results=path).evidence
+    narrow = transfer_lr(4e-3, 64, 8, 64, 64, "pre_ln_completep", drifts=summary).evidence
     assert "moves -1.20" in narrow and "across width" not in narrow
-    none = {**summary, "parametrisations": {"pre_ln_completep": {"1000": {}}}}
-    path.write_text(json.dumps(none))
-    assert transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", results=path).evidence == (
+    none = {**summary, "parametrisations": {"pre_ln_completep": {}}}
+    assert transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_completep", drifts=none).evidence == (
         NOT_MEASURED
     )
 
@@ -390,10 +385,6 @@ def test_the_committed_study_is_complete(modules):
     assert study.plan(study.DEFAULT, results) == []
     summary = json.loads((STUDY / "results.json").read_text())
     assert summary["runs"] == len(results)
-    gpu = sum(r["device"].startswith("cuda") for r in results)
-    assert f"in all five parametrisations; {gpu} of them on a lent GPU" in _flat(
-        STUDY / "results.md"
-    )
     for name, per_h in summary["parametrisations"].items():
         for shape, cell in per_h["1000"]["shapes"].items():
             assert len(cell["lr_curve"]["log2_lr"]) >= 7, (name, shape)
@@ -401,365 +392,131 @@ def test_the_committed_study_is_complete(modules):
             assert per_h["1000"]["shapes"][f"w64_d{depth}"]["seeds"]["n"] >= 3, (name, depth)
 
 
-def test_results_quote_the_committed_transfer_results(modules):
-    """examples/transfer/results.md's numbers are the committed study's
-    (examples/transfer/results.json, rebuilt by ``study.py --report``)."""
-    summary = json.loads((STUDY / "results.json").read_text())
-    per_h = summary["parametrisations"]["shaped_t"]
-    cell = per_h["1000"]
-    shapes, depth, width = cell["shapes"], cell["depth_drift"], cell["width_drift"]
-    study = _flat(STUDY / "results.md")
-    # the plan's seeds are 0, 1 and 2; --seeds 7 added 4 at pre_ln's depth 64
-    runs = modules[0].load_results(STUDY)
-    extra = sum(r["seed"] > 2 for r in runs)
-    assert len(runs) == summary["runs"] and extra == 4
-    planned = summary["runs"] - extra
-    assert f"complete, all {planned} runs of the plan" in study
-    assert f"`pre_ln` at depth 64 ({summary['runs']} runs in all)" in study
-    optima = [f"{v:.2f}" for v in depth["log2_lr_opt"]]
-    assert depth["sizes"] == [4, 8, 16, 32, 64] and depth["edges"] == ["diverged"]
-    assert shapes["w64_d16"]["fit"]["edge"] == "diverged"  # "-7.00 is the lowest point"
-    assert round(max(depth["log2_lr_opt"][:3]) - min(depth["log2_lr_opt"][:3]), 2) == 0.34
-    iv = depth["last_minus_first_interval"]
-    drift = f"{depth['last_minus_first']:.2f} from depth 4 to 64 (95% bootstrap [{iv[0]:.2f}, "
-    drift += f"{iv[1]:.2f}]"
-    slope = f"{depth['slope_per_doubling']:.2f} per doubling"
-    assert drift in study and slope in study
-    assert abs(depth["last_minus_first"]) > 0.5  # "does not transfer ... within 0.5 in all"
-    fall = (depth["log2_lr_opt"][4] - depth["log2_lr_opt"][2]) / 2  # depths 16 to 64
-    assert f"(about {fall:.2f} per doubling from 16 to 64)" in study
-    loss = {d: shapes[f"w64_d{d}"]["best"]["val_loss"] for d in (4, 8, 16, 32, 64)}
-    quoted = (
-        ", ".join(f"{loss[d]:.3f}" for d in (4, 8, 16, 32)) + f" and {loss[64]:.3f} at depths 4"
+def test_committed_report_is_regenerated_from_the_committed_runs(modules, tmp_path):
+    """results.md, results.json and tables.md are report.py's output from runs.jsonl (and
+    device_check/), never edited by hand; so is the package data transfer_lr reads."""
+    study, report = modules
+    shutil.copytree(STUDY / "device_check", tmp_path / "device_check")
+    drifts = tmp_path / "transfer_drifts.json"
+    report.report(study.DEFAULT, tmp_path, RunStore(STUDY / "runs.jsonl").results(), drifts)
+    for name in ("results.md", "results.json", "tables.md"):
+        assert (tmp_path / name).read_text() == (STUDY / name).read_text(), name
+    assert drifts.read_text() == files("simulations").joinpath("data", DRIFTS).read_text()
+    for name in [f"loss_vs_lr_{n}.png" for n in study.PARAMETRISATIONS] + ["optimum_drift.png"]:
+        assert (tmp_path / "figures" / name).stat().st_size > 0
+        assert (STUDY / "figures" / name).exists()
+
+
+CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
+"""The last commit that tracked the per-run ``result.json`` files runs.jsonl was made from
+(folders ``lr<j>_s<seed>`` with j the log2 of the lr; keys now ``lr_tag(2**j)``)."""
+
+
+def test_every_converted_run_equals_its_original_result_json():
+    try:
+        subprocess.run(["git", "cat-file", "-e", f"{CONVERTED_FROM}^{{commit}}"],
+                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the repository's history is not here (a shallow or exported copy)")
+    tracked = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", CONVERTED_FROM, "examples/transfer/runs/"],
+        capture_output=True, cwd=ROOT, check=True, text=True,
+    ).stdout.split()  # fmt: skip
+    tracked = [p for p in tracked if p.endswith("/result.json")]
+    records = dict(RunStore(STUDY / "runs.jsonl").records())
+    assert len(tracked) == len(records) == 286
+    query = "".join(f"{CONVERTED_FROM}:{p}\n" for p in tracked).encode()
+    out = subprocess.run(["git", "cat-file", "--batch"], input=query, capture_output=True,
+                         cwd=ROOT, check=True).stdout  # fmt: skip
+    at = 0
+    for path in tracked:
+        end = out.index(b"\n", at)
+        size = int(out[at:end].split()[2])
+        original = json.loads(out[end + 1 : end + 1 + size])
+        at = end + 1 + size + 1
+        name, shape, folder = path.split("/")[-4:-1]
+        j, seed = folder.removeprefix("lr").split("_s")
+        assert records[f"{name}/{shape}/{lr_tag(2.0 ** int(j))}_s{seed}"] == original, path
+
+
+def test_transfer_lr_reads_package_data_not_the_repository(monkeypatch, tmp_path):
+    """From an installed wheel (no examples/ folder) transfer_lr quotes the drifts the study
+    measured: they are package data, read through importlib.resources."""
+    import importlib
+
+    import simulations
+    import simulations.transfer as transfer
+
+    data = tmp_path / "simulations" / "data"
+    data.mkdir(parents=True)
+    shipped = files("simulations").joinpath("data", DRIFTS).read_text()
+    (data / DRIFTS).write_text(shipped)
+    # a package simulations whose files are only the package data: no repository around it
+    monkeypatch.setattr(transfer, "files", lambda package: tmp_path / package)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Path, "read_text", _refuse_examples(Path.read_text))
+    advice = transfer.transfer_lr(4e-3, 64, 8, 256, 64, "pre_ln_depth_mup")
+    measured = json.loads(shipped)["parametrisations"]["pre_ln_depth_mup"]
+    assert advice.measured["depth_drift"] == measured["depth_drift"]
+    assert f"{measured['depth_drift']['last_minus_first']:+.2f}" in advice.evidence
+    assert advice.evidence.startswith("examples/transfer, 286 runs, horizon 1000 steps")
+    assert importlib.import_module("simulations").transfer_lr is simulations.transfer_lr
+
+
+def _refuse_examples(read_text):
+    def guarded(self, *args, **kwargs):
+        if "examples" in Path(self).parts:
+            raise AssertionError(f"transfer_lr read a repository file: {self}")
+        return read_text(self, *args, **kwargs)
+
+    return guarded
+
+
+@pytest.mark.parametrize(
+    ("name", "proxy", "target"),
+    [("pre_ln_depth_mup", (64, 8), (128, 32)), ("shaped_t", (64, 8), (32, 4)),
+     ("pre_ln_completep", (32, 4), (64, 16)), ("pre_ln", (64, 8), (128, 4))],
+)  # fmt: skip
+def test_transfer_advice_trains_with_its_multipliers(name, proxy, target):
+    """advice.train_config() is the TrainConfig from which the trainer gives each parameter
+    group of advice.model the advised learning rate."""
+    from shapedtx.training.model import LanguageModel
+    from shapedtx.training.trainer import _make_optimizer
+    from shapedtx.transfer import parameter_group
+
+    advice = transfer_lr(3e-3, *proxy, *target, name, drifts={})
+    config = advice.train_config(steps=10, batch_size=2, seq_len=8)
+    assert (config.lr, config.lr_proxy_width, config.lr_proxy_depth) == (3e-3, *proxy)
+    assert (config.steps, config.batch_size) == (10, 2)
+    assert (advice.model.width, advice.model.depth) == target
+    assert advice.model.causal
+    model = LanguageModel(advice.model, max_len=8)
+    optimizer = _make_optimizer(model, config)
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen = set()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            kind = parameter_group(names[id(param)])
+            assert group["lr"] == pytest.approx(advice.lrs[kind], rel=1e-12), names[id(param)]
+            seen.add(kind)
+    assert seen >= {"hidden", "embedding"}
+    with pytest.raises(ParameterError) as err:
+        advice.train_config(lr=1e-3)
+    assert err.value.parameter == "lr"
+
+
+def test_report_writes_a_seed_cell_with_one_finished_seed(modules):
+    """A seeded cell whose other seeds diverged has no sd (nor a pooled one): results.md
+    says so instead of failing (the quick study can end that way)."""
+    study, report = modules
+    one = {"log2_lr": -3, "n": 1, "diverged": 1, "mean": 2.5, "sd": None}
+    cell = {"shapes": {"w16_d2": {"seeds": one}}, "seed_sd": None}
+    text = report._seed_bullet(study.QUICK, "shaped_t", cell, [])
+    assert "2.500 ± - (n=1) at depth 2 (2^-3)" in text and "pooled sd -" in text
+    none = {**one, "n": 0, "diverged": 2, "mean": None}
+    assert (
+        report._seed_bullet(
+            study.QUICK, "shaped_t", {**cell, "shapes": {"w16_d2": {"seeds": none}}}, []
+        )
+        == ""
     )
-    assert quoted in study
-    assert loss[32] > loss[16] and loss[64] > loss[32]  # "grows beyond depth 16"
-    assert max(loss[4], loss[8]) >= loss[16]  # "does not grow up to depth 16"
-    up = round(100 * (loss[64] / loss[16] - 1))
-    assert f"64 is {up}% above depth 16" in study
-    # the cross-check: gamma 0.05, 0.075 and 0.1 at depth 64, 1000 steps, seed 0's best lr
-    long = json.loads((STUDY.parent / "long_horizon" / "results.json").read_text())
-    d64_models = long["depths"]["64"]["models"]
-    best = [
-        min(v for v in c["lr_curve"]["val_loss"] if v is not None)
-        for c in (
-            d64_models["shaped advise"]["1000"],
-            shapes["w64_d64"],
-            d64_models["shaped g=0.1"]["1000"],
-        )
-    ]
-    assert best == sorted(best)  # "a smaller gamma^2 d / n than shaped_t's trains better"
-    assert f"reach {best[0]:.3f}, {best[1]:.3f} and {best[2]:.3f} at their best lrs" in study
-    assert width["sizes"] == [32, 64, 128, 256]
-    assert abs(width["last_minus_first"]) > 0.5  # "nor does it transfer across width"
-    optima = ", ".join(f"{v:.2f}" for v in width["log2_lr_opt"][:3])
-    assert f"{optima} and {width['log2_lr_opt'][3]:.2f} at widths 32, 64, 128" in study
-    too_large = 2 ** (width["log2_lr_opt"][1] - width["log2_lr_opt"][3])  # width 64 -> 256
-    assert f"about {too_large:.1f} times too large at width 256" in study
-    assert cell["width_drift_3pt"]["last_minus_first"] == width["last_minus_first"]
-    best_losses = [shapes[f"w{w}_d8"]["best"]["val_loss"] for w in (32, 64, 128, 256)]
-    assert best_losses == sorted(best_losses, reverse=True)  # "still falls with width"
-    falls = ", ".join(f"{v:.3f}" for v in best_losses[:3]) + f" and {best_losses[3]:.3f})"
-    assert falls in study
-    short = [f"{per_h[h]['depth_drift']['last_minus_first']:.2f}" for h in ("250", "500")]
-    assert f"by {short[0]} at 250 steps and {short[1]} at 500" in study
-
-
-def _grid_best(cell: dict) -> tuple[float, float, float]:
-    """(best log2 lr of the grid, its loss, the report's 3-point vertex): the fit with the
-    same window at every shape."""
-    curve = cell["lr_curve"]
-    losses = [math.inf if v is None else v for v in curve["val_loss"]]
-    i = losses.index(min(losses))
-    return curve["log2_lr"][i], losses[i], cell["fit_3pt"]["log2_lr"]
-
-
-def test_docs_quote_the_committed_depth_mup_transfer_results():
-    """The depth-muP numbers of the study's results.md are the committed study's, and the
-    claims hold on them (against the long-horizon study's runs too)."""
-    summary = json.loads((STUDY / "results.json").read_text())
-    cell = summary["parametrisations"]["pre_ln_depth_mup"]["1000"]
-    shaped = summary["parametrisations"]["shaped_t"]["1000"]
-    study = _flat(STUDY / "results.md")
-    depths = (4, 8, 16, 32, 64)
-    fits = {d: _grid_best(cell["shapes"][f"w64_d{d}"]) for d in depths}
-    narrow = _grid_best(cell["shapes"]["w32_d8"])
-    # "the best lr of the grid is 2^-7 at every depth from 4 to 64 and at every width"
-    assert {f[0] for f in fits.values()} == {narrow[0]} == {-7.0}
-    assert "2^-7 at every depth" in study
-    drift, three = cell["depth_drift"], cell["depth_drift_3pt"]
-    iv, iv3 = drift["last_minus_first_interval"], three["last_minus_first_interval"]
-    assert f"moves by +{drift['last_minus_first']:.2f} from depth 4 to 64 (95% bootstrap" in study
-    assert f"and the 3-point fit by +{three['last_minus_first']:.2f} ([+{iv3[0]:.2f}," in study
-    assert f"+{drift['slope_per_doubling']:.2f} per doubling" in study
-    # "just above issue 37's half-octave", "upward where shaped_t's is downward"
-    assert 0.5 < drift["last_minus_first"] < 1.0 and 0.5 < three["last_minus_first"] < 1.0
-    assert drift["last_minus_first"] < abs(shaped["depth_drift"]["last_minus_first"])
-    report_fits = [cell["shapes"][f"w64_d{d}"]["fit"]["log2_lr"] for d in depths]
-    assert round(max(report_fits[:4]) - min(report_fits[:4]), 2) == 0.19  # "within 0.19"
-    for d in depths:  # "every depth has 7 lrs (2^-11 to 2^-5)"
-        assert cell["shapes"][f"w64_d{d}"]["lr_curve"]["log2_lr"] == list(range(-11, -4)), d
-    losses = [fits[d][1] for d in depths]
-    assert losses == sorted(losses, reverse=True)  # "falls with depth"
-    quoted = ", ".join(f"{v:.3f}" for v in losses[:4]) + f" and {losses[4]:.3f} at depths 4"
-    assert quoted in study
-    width, width_3pt = cell["width_drift"], cell["width_drift_3pt"]
-    assert width["sizes"] == [32, 64, 128, 256]
-    for d in (width, width_3pt):  # "stays put": within half an octave, shaped_t far beyond
-        assert d["range"] < 0.5 and abs(d["last_minus_first"]) < 0.5
-        assert abs(d["last_minus_first"]) < abs(shaped["width_drift"]["last_minus_first"]) / 3
-    iv, iv3 = width["last_minus_first_interval"], width_3pt["last_minus_first_interval"]
-    assert f"by {width['last_minus_first']:.2f} (95% bootstrap [{iv[0]:.2f}, {iv[1]:+.2f}]" in study
-    assert f"by {width_3pt['last_minus_first']:.2f} ([{iv3[0]:.2f}, {iv3[1]:+.2f}]" in study
-    best = {w: _grid_best(cell["shapes"][f"w{w}_d8"]) for w in (32, 64, 128, 256)}
-    assert {b[0] for b in best.values()} == {-7.0}  # "2^-7 at every width"
-    falls = ", ".join(f"{best[w][1]:.3f}" for w in (32, 64, 128)) + f" and {best[256][1]:.3f})"
-    assert falls in study
-    assert cell["shapes"]["w64_d4"]["seeds"]["n"] == 3
-    # depth 16, 1000 steps: depth-muP, shaped_t and the long-horizon study's GPT-2 pre-LN
-    long = json.loads((STUDY.parent / "long_horizon" / "results.json").read_text())["depths"]
-    gpt2 = {d: min(v for v in long[d]["models"]["pre-LN (GPT-2)"]["1000"]["lr_curve"]["val_loss"]
-                   if v is not None) for d in ("16", "64")}  # fmt: skip
-    shaped16 = min(v for v in shaped["shapes"]["w64_d16"]["lr_curve"]["val_loss"] if v)
-    assert fits[16][1] < gpt2["16"] < shaped16 and fits[64][1] < gpt2["64"]
-    # the init control at depth 8: pre_ln (GPT-2 init) against pre_ln_depth_mup (1/fan_in)
-    gpt2_d8 = summary["parametrisations"]["pre_ln"]["1000"]["shapes"]["w64_d8"]["lr_curve"]
-    v = [gpt2_d8["val_loss"][gpt2_d8["log2_lr"].index(j)] for j in (-8, -7, -6)]
-    low, best, high = (f"{x:.3f}" for x in v)
-    assert v[1] < min(v[0], v[2]) and fits[8][1] < v[1]  # a closed grid; fan_in trains better
-    assert f"`pre_ln` reaches {best} at its best lr, 2^-7 ({low} at 2^-8, {high} at 2^-6;" in study
-
-
-def _summary_rows() -> list[str]:
-    """The comparison rows that open the committed tables.md (report.summary_table)."""
-    lines = (STUDY / "tables.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| parametrisation |"))
-    end = lines.index("", start)
-    return lines[start:end]
-
-
-def test_study_results_quote_the_per_shape_table(modules):
-    """The study's results.md carries tables.md's per-shape table (report.shape_table) as it is:
-    its header and every row, so its per-shape numbers are the committed report's."""
-    lines = (STUDY / "tables.md").read_text().splitlines()
-    start = lines.index(modules[1].SHAPE_HEADER)
-    rows = lines[start : lines.index("", start)]
-    assert len(rows) > 2
-    study = (STUDY / "results.md").read_text()
-    for row in rows:
-        assert row in study, row
-
-
-def test_docs_quote_the_comparison_of_the_parametrisations():
-    """The study's results.md carries the report's comparison table as it is, and the verdicts
-    around it hold on the committed results: depth-muP's optimum moves
-    least across depth and width (3-point fits); CompleteP's and GPT-2 pre-LN's fall."""
-    cells = _cells()
-    rows = _summary_rows()
-    assert len(rows) == 2 + len(cells)
-    study = (STUDY / "results.md").read_text()
-    for row in rows:
-        assert row in study, row
-    # like for like: the 3-point fits (one window at every shape)
-    deep = {
-        n: c["depth_drift_3pt"] for n, c in cells.items()
-        if c["depth_drift_3pt"] and c["depth_drift_3pt"]["sizes"][-1] == 64
-    }  # fmt: skip
-    assert set(deep) >= {"shaped_t", "pre_ln", "pre_ln_depth_mup", "pre_ln_completep"}
-    least = min(deep, key=lambda n: abs(deep[n]["last_minus_first"]))
-    assert least == "pre_ln_depth_mup"
-    wide = {n: c["width_drift_3pt"] for n, c in cells.items() if c["width_drift_3pt"]}
-    assert min(wide, key=lambda n: abs(wide[n]["last_minus_first"])) == "pre_ln_depth_mup"
-    for name in ("pre_ln_completep", "pre_ln"):
-        assert cells[name]["depth_drift_3pt"]["last_minus_first"] < -0.5  # "falls"
-    # "seeds 1 and 2 at the best lr of depths 4 and 64 for all five" (pre_ln 7 at depth 64)
-    assert all(c["shapes"][f"w64_d{d}"]["seeds"]["n"] >= 3 for c in cells.values() for d in (4, 64))
-    assert "1 and 2 at the best lr of depths 4 and 64 for all five" in _flat(STUDY / "results.md")
-
-
-def test_completep_is_depth_mup_at_the_proxy_up_to_the_machine():
-    """At the proxy (depth 8) CompleteP's runs are depth-muP's: bit for bit where both ran on
-    one machine, within float32 rounding on another, and apart next to divergence, which moves
-    the 5-point fit by the quoted amount."""
-    cells = _cells()
-    study = _flat(STUDY / "results.md")
-    proxy_cp = cells["pre_ln_completep"]["shapes"]["w64_d8"]["lr_curve"]
-    proxy_mup = cells["pre_ln_depth_mup"]["shapes"]["w64_d8"]["lr_curve"]
-    mup_at = dict(zip(proxy_mup["log2_lr"], proxy_mup["val_loss"], strict=True))
-    cp_at = dict(zip(proxy_cp["log2_lr"], proxy_cp["val_loss"], strict=True))
-    for j in (-8, -7, -6):  # run on the same machine: the same model, the same bits
-        assert cp_at[j] == mup_at[j]
-    for j in (-11, -10, -9):  # another machine: float32 rounding ("within 2.4e-7")
-        assert cp_at[j] == pytest.approx(mup_at[j], abs=2.4e-7)
-    assert "reproduce depth-muP's, to the last bit where both ran on the same machine" in study
-    assert f"rounding grows into {cp_at[-5]:.3f} against {mup_at[-5]:.3f} at 1000 steps" in study
-    fits = [
-        cells[n]["shapes"]["w64_d8"]["fit"]["log2_lr"]
-        for n in ("pre_ln_completep", "pre_ln_depth_mup")
-    ]
-    assert f"differ by {abs(fits[0] - fits[1]):.2f} for that reason ({fits[0]:.2f} and " in study
-
-
-def test_docs_quote_the_seeds_of_gpt2_pre_ln_and_completep_at_depth_64():
-    """GPT-2 pre-LN's seeds at depth 64 spread the most (7 seeds), so its 3-point depth drift
-    is not resolved;
-    CompleteP's best loss is within 0.011 of depth-muP's at every depth and ahead at depth 64
-    by about twice its seed sd."""
-    cells = _cells()
-    study = _flat(STUDY / "results.md")
-    gpt2 = cells["pre_ln"]
-    others = max(c["seed_sd"] for n, c in cells.items() if n != "pre_ln")
-    seeds = gpt2["shapes"]["w64_d64"]["seeds"]
-    assert seeds["n"] == 7 and 2.9 * others < gpt2["seed_sd"] < 3.5 * others  # "three times"
-    shallow = gpt2["shapes"]["w64_d4"]["seeds"]["sd"]
-    assert 2.5 * shallow < seeds["sd"] < 3.5 * shallow  # "three times its 0.015 at depth 4"
-    lo, hi = gpt2["depth_drift_3pt"]["last_minus_first_interval"]
-    assert lo < 0 < hi  # "the interval includes no drift"
-    losses = [
-        json.loads((STUDY / f"runs/pre_ln/w64_d64/lr-8_s{s}/result.json").read_text())["horizons"][
-            "1000"
-        ]["val_loss"]
-        for s in range(7)
-    ]
-    assert max(losses) == losses[2]  # "seed 2 ... is the outlier of the seven"
-    assert f"gave sd {np.std(losses[:3], ddof=1):.3f}; seed 2" in study
-    quoted = ", ".join(f"{v:.3f}" for v in losses[:6]) + f" and {losses[6]:.3f}"
-    assert f"{quoted} ({seeds['mean']:.3f} ± {seeds['sd']:.3f})" in study
-    assert f"bring the sd to {seeds['sd']:.3f}, still three times its {shallow:.3f}" in study
-    assert f"seed-to-seed sd ({gpt2['seed_sd']:.3f}) is three times the next largest" in study
-    assert f"(95% bootstrap [{lo:.2f}, +{hi:.2f}]), -0.20 per doubling" in study
-    cp, mup = cells["pre_ln_completep"]["shapes"], cells["pre_ln_depth_mup"]["shapes"]
-    gaps = [
-        abs(cp[f"w64_d{d}"]["best"]["val_loss"] - mup[f"w64_d{d}"]["best"]["val_loss"])
-        for d in (4, 8, 16, 32, 64)
-    ]
-    assert round(max(gaps), 3) <= 0.011  # "within 0.011 of depth-muP's at every depth"
-    a, b = cp["w64_d64"]["seeds"], mup["w64_d64"]["seeds"]
-    assert a["n"] == b["n"] == 3 and (a["log2_lr"], b["log2_lr"]) == (-8, -7)
-    quoted = f"CompleteP reaches {a['mean']:.3f} ± {a['sd']:.3f} (2^-8) and depth-muP "
-    quoted += f"{b['mean']:.3f} ± {b['sd']:.3f} (2^-7)"
-    assert quoted in study
-    assert f"ahead there by {b['mean'] - a['mean']:.3f}" in study
-    assert 1.5 * a["sd"] < b["mean"] - a["mean"] < 3 * a["sd"]  # "about twice its seed sd"
-
-
-def test_docs_quote_the_fixed_gamma_at_depth_64():
-    """The fixed gamma: every lr from 2^-9 up diverged at depth 64, 2^-11 the best and
-    bracketed, seeded there; the optimum falls from depth 4 to 64 by the quoted amount, more
-    than 2.5 times `shaped_t`'s fall."""
-    cells = _cells()
-    study = _flat(STUDY / "results.md")
-    fixed = cells["shaped"]["shapes"]
-    d64 = fixed["w64_d64"]["lr_curve"]
-    assert min(d64["log2_lr"]) == -12 and fixed["w64_d64"]["best"]["log2_lr"] == -11
-    assert not fixed["w64_d64"]["fit"]["at_edge"]
-    assert all(v is None for j, v in zip(d64["log2_lr"], d64["val_loss"], strict=True) if j >= -9)
-    best = fixed["w64_d64"]["best"]["val_loss"]
-    drift = cells["shaped"]["depth_drift"]
-    fall = -drift["last_minus_first"]
-    assert drift["sizes"] == [4, 8, 16, 32, 64]
-    assert fall > 2.5 * -cells["shaped_t"]["depth_drift"]["last_minus_first"]  # "2.6 times"
-    assert f"its best, 2^-11, reaches {best:.3f}" in study
-    assert f"falls by {fall:.2f} from depth 4 to 64" in study
-    seeds = fixed["w64_d64"]["seeds"]
-    assert f"and {seeds['mean']:.3f} ± {seeds['sd']:.3f} (3 seeds each)" in study
-    assert f"about {2**fall:.0f} times too large at depth 64" in study
-    iv = drift["last_minus_first_interval"]
-    slope = drift["slope_per_doubling"]
-    assert f"falls by {fall:.2f} ([{iv[0]:.2f}, {iv[1]:.2f}]), {slope:.2f} per" in study
-
-
-def test_results_quote_the_cpu_rerun_of_gpu_runs(modules):
-    """results.md's CPU-vs-GPU numbers are the committed runs': the same initial weights (the
-    step-0 loss to the last bit), different batches, a gap that grows next to divergence; and
-    the 5-point fit at pre_ln's depth 16 moves by the quoted amount, the 3-point one not."""
-    _, report = modules
-    study = _flat(STUDY / "results.md")
-    cpu, gpu = {}, {}
-    for j in (-10, -6):
-        cpu[j] = json.loads(
-            (STUDY / "device_check" / f"pre_ln_w64_d16_lr{j}_s0_cpu.json").read_text()
-        )
-        gpu[j] = json.loads(
-            (STUDY / "runs" / "pre_ln" / "w64_d16" / f"lr{j}_s0" / "result.json").read_text()
-        )
-        assert (cpu[j]["device"], gpu[j]["device"]) == ("cpu", "cuda")
-        for key in ("model_config", "train_config", "corpus_fingerprint", "log2_lr", "seed"):
-            assert cpu[j][key] == gpu[j][key], key
-        h_cpu, h_gpu = cpu[j]["horizons"]["1000"], gpu[j]["horizons"]["1000"]
-        assert h_cpu["init_val_loss"] == h_gpu["init_val_loss"]
-        assert h_cpu["val_loss"] != h_gpu["val_loss"]
-    loss = {j: (cpu[j]["horizons"]["1000"]["val_loss"], gpu[j]["horizons"]["1000"]["val_loss"])
-            for j in (-10, -6)}  # fmt: skip
-    gap = {j: abs(a - b) for j, (a, b) in loss.items()}
-    assert gap[-6] > 10 * gap[-10]  # "far more next to divergence"
-    assert f"they reach {loss[-10][0]:.3f} (CPU) and {loss[-10][1]:.3f} (GPU)" in study
-    assert f"a gap of {gap[-10]:.3f}" in study
-    assert f"{loss[-6][0]:.3f} and {loss[-6][1]:.3f}: a gap of {gap[-6]:.3f}" in study
-    curve = json.loads((STUDY / "results.json").read_text())["parametrisations"]["pre_ln"]
-    curve = curve["1000"]["shapes"]["w64_d16"]["lr_curve"]
-    x = curve["log2_lr"]
-    y = [math.inf if v is None else v for v in curve["val_loss"]]
-    swapped = list(y)
-    for j in (-10, -6):
-        assert y[x.index(j)] == loss[j][1]
-        swapped[x.index(j)] = loss[j][0]
-    five = (report.fit_optimum(x, y, 2)["log2_lr"], report.fit_optimum(x, swapped, 2)["log2_lr"])
-    three = (report.fit_optimum(x, y, 1)["log2_lr"], report.fit_optimum(x, swapped, 1)["log2_lr"])
-    assert f"5-point fit moves from {five[0]:.2f} to {five[1]:.2f}" in study
-    assert three[0] == three[1] and f"3-point fit ({three[0]:.2f}) not at all" in study
-
-
-def test_results_quote_the_gpu_reruns_with_the_cpu_batches():
-    """The GPU reruns drew the CPU's batches (the same initial loss, a loss within 1e-4 two lrs
-    below the optimum, rounding grown large next to divergence), and results.md's table quotes
-    the committed runs."""
-    study = _flat(STUDY / "results.md")
-    checks = STUDY / "device_check"
-    for depth in (16, 8):
-        for j in (-10, -6):
-            gpu = json.loads((checks / f"pre_ln_w64_d{depth}_lr{j}_s0_cuda.json").read_text())
-            study_run = STUDY / "runs" / "pre_ln" / f"w64_d{depth}" / f"lr{j}_s0" / "result.json"
-            rerun = checks / f"pre_ln_w64_d{depth}_lr{j}_s0_cpu.json"
-            cpu_path = rerun if depth == 16 else study_run
-            cpu = json.loads(cpu_path.read_text())
-            assert (cpu["device"], gpu["device"], gpu["batch_generator"]) == ("cpu", "cuda", "cpu")
-            for key in ("model_config", "train_config", "corpus_fingerprint", "log2_lr", "seed"):
-                assert cpu[key] == gpu[key], key
-            h_cpu, h_gpu = cpu["horizons"]["1000"], gpu["horizons"]["1000"]
-            assert h_cpu["init_val_loss"] == h_gpu["init_val_loss"]
-            gap = abs(h_cpu["val_loss"] - h_gpu["val_loss"])
-            assert gap < 1e-4 if j == -10 else gap > 0.1, (depth, j, gap)
-            row = f"| depth {depth}, 2^{j} | {h_cpu['val_loss']:.4f} |"
-            assert row in study, row
-            tail = f" ({gap:.1e} apart) |" if j == -10 else " |"
-            assert f"| {h_gpu['val_loss']:.4f}{tail}" in study, (depth, j)
-
-
-def test_results_quote_the_five_point_depth_fits_of_pre_ln_and_completep():
-    """With 7 lrs at every depth the report's fits are 5-point ones: results.md quotes their
-    optima and drifts (pre_ln's resolved, its 3-point one not), as results.json has them."""
-    summary = json.loads((STUDY / "results.json").read_text())
-    study = _flat(STUDY / "results.md")
-    cells = {n: summary["parametrisations"][n]["1000"] for n in ("pre_ln", "pre_ln_completep")}
-    for name, cell in cells.items():
-        for d in (4, 8, 16, 32, 64):
-            assert len(cell["shapes"][f"w64_d{d}"]["lr_curve"]["log2_lr"]) == 7, (name, d)
-        drift = cell["depth_drift"]
-        lo, hi = drift["last_minus_first_interval"]
-        quoted = f"{drift['last_minus_first']:.2f} ([{lo:.2f}, {hi:.2f}]; "
-        quoted += f"{drift['slope_per_doubling']:.2f} per doubling)"
-        if name == "pre_ln":
-            quoted = quoted.replace(" ([", " (95% bootstrap [")
-            assert hi < 0 < cell["depth_drift_3pt"]["last_minus_first_interval"][1]
-        assert quoted in study, quoted
-    shapes = cells["pre_ln_completep"]["shapes"]
-    fits = [shapes[f"w64_d{d}"]["fit"]["log2_lr"] for d in (4, 8, 16, 32, 64)]
-    below = [
-        shapes[f"w64_d{d}"]["fit_3pt"]["log2_lr"] - f
-        for d, f in zip((4, 8, 16, 32, 64), fits, strict=True)
-    ]
-    quoted = ", ".join(f"{v:.2f}" for v in fits[:4]) + f" and {fits[4]:.2f}, "
-    assert quoted + f"{min(below):.2f} to {max(below):.2f} below the 3-point" in study
-    pre_ln_64 = cells["pre_ln"]["shapes"]["w64_d64"]["fit"]["log2_lr"]
-    assert f"fit is a 5-point one too, {pre_ln_64:.2f}" in study

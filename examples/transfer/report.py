@@ -21,6 +21,8 @@ window where the curve is asymmetric: every optimum and drift is therefore also 
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import zlib
 from collections import Counter
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import Setup
+from study import SAME_AT_PROXY_DEPTH, Setup
 
 from shapedtx.files import atomic_path, write_json
 from simulations.training_runs import horizon_loss, one_corpus
@@ -94,13 +96,13 @@ def bootstrap(
         return None
     xs = np.array([v for v, w in zip(x, y, strict=True) if math.isfinite(w)])[fit["points"]]
     mean = np.polyval(fit["coefficients"], xs)
-    out = np.empty(BOOTSTRAP)
-    for b in range(BOOTSTRAP):
-        noisy = mean + rng.normal(0.0, sd, size=len(xs))
-        a2, b2, _ = np.polyfit(xs, noisy, 2)
-        lowest = float(xs[int(np.argmin(noisy))])
-        out[b] = float(np.clip(-b2 / (2 * a2), xs[0], xs[-1])) if a2 > 0 else lowest
-    return out
+    noisy = mean + rng.normal(0.0, sd, size=(BOOTSTRAP, len(xs)))
+    # every resample's least-squares quadratic at once (the fit of np.polyfit, one solve)
+    a2, b2, _ = np.linalg.lstsq(np.vander(xs, 3), noisy.T, rcond=None)[0]
+    lowest = xs[np.argmin(noisy, axis=1)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vertex = np.clip(-b2 / (2 * a2), xs[0], xs[-1])
+    return np.where(a2 > 0, vertex, lowest)
 
 
 def _rng(name: str, width: int, depth: int, horizon: int, half_width: int) -> np.random.Generator:
@@ -533,10 +535,772 @@ def figures(setup: Setup, summary: dict[str, Any], folder: Path) -> None:
     plt.close(fig)
 
 
-def report(setup: Setup, out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = summarise(setup, results)
+HERE = Path(__file__).parent
+DRIFTS = HERE.parents[1] / "simulations" / "data" / "transfer_drifts.json"
+"""The measured drifts as package data (``simulations.transfer_lr`` reads them)."""
+DEVICE_CHECK = "device_check"
+"""The folder (in the study's) of the GPU reruns of CPU runs and CPU reruns of GPU runs."""
+TARGET = 0.5
+"""The transfer target for ``shaped_t`` (README.md): the optimum moves by at most this much in
+log2(lr) across depth."""
+LONG_HORIZON = HERE.parent / "long_horizon" / "runs.jsonl"
+"""The long-horizon study's runs (the cross-checks at depths 16 and 64)."""
+
+DESCRIPTION = {
+    "shaped_t": "The SDE's gamma rule: the shaped Transformer with `gamma^2 d / n` held fixed, "
+    "muP's per-group rule across width, nothing in depth",
+    "shaped": "A fixed gamma: the shaped Transformer with gamma fixed at every depth and width, "
+    "muP's per-group rule across width (the control for `shaped_t`'s gamma rule)",
+    "pre_ln": "GPT-2's block in standard parametrisation: GPT-2's init (`N(0, 0.02^2)`, output "
+    "projections `0.02/sqrt(2d)`), one lr for every parameter, no branch multiplier",
+    "pre_ln_depth_mup": "Depth-muP: pre-LN with a `1/sqrt(d)` branch multiplier, `1/fan_in` "
+    "init and Tensor Programs VI's Adam rule",
+    "pre_ln_completep": "CompleteP: pre-LN with a `1/d` branch multiplier, `1/fan_in` init and "
+    "its Adam rule (hidden matrices at `lr * n0 / n`, constant in depth)",
+}
+"""Each parametrisation in words (docs/guide/transfer.md has the rules)."""
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _nums(values: list[float], spec: str = ".3f") -> str:
+    return _and([format(v, spec) for v in values])
+
+
+def _iv(iv: list[float] | None, label: str = "95% bootstrap ") -> str:
+    return "" if iv is None else f" ({label}[{iv[0]:+.2f}, {iv[1]:+.2f}])"
+
+
+def _resolved(d: dict[str, Any]) -> str:
+    """Whether a drift's interval excludes no drift."""
+    iv = d["last_minus_first_interval"]
+    if iv is None:
+        return "no interval: an end's optimum is not a fit"
+    return "resolved: its interval excludes 0" if iv[0] > 0 or iv[1] < 0 else "not resolved"
+
+
+def _trend(values: list[float], sizes: list[int], axis: str) -> str:
+    """How a loss moves along an axis: falls, grows, or is lowest inside it."""
+    if all(b < a for a, b in itertools.pairwise(values)):
+        return f"falls with {axis}"
+    if all(b > a for a, b in itertools.pairwise(values)):
+        return f"grows with {axis}"
+    i = int(np.argmin(values))
+    return (
+        f"is lowest at {axis} {sizes[i]} and {100 * (values[-1] / values[i] - 1):.0f}% above "
+        f"that at {axis} {sizes[-1]}"
+    )
+
+
+def _axis(setup: Setup, axis: str, size: int) -> tuple[int, int]:
+    return (setup.width, size) if axis == "depth" else (size, setup.depth)
+
+
+def _shape(cell: dict[str, Any], setup: Setup, axis: str, size: int) -> dict[str, Any]:
+    width, depth = _axis(setup, axis, size)
+    return cell["shapes"][f"w{width}_d{depth}"]
+
+
+def _pick(results: list[dict[str, Any]], name: str, width: int, depth: int) -> list[dict]:
+    return [
+        r for r in results if (r["parametrisation"], r["width"], r["depth"]) == (name, width, depth)
+    ]
+
+
+def _gamma_load(run: dict[str, Any]) -> float:
+    """``gamma^2 d / n`` of a run's model."""
+    c = run["model_config"]
+    return float(c["config.gamma"] ** 2 * c["config.depth"] / c["config.width"])
+
+
+def _axis_bullets(setup: Setup, name: str, cell: dict[str, Any], axis: str) -> list[str]:
+    """The optimum and the best loss of one parametrisation along one axis."""
+    d, d3 = cell[f"{axis}_drift"], cell[f"{axis}_drift_3pt"]
+    if d is None:
+        return []
+    sizes = d["sizes"]
+    shapes = [_shape(cell, setup, axis, s) for s in sizes]
+    grid = [c["best"]["log2_lr"] for c in shapes]
+    best = "the best lr of the grid is " + (
+        f"2^{grid[0]:.0f} at every {axis}"
+        if len(set(grid)) == 1
+        else _and([f"2^{j:.0f}" for j in grid]) + f" at {axis}s {_and([str(s) for s in sizes])}"
+    )
+    fixed = f"width {setup.width}" if axis == "depth" else f"depth {setup.depth}"
+    fits = [c["fit"]["log2_lr"] for c in shapes]
+    fits3 = [c["fit_3pt"]["log2_lr"] for c in shapes]
+    marks = "".join(_EDGE_MARK[e] for e in d["edges"])
+    moves = (
+        f"**Across {axis} ({fixed}) the optimum moves by {d['last_minus_first']:+.2f}{marks} "
+        f"from {axis} {sizes[0]} to {sizes[-1]}**{_iv(d['last_minus_first_interval'])}, "
+        f"{d['slope_per_doubling']:+.2f} per doubling ({_resolved(d)}); the report's fits are "
+        f"{_nums(fits, '.2f')} at {axis}s {_and([str(s) for s in sizes])}; {best}. The 3-point "
+        f"fits ({_nums(fits3, '.2f')}) move by {d3['last_minus_first']:+.2f}"
+        f"{_iv(d3['last_minus_first_interval'], '')}, {d3['slope_per_doubling']:+.2f} per "
+        f"doubling ({_resolved(d3)})."
+    )
+    edges = [s for s, c in zip(sizes, shapes, strict=True) if c["fit"]["edge"]]
+    if edges:
+        moves += (
+            f" At {axis} {_and([str(s) for s in edges])} the lowest point is "
+            + _and(
+                [
+                    f"{'at a grid edge' if c['fit']['edge'] == 'grid' else 'next to a diverged lr'}"
+                    for c in shapes
+                    if c["fit"]["edge"]
+                ]
+            )
+            + " (marked; the drift there is a bound)."
+        )
+    losses = [c["best"]["val_loss"] for c in shapes]
+    loss = (
+        f"The best loss {_trend(losses, sizes, axis)} ({_nums(losses)} at {axis}s "
+        f"{_and([str(s) for s in sizes])}; the grid's lowest, seed 0)."
+    )
+    return [moves, loss]
+
+
+def _seed_bullet(setup: Setup, name: str, cell: dict[str, Any], results: list[dict]) -> str:
+    parts = []
+    for depth in setup.seed_depths:
+        c = cell["shapes"].get(f"w{setup.width}_d{depth}")
+        seeds = c and c["seeds"]
+        if not seeds or seeds["mean"] is None:
+            continue
+        part = (
+            f"{seeds['mean']:.3f} ± {_fmt(seeds['sd'], '.3f')} (n={seeds['n']}) at depth {depth} "
+            f"(2^{seeds['log2_lr']})"
+        )
+        if seeds["n"] > len(setup.seeds):
+            runs = sorted(
+                (
+                    r
+                    for r in _pick(results, name, setup.width, depth)
+                    if r["log2_lr"] == seeds["log2_lr"]
+                ),
+                key=lambda r: r["seed"],
+            )
+            v = [horizon_loss(r, max(setup.horizons)) for r in runs]
+            first = float(np.std(v[: len(setup.seeds)], ddof=1))
+            part += (
+                f": seeds {runs[0]['seed']} to {runs[-1]['seed']} reach {_nums(v)}; the plan's "
+                f"{len(setup.seeds)} gave sd {first:.3f}, seed {runs[int(np.argmax(v))]['seed']} "
+                "the highest"
+            )
+        parts.append(part)
+    if not parts:
+        return ""
+    return f"Seeds at the best lr of the seeded depths: {'; '.join(parts)}; pooled sd " + (
+        f"{_fmt(cell['seed_sd'], '.3f')}, the sd behind the intervals."
+    )
+
+
+def _divergence_bullet(setup: Setup, name: str, results: list[dict]) -> str:
+    """The largest lr that trains and the lrs that diverge at each depth (seed 0)."""
+    h = str(max(setup.horizons))
+    rows = []
+    for depth in setup.depths:
+        runs = [r for r in _pick(results, name, setup.width, depth) if r["seed"] == 0]
+        bad = sorted((r for r in runs if r["horizons"][h]["diverged"]), key=lambda r: r["log2_lr"])
+        ok = [r["log2_lr"] for r in runs if not r["horizons"][h]["diverged"]]
+        if not bad:
+            continue
+        js = [r["log2_lr"] for r in bad]
+        steps = [r["horizons"][h]["diverged_step"] or 0 for r in bad]
+        lrs = f"2^{js[0]}" if len(js) == 1 else f"2^{js[0]} to 2^{js[-1]}"
+        top = f"2^{max(ok)} trains, " if ok else "every lr diverged: "
+        rows.append(f"depth {depth}: {top}{lrs} diverge (by step {max(steps)})")
+    if not rows:
+        return "No lr diverged at any depth."
+    return "The largest stable lr: " + "; ".join(rows) + "."
+
+
+def _horizon_bullet(setup: Setup, per_h: dict[str, Any]) -> str:
+    drifts = [(h, per_h[str(h)]["depth_drift"]) for h in setup.horizons]
+    drifts = [(h, d) for h, d in drifts if d is not None]
+    if len(drifts) < 2:
+        return ""
+    text = _and(
+        [
+            f"{d['last_minus_first']:+.2f}{''.join(_EDGE_MARK[e] for e in d['edges'])} at {h} steps"
+            for h, d in drifts
+        ]
+    )
+    more = abs(drifts[0][1]["last_minus_first"]) > abs(drifts[-1][1]["last_minus_first"])
+    tail = " (a rule read off short runs would over-correct for depth)" if more else ""
+    return f"The depth drift at each horizon (report's fits): {text}{tail}."
+
+
+def _long_horizon(depth: int, horizon: int) -> dict[str, tuple[float, float, float | None]]:
+    """The long-horizon study's models at ``depth``: seed 0's best loss at ``horizon``, its lr
+    and the model's ``gamma^2 d / n`` (None: not a shaped model); empty without that study."""
+    from simulations.studies import RunStore
+
+    out: dict[str, tuple[float, float, float | None]] = {}
+    for r in RunStore(LONG_HORIZON).results():
+        if r["depth"] != depth or r["seed"] != 0 or r.get("schedule", "wsd") != "wsd":
+            continue
+        v = horizon_loss(r, horizon)
+        shaped = r["model_config"]["config.attention"] == "shaped"
+        if math.isfinite(v) and v < out.get(r["model_name"], (math.inf,))[0]:
+            out[r["model_name"]] = (v, r["lr"], _gamma_load(r) if shaped else None)
+    return out
+
+
+def _comparison(setup: Setup, summary: dict[str, Any]) -> list[str]:
+    """The verdicts under the comparison table: which parametrisation's optimum moves least
+    on each axis (3-point fits), and how the others move."""
+    h = str(max(setup.horizons))
+    cells = {n: p[h] for n, p in summary["parametrisations"].items()}
+    out = []
+    least = {}
+    for axis in ("depth", "width"):
+        drifts = {n: c[f"{axis}_drift_3pt"] for n, c in cells.items() if c[f"{axis}_drift_3pt"]}
+        if drifts:
+            least[axis] = min(drifts, key=lambda n: abs(drifts[n]["last_minus_first"]))
+    if least and len(set(least.values())) == 1:
+        name = next(iter(least.values()))
+        axes = [
+            f"across {a} {cells[name][f'{a}_drift_3pt']['last_minus_first']:+.2f}" for a in least
+        ]
+        out.append(
+            f"**`{name}` transfers best of the {len(cells)}**: in 3-point fits (one window at "
+            f"every shape) its optimum moves least on both axes ({_and(axes)})."
+        )
+    else:
+        out += [
+            f"**Across {a}, `{n}`'s optimum moves least** (3-point fits)." for a, n in least.items()
+        ]
+    for axis in ("depth", "width"):
+        drifts = {n: c[f"{axis}_drift_3pt"] for n, c in cells.items() if c[f"{axis}_drift_3pt"]}
+        if len(drifts) > 1:
+            most = max(drifts, key=lambda n: abs(drifts[n]["last_minus_first"]))
+            out.append(
+                f"**Across {axis}, `{most}`'s optimum moves most** "
+                f"({drifts[most]['last_minus_first']:+.2f}, 3-point fits)."
+            )
+    for name, c in cells.items():
+        parts = []
+        for axis in ("depth", "width"):
+            d = c[f"{axis}_drift_3pt"]
+            if d is None:
+                continue
+            word = "falls" if d["last_minus_first"] < 0 else "rises"
+            parts.append(
+                f"{word} by {abs(d['last_minus_first']):.2f} across {axis} ({d['sizes'][0]}->"
+                f"{d['sizes'][-1]}, {_resolved(d)})"
+            )
+        if parts:
+            out.append(f"`{name}`: its optimum {'; '.join(parts)}.")
+    seed_sd = {n: c["seed_sd"] for n, c in cells.items() if c["seed_sd"] is not None}
+    if len(seed_sd) > 1:
+        top = sorted(seed_sd, key=seed_sd.get, reverse=True)
+        out.append(
+            f"The seed-to-seed sd (pooled) is largest for `{top[0]}`, {seed_sd[top[0]]:.3f}, "
+            f"{seed_sd[top[0]] / seed_sd[top[1]]:.1f} times the next (`{top[1]}`, "
+            f"{seed_sd[top[1]]:.3f}): its intervals are the widest."
+        )
+    return [f"- {line}" for line in out]
+
+
+def _same_at_proxy(setup: Setup, summary: dict, results: list[dict]) -> list[str]:
+    """A parametrisation whose runs at the proxy's depth are another's: how close they are."""
+    h = max(setup.horizons)
+    out = []
+    for name, same in SAME_AT_PROXY_DEPTH.items():
+        mine = {(r["log2_lr"], r["seed"]): r for r in _pick(results, name, *setup.proxy)}
+        theirs = {(r["log2_lr"], r["seed"]): r for r in _pick(results, same, *setup.proxy)}
+        both = sorted(set(mine) & set(theirs))
+        if not both:
+            continue
+        gaps = {}
+        for key in both:
+            a = [horizon_loss(mine[key], t) for t in setup.horizons]
+            b = [horizon_loss(theirs[key], t) for t in setup.horizons]
+            gaps[key] = max(
+                abs(x - y) if math.isfinite(x - y) else math.inf for x, y in zip(a, b, strict=True)
+            )
+        equal = [k[0] for k in both if gaps[k] == 0]
+        near = [k for k in both if 0 < gaps[k] < 1e-5]
+        far = [k for k in both if gaps[k] >= 1e-5]
+        parts = []
+        if equal:
+            parts.append(f"to the last bit at {_and([f'2^{j}' for j in equal])}")
+        if near:
+            parts.append(
+                f"within {max(gaps[k] for k in near):.1e} at {_and([f'2^{k[0]}' for k in near])}"
+            )
+        for key in far:
+            parts.append(
+                f"apart at 2^{key[0]}: {horizon_loss(mine[key], h):.3f} against "
+                f"{horizon_loss(theirs[key], h):.3f} at {h} steps"
+            )
+        c = summary["parametrisations"]
+        shape = f"w{setup.proxy[0]}_d{setup.proxy[1]}"
+        fits = [c[n][str(h)]["shapes"][shape]["fit"]["log2_lr"] for n in (name, same)]
+        fits3 = [c[n][str(h)]["shapes"][shape]["fit_3pt"]["log2_lr"] for n in (name, same)]
+        out.append(
+            f"**At the proxy (width {setup.proxy[0]}, depth {setup.proxy[1]}) `{name}`'s runs "
+            f"reproduce `{same}`'s** (the branch multiplier and every lr factor are 1 for both: "
+            f"the same model), at every horizon {'; '.join(parts)}. Runs on two machines differ "
+            "by rounding, which grows large next to divergence. The report's fits there are "
+            f"{fits[0]:.2f} and {fits[1]:.2f}, the 3-point fits {fits3[0]:.2f} and "
+            f"{fits3[1]:.2f}. The study does not plan `{name}`'s width axis (`{same}`'s)."
+        )
+    return out
+
+
+def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -> list[str]:
+    """The same configuration on the CPU and on a GPU (``device_check/``): below the optimum
+    the same run up to rounding when the GPU draws the CPU's batches, far apart next to
+    divergence whatever the batches."""
+    folder = out / DEVICE_CHECK
+    checks = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    if not checks:
+        return []
+    h = str(max(setup.horizons))
+    study = {
+        (r["parametrisation"], r["width"], r["depth"], r["log2_lr"], r["seed"]): r for r in results
+    }
+    keys = sorted(
+        {(c["parametrisation"], c["width"], c["depth"], c["log2_lr"], c["seed"]) for c in checks},
+        key=lambda k: (-k[2], k[3]),
+    )
+    rows = [
+        "| run, seed 0 | CPU | GPU, own order | GPU, CPU's batches |",
+        "|---|---|---|---|",
+    ]
+    own, same = [], []
+    for key in keys:
+        runs = [
+            c
+            for c in checks
+            if (c["parametrisation"], c["width"], c["depth"], c["log2_lr"], c["seed"]) == key
+        ]
+        if key in study:
+            runs.append(study[key])
+        loss = {_device(r): r["horizons"][h]["val_loss"] for r in runs}
+        cpu = loss.get("cpu")
+        if cpu is None:
+            continue
+        cells = []
+        for kind, where in (("cuda (own order)", own), ("cuda", same)):
+            v = loss.get(kind)
+            if v is None:
+                cells.append("-")
+                continue
+            where.append((key, abs(v - cpu)))
+            cells.append(f"{v:.4f} ({abs(v - cpu):.1e} apart)")
+        name, width, depth, j, _ = key
+        rows.append(f"| `{name}` w{width} d{depth}, 2^{j} | {cpu:.4f} | {' | '.join(cells)} |")
+    text = [
+        "A GPU run that draws its batches on the GPU (`cuda (own order)` in the tables) "
+        "follows another data order than the CPU run of one configuration, from the same "
+        "weights; from the trainer's CPU batch generator on (`batch_generator: cpu` in "
+        "`result.json`) it draws the CPU's batches. The same configurations on both "
+        f"(`{DEVICE_CHECK}/` and the study's runs), validation loss at {h} steps:",
+        "",
+        *rows,
+        "",
+    ]
+    best = {}
+    for (name, width, depth, *_), _gap in same + own:
+        c = summary["parametrisations"][name][h]["shapes"][f"w{width}_d{depth}"]
+        best[name, width, depth] = c["best"]["log2_lr"]
+    near = [g for k, g in same if abs(k[3] - best[k[:3]]) <= 2 and k[3] < best[k[:3]]]
+    edge = [g for k, g in same + own if k[3] > best[k[:3]]]
+    if near and edge:
+        text.append(
+            f"- **Below the optimum a GPU run with the CPU's batches is the CPU run up to "
+            f"rounding** ({max(near):.1e} or less at {h} steps); **above it, next to "
+            f"divergence, the two are {min(edge):.2f} to {max(edge):.2f} apart**, with the CPU's "
+            "batches or without: a loss at the edge of stability carries a device-to-device "
+            "spread whatever the batches, as it carries a machine-to-machine one. The 3-point "
+            "fits, which stay at the optimum and its neighbours, are the ones to compare "
+            "across devices."
+        )
+    swapped = _swap_fits(setup, summary, checks, results)
+    if swapped:
+        text.append(swapped)
+    return text
+
+
+def _swap_fits(setup: Setup, summary: dict, checks: list[dict], results: list[dict]) -> str:
+    """How a shape's fits move when its GPU runs (own order) are replaced by their CPU
+    reruns."""
+    h = max(setup.horizons)
+    parts = []
+    for shape in sorted({(c["parametrisation"], c["width"], c["depth"]) for c in checks}):
+        cpu = {
+            c["log2_lr"]: c
+            for c in checks
+            if _device(c) == "cpu" and (c["parametrisation"], c["width"], c["depth"]) == shape
+        }
+        runs = {r["log2_lr"]: r for r in _pick(results, *shape) if r["seed"] == 0}
+        swap = [j for j in cpu if j in runs and _device(runs[j]) == "cuda (own order)"]
+        if not swap:
+            continue
+        x = sorted(runs)
+        y = [horizon_loss(runs[j], h) for j in x]
+        z = [horizon_loss(cpu[j], h) if j in swap else horizon_loss(runs[j], h) for j in x]
+        five = [fit_optimum([float(j) for j in x], v, 2)["log2_lr"] for v in (y, z)]
+        three = [fit_optimum([float(j) for j in x], v, 1)["log2_lr"] for v in (y, z)]
+        moved = "not at all" if three[0] == three[1] else f"to {three[1]:.2f}"
+        parts.append(
+            f"`{shape[0]}` w{shape[1]} d{shape[2]}: with the CPU's losses at "
+            f"{_and([f'2^{j}' for j in sorted(swap)])} in place of the GPU's (own order), its "
+            f"5-point fit moves from {five[0]:.2f} to {five[1]:.2f} and its 3-point fit "
+            f"({three[0]:.2f}) {moved}"
+        )
+    return "- " + "; ".join(parts) + "." if parts else ""
+
+
+def _specific(setup: Setup, name: str, summary: dict, results: list[dict]) -> list[str]:
+    """The findings of one parametrisation against the others."""
+    h = max(setup.horizons)
+    per = {n: p[str(h)] for n, p in summary["parametrisations"].items()}
+    cell = per[name]
+    out = []
+    runs = [r for r in results if r["parametrisation"] == name]
+    loads = {r["depth"]: _gamma_load(r) for r in runs if r["width"] == setup.width}
+    if name.startswith("shaped") and loads:
+        same = len({round(v, 12) for v in loads.values()}) == 1
+        at = [f"{loads[d]:.4g} at depth {d}" for d in sorted(loads)]
+        text = f"{next(iter(loads.values())):.4g} at every depth" if same else _and(at)
+        out.append(f"`gamma^2 d / n` at width {setup.width}: {text}.")
+    d = cell["depth_drift"]
+    if name in ("shaped", "shaped_t") and d and d["last_minus_first"] < 0:
+        fall = -d["last_minus_first"]
+        out.append(
+            f"A base lr tuned at depth {d['sizes'][0]} is about {2**fall:.0f} times too large "
+            f"at depth {d['sizes'][-1]} (2^{fall:.2f})."
+        )
+        sizes, opt = d["sizes"], d["log2_lr_opt"]
+        if name == "shaped_t" and 16 in sizes and sizes[-1] > 16:
+            i = sizes.index(16)
+            before = max(opt[: i + 1]) - min(opt[: i + 1])
+            after = (opt[-1] - opt[i]) / math.log2(sizes[-1] / 16)
+            out.append(
+                f"Up to depth 16 the optimum stays within {before:.2f}; from 16 to "
+                f"{sizes[-1]} it falls by about {abs(after):.2f} per doubling."
+            )
+        if name == "shaped_t":
+            losses = [_shape(cell, setup, "depth", x)["best"]["val_loss"] for x in sizes]
+            moved = abs(d["last_minus_first"]) <= TARGET
+            worse = losses[-1] > min(losses)
+            out.append(
+                f"**Against the target** (README.md: the optimum moves by at most {TARGET} in "
+                f"log2 from depth {sizes[0]} to {sizes[-1]}, and the loss at the optimum does "
+                f"not get worse with depth): the drift is {d['last_minus_first']:+.2f} "
+                f"({'met' if moved else 'missed'}), and the best loss at depth {sizes[-1]} is "
+                f"{'above' if worse else 'not above'} the lowest of the shallower depths "
+                f"({'missed' if worse else 'met'})."
+            )
+    other = per.get("shaped_t")
+    if name == "shaped" and d and other and other["depth_drift"]:
+        ratio = d["last_minus_first"] / other["depth_drift"]["last_minus_first"]
+        out.append(f"Its depth drift is {ratio:.1f} times `shaped_t`'s over the same depths.")
+    if name == "shaped" and other and cell["width_drift"] and other["width_drift"]:
+        moved = {}
+        for n, c in (("shaped", cell), ("shaped_t", other)):
+            sizes, opt = c["width_drift"]["sizes"], c["width_drift"]["log2_lr_opt"]
+            if setup.proxy[0] in sizes:
+                moved[n] = (opt[-1] - opt[sizes.index(setup.proxy[0])], sizes[-1])
+        gammas = {
+            r["width"]: r["model_config"]["config.gamma"]
+            for r in results
+            if r["parametrisation"] == "shaped_t" and r["depth"] == setup.depth
+        }
+        if len(moved) == 2 and setup.proxy[0] in gammas:
+            top = moved["shaped"][1]
+            out.append(
+                f"From width {setup.proxy[0]} to {top} its optimum moves by "
+                f"{moved['shaped'][0]:+.2f} (muP's width rule alone), `shaped_t`'s by "
+                f"{moved['shaped_t'][0]:+.2f}: `shaped_t`'s rule holds `gamma^2 d / n` fixed, "
+                f"so its gamma grows as `sqrt(n)` along this axis ({gammas[setup.proxy[0]]:.2f} "
+                f"at width {setup.proxy[0]}, {gammas.get(top, math.nan):.2f} at {top})."
+            )
+    w = cell["width_drift"]
+    if w and w["last_minus_first"] < 0:
+        i = w["sizes"].index(setup.proxy[0]) if setup.proxy[0] in w["sizes"] else None
+        if i is not None and i < len(w["sizes"]) - 1:
+            too = 2 ** (w["log2_lr_opt"][i] - w["log2_lr_opt"][-1])
+            out.append(
+                f"A base lr tuned at width {setup.proxy[0]} is about {too:.1f} times too large "
+                f"at width {w['sizes'][-1]}."
+            )
+    mup = per.get("pre_ln_depth_mup")
+    if name in ("pre_ln", "pre_ln_completep") and mup:
+        gaps = []
+        for depth in setup.depths:
+            key = f"w{setup.width}_d{depth}"
+            if key in cell["shapes"] and key in mup["shapes"]:
+                gaps.append(
+                    (
+                        depth,
+                        cell["shapes"][key]["best"]["val_loss"]
+                        - mup["shapes"][key]["best"]["val_loss"],
+                    )
+                )
+        if gaps and name == "pre_ln":
+            out.append(
+                "Its best loss against depth-muP's (`1/fan_in` init): "
+                + _and([f"{g:+.3f} at depth {dd}" for dd, g in gaps])
+                + f"; at the proxy's depth {setup.proxy[1]} the two differ only in the init."
+            )
+        elif gaps:
+            out.append(
+                f"Its best loss is within {max(abs(g) for _, g in gaps):.3f} of depth-muP's at "
+                "every depth."
+            )
+        deep = f"w{setup.width}_d{max(setup.depths)}"
+        a, b = cell["shapes"].get(deep, {}).get("seeds"), mup["shapes"].get(deep, {}).get("seeds")
+        if name == "pre_ln_completep" and a and b and a["sd"] and b["sd"]:
+            lead = b["mean"] - a["mean"]
+            out.append(
+                f"At depth {max(setup.depths)}, with seeds at each one's best lr, CompleteP "
+                f"reaches {a['mean']:.3f} ± {a['sd']:.3f} (2^{a['log2_lr']}) and depth-muP "
+                f"{b['mean']:.3f} ± {b['sd']:.3f} (2^{b['log2_lr']}): "
+                + (
+                    f"CompleteP is ahead by {lead:.3f}, {lead / a['sd']:.1f} times its seed sd."
+                    if lead > 0
+                    else f"depth-muP is ahead by {-lead:.3f}."
+                )
+            )
+    if name == "pre_ln" and mup:
+        proxy = f"w{setup.proxy[0]}_d{setup.proxy[1]}"
+        b = cell["shapes"][proxy]["best"]
+        c = mup["shapes"][proxy]["best"]
+        out.append(
+            f"At the proxy (width {setup.proxy[0]}, depth {setup.proxy[1]}) it reaches "
+            f"{b['val_loss']:.3f} at its best lr, 2^{b['log2_lr']:.0f}, against "
+            f"{c['val_loss']:.3f} for depth-muP (2^{c['log2_lr']:.0f}): the init alone."
+        )
+    return out
+
+
+def _cross_checks(setup: Setup, summary: dict, results: list[dict]) -> list[str]:
+    """The long-horizon study's models at the same width, data, batch, schedule and horizon
+    (its own lr grid, no per-group rule; seed 0)."""
+    h = max(setup.horizons)
+    per = {n: p[str(h)] for n, p in summary["parametrisations"].items()}
+    out = []
+    for depth in (16, 64):
+        long = _long_horizon(depth, h)
+        shape = f"w{setup.width}_d{depth}"
+        if not long or "shaped_t" not in per or shape not in per["shaped_t"]["shapes"]:
+            continue
+        ours = {
+            n: per[n]["shapes"][shape]["best"]
+            for n in ("shaped_t", "pre_ln_depth_mup", "pre_ln_completep")
+            if n in per and shape in per[n]["shapes"]
+        }
+        theirs = _and(
+            [
+                f"`{m}` {v:.3f} ({lr:.2g}"
+                + ("" if g is None else f"; `gamma^2 d / n` {g:.4g}")
+                + ")"
+                for m, (v, lr, g) in sorted(long.items(), key=lambda kv: kv[1][0])
+            ]
+        )
+        mine = _and([f"`{n}` {b['val_loss']:.3f} (2^{b['log2_lr']:.0f})" for n, b in ours.items()])
+        out.append(f"- **Depth {depth}**, {h} steps: here {mine}; the long-horizon study {theirs}.")
+        ours_t = [r for r in _pick(results, "shaped_t", setup.width, depth) if r["seed"] == 0]
+        load = _gamma_load(ours_t[0])
+        shaped = sorted((g, v, m) for m, (v, _, g) in long.items() if g is not None)
+        same = [(m, v, lr) for m, (v, lr, g) in long.items() if g and abs(g - load) < 1e-9]
+        for m, v, lr in same:
+            near = min(ours_t, key=lambda r: abs(math.log2(r["lr"] / lr)))
+            out.append(
+                f"  `{m}` there is `shaped_t`'s model (`gamma^2 d / n` {load:.4g}): {v:.3f} at "
+                f"{lr:.2g} there, {horizon_loss(near, h):.3f} at 2^{near['log2_lr']} here."
+            )
+        mixed = [*shaped, (load, ours["shaped_t"]["val_loss"], "shaped_t")]
+        mixed.sort()
+        if not same and len(mixed) > 2:
+            order = all(a[1] < b[1] for a, b in itertools.pairwise(mixed))
+            out.append(
+                "  Among the shaped models (both studies) the best loss "
+                + ("grows with `gamma^2 d / n`" if order else "does not grow with `gamma^2 d / n`")
+                + ": "
+                + _and([f"{v:.3f} at {g:.4g} (`{m}`)" for g, v, m in mixed])
+                + "."
+            )
+    return out
+
+
+def results_md(setup: Setup, out: Path, summary: dict[str, Any], results: list[dict]) -> str:
+    """The study's written report, every number computed from the runs (``results.md``)."""
+    from study import plan  # type: ignore[import-not-found]  # beside this script
+
+    h = str(max(setup.horizons))
+    todo = plan(setup, results)
+    gpu = sum(str(r.get("device", "")).startswith("cuda") for r in results)
+    extra = [r for r in results if r["seed"] not in setup.seeds]
+    extra_text = ""
+    if extra:
+        where = Counter((r["parametrisation"], r["depth"]) for r in extra)
+        extra_text = "; beyond the plan's seeds, " + _and(
+            [f"{n} more of `{p}` at depth {d}" for (p, d), n in sorted(where.items())]
+        )
+    lrs = [
+        len(c["lr_curve"]["log2_lr"])
+        for p in summary["parametrisations"].values()
+        for c in p[h]["shapes"].values()
+    ]
+    status = (
+        f"complete: the plan lists no run over the {len(results)} finished"
+        if not todo
+        else f"in progress: {len(todo)} runs planned now"
+    )
+    lines = [
+        "# Results: learning-rate transfer across depth and width",
+        "",
+        f"Generated by `report.py` from `runs.jsonl` ({len(results)} finished runs, {gpu} of "
+        f"them on a GPU; {status}). Do not edit: change `report.py` and run `python "
+        "examples/transfer/report.py`. The tables are in [tables.md](tables.md), the numbers "
+        "in [results.json](results.json); the question, the design and the commands in "
+        "[README.md](README.md). `simulations.transfer_lr` quotes the measured drifts "
+        "(package data written by this report).",
+        "",
+        "## Setup",
+        "",
+        f"- **Shapes.** Depths {_and([str(d) for d in setup.depths])} at width {setup.width}; "
+        f"widths {_and([str(w) for w in setup.widths])} at depth {setup.depth}; "
+        f"{min(lrs)} to {max(lrs)} base lrs 2x apart per shape, seed 0; seeds "
+        f"{_and([str(s) for s in setup.seeds])} at the best lr of depths "
+        f"{_and([str(d) for d in setup.seed_depths])}{extra_text}.",
+        f"- **Base lr.** Tuned at the proxy width {setup.proxy[0]}, depth {setup.proxy[1]}: "
+        "every parameter group trains at the base lr times its parametrisation's factor "
+        "(`TrainConfig(lr_proxy_width, lr_proxy_depth)`); a parametrisation transfers when "
+        "the optimal base lr does not move with depth and width.",
+        f"- **Training.** Batch {setup.batch_size} x {setup.seq_len} bytes, WSD schedule "
+        f"({setup.warmup_steps} warm-up steps, a {setup.cooldown_fraction:.0%} cooldown), "
+        f"horizons {_and([str(x) for x in setup.horizons])} steps from one run each; the "
+        f"report works at {h} steps.",
+        "- **Optimum.** A least-squares quadratic in log2(lr) through the lowest point and up "
+        "to two finite neighbours each side (the report's fit) or one (the 3-point fit: one "
+        "window at every shape, like for like); 95% intervals from a parametric bootstrap "
+        "with the parametrisation's pooled seed-to-seed sd.",
+        "",
+        f"## Which parametrisation transfers ({h} steps)",
+        "",
+        "The drift of the optimal log2 base lr from the first to the last size of each axis "
+        "(report's and 3-point fits; [ ] 95% bootstrap interval; `*`: an optimum at a grid "
+        "edge, `+`: one bounded by a diverged lr), and the best measured loss (the grid's "
+        "lowest, seed 0) at the two ends.",
+        "",
+        *summary_table(setup, summary),
+        "",
+        *_comparison(setup, summary),
+        "",
+        f"## Every shape ({h} steps)",
+        "",
+        "`tables.md`'s per-shape table: the base lrs run (seed 0), the grid's best, the fitted "
+        "optimum with its interval and the parabola's value there (which can lie below every "
+        "run), the 3-point optimum, the seeds at the best lr, the devices and the wall time "
+        "per run (a record of the load, not a benchmark).",
+        "",
+        *shape_table(summary, h),
+        "",
+        "![optimum against depth and width](figures/optimum_drift.png)",
+        "",
+    ]
+    for name, per_h in summary["parametrisations"].items():
+        cell = per_h[h]
+        bullets = _axis_bullets(setup, name, cell, "depth")
+        bullets += _axis_bullets(setup, name, cell, "width")
+        bullets += _specific(setup, name, summary, results)
+        bullets += [
+            _seed_bullet(setup, name, cell, results),
+            _divergence_bullet(setup, name, results),
+            _horizon_bullet(setup, per_h),
+        ]
+        if name in SAME_AT_PROXY_DEPTH:
+            bullets += _same_at_proxy(setup, summary, results)
+        lines += [f"## `{name}`", "", DESCRIPTION.get(name, name) + ".", ""]
+        lines += [f"- {b}" for b in bullets if b]
+        lines += ["", f"![loss vs lr, {name}](figures/loss_vs_lr_{name}.png)", ""]
+    cross = _cross_checks(setup, summary, results)
+    if cross:
+        lines += [
+            "## Against the long-horizon study",
+            "",
+            "The long-horizon study ([../long_horizon/results.md](../long_horizon/results.md)) "
+            "trains at the same width, data, batch, schedule and horizon, on its own lr grid "
+            "(3x apart, one lr for every parameter; seed 0's best lr):",
+            "",
+            *cross,
+            "",
+        ]
+    check = _device_check(setup, out, summary, results)
+    if check:
+        lines += ["## The same runs on the CPU and on a GPU", "", *check, ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def drifts(summary: dict[str, Any]) -> dict[str, Any]:
+    """What ``simulations.transfer_lr`` quotes: per parametrisation, the drift of the optimum
+    across depth and width at the longest horizon (``None``: not measured)."""
+    h = str(max(summary["horizons"]))
+    return {
+        "study": "examples/transfer",
+        "runs": summary["runs"],
+        "horizon": int(h),
+        "proxy": summary["proxy"],
+        "parametrisations": {
+            name: {f"{a}_drift": per_h[h][f"{a}_drift"] for a in ("depth", "width")}
+            for name, per_h in summary["parametrisations"].items()
+        },
+    }
+
+
+def _rounded(x: Any, digits: int = 9) -> Any:
+    """``x`` with every float to ``digits`` significant digits (the report's files do not
+    depend on the last bits of a machine's least-squares solver)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}") if math.isfinite(x) else x
+    if isinstance(x, dict):
+        return {k: _rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v, digits) for v in x]
+    return x
+
+
+def report(
+    setup: Setup, out: Path, results: list[dict[str, Any]], drifts_path: Path | None = None
+) -> dict[str, Any]:
+    """Write ``results.md``, ``results.json``, ``tables.md`` and ``figures/`` in ``out`` from
+    the finished runs, and the measured drifts to ``drifts_path`` (the package data of
+    :data:`DRIFTS` for the committed study; None: not written)."""
+    summary = _rounded(summarise(setup, results))
     write_json(summary, out / "results.json", indent=1)
     with atomic_path(out / "tables.md") as tmp:
         Path(tmp).write_text(tables(setup, summary))
+    with atomic_path(out / "results.md") as tmp:
+        Path(tmp).write_text(results_md(setup, out, summary, results))
+    if drifts_path is not None:
+        write_json(drifts(summary), drifts_path, indent=1)
     figures(setup, summary, out / "figures")
     return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rebuild the committed report (and the package data) from ``runs.jsonl``."""
+    import argparse
+
+    from study import DEFAULT  # type: ignore[import-not-found]
+
+    from simulations.studies import RunStore
+
+    argparse.ArgumentParser(description=main.__doc__).parse_args(argv)
+    report(DEFAULT, HERE, RunStore(HERE / "runs.jsonl").results(), DRIFTS)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -20,11 +20,14 @@ longest horizon is at an edge; seed 0 everywhere, then seeds 1 and 2 at the best
 4 and 64 (width 64). Every run uses the warmup-stable-decay schedule and trains horizons 250,
 500 and 1000 steps in one run (``shapedtx.training.train_horizons``).
 
-Runs are tasks of the project's Dask machinery (``simulations.run_planned``: embedded local
-cluster, or ``--scheduler ADDRESS``); each writes ``runs/<parametrisation>/w<width>_d<depth>/
-lr<j>_s<seed>/result.json`` atomically when all its horizons have ended and resumes from its
-checkpoints if interrupted. ``--report`` writes ``results.json``, ``tables.md`` and
-``figures/`` from the finished runs (report.py).
+Runs are tasks of the project's Dask machinery through the shared study runner
+(``simulations.studies``: embedded local cluster, or ``--scheduler ADDRESS``); each trains in
+its scratch folder ``runs/<parametrisation>/w<width>_d<depth>/lr<lr>_s<seed>/`` (git-ignored;
+``lr`` as ``simulations.studies.lr_tag`` writes it), resumes from its checkpoints if
+interrupted, and once all its horizons have ended is appended to ``runs.jsonl``, the study's
+record of its finished runs. ``--report`` writes ``results.md``, ``results.json``,
+``tables.md``, ``figures/`` and the package data ``simulations/data/transfer_drifts.json``
+from ``runs.jsonl`` (``report.py``); none of them is edited by hand.
 
 Usage::
 
@@ -38,16 +41,24 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shapedtx import ModelConfig, ParameterError, TrainConfig, preset
+from shapedtx import ModelConfig, TrainConfig, preset
 from shapedtx.training import COMPLETEP_REFERENCE
-from simulations.training_runs import TrainingRun, check_run_options, horizon_loss, run_planned
+from simulations.studies import (
+    STORE,
+    RunStore,
+    Study,
+    lr_tag,
+    parse_study_args,
+    study_main,
+    study_parser,
+)
+from simulations.training_runs import TrainingRun, horizon_loss
 
 HERE = Path(__file__).parent
 
@@ -267,7 +278,7 @@ def make_run(
         model=model_config(name, width, depth, proxy[1], proxy[0]),
         train=train_config(setup, j, seed, name),
         horizons=setup.horizons,
-        folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"lr{j}_s{seed}"),
+        folder=str(out / "runs" / name / f"w{width}_d{depth}" / f"{lr_tag(2.0**j)}_s{seed}"),
         max_bytes=setup.max_bytes,
         data=data,
         device=device,
@@ -284,7 +295,9 @@ def make_run(
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/w*_d*/*/result.json"))]
+    """The study's finished runs: its ``runs.jsonl`` (``simulations.studies.RunStore``), with
+    any finished run left in its scratch folder taken in first."""
+    return RunStore(out / STORE).finished()
 
 
 def best_j(runs: list[dict[str, Any]], horizon: int) -> int | None:
@@ -360,49 +373,46 @@ def planned(
     return todo if log2_lrs is None else [job for job in todo if job[3] in log2_lrs]
 
 
-def run_study(
+def study(
     setup: Setup,
     out: Path,
     *,
-    device: str,
-    workers: int | None,
-    scheduler: str | None,
-    max_runs: int | None,
+    device: str = "cpu",
     log2_lrs: tuple[int, ...] | None = None,
     data: str | None = None,
     compile: bool = False,
-) -> int:
-    """Run planned runs until nothing is left (or ``max_runs`` new runs); returns how many.
-    The plan is asked again each time a run ends, on one Dask client (an embedded cluster of
-    ``workers``, or ``scheduler``; ``simulations.run_planned``). ``log2_lrs``: run only the
-    planned runs at these base lrs (``planned``); ``data``: the corpus (``TrainingRun.data``;
-    default: this Python's standard library); ``compile``: train through ``torch.compile``."""
-    summary = run_planned(
-        lambda: [
+) -> Study:
+    """The study for the shared runner (``simulations.studies``): the runs of :func:`planned`
+    in ``out/runs/``, the report of ``report.py``. ``log2_lrs``: only the planned runs at
+    these base lrs; ``data``: the corpus (``TrainingRun.data``; default: this Python's
+    standard library); ``compile``: train through ``torch.compile``."""
+
+    def runs(results: list[dict[str, Any]]) -> list[TrainingRun]:
+        return [
             make_run(setup, out, job, device=device, data=data, compile=compile)
-            for job in planned(setup, load_results(out), log2_lrs)
-        ],
-        client=scheduler,
-        workers=workers,
-        max_runs=max_runs,
+            for job in planned(setup, results, log2_lrs)
+        ]
+
+    def write_report(results: list[dict[str, Any]]) -> Any:
+        from report import DRIFTS, report  # type: ignore[import-not-found]  # beside me
+
+        # the package data simulations.transfer_lr quotes: the committed study's drifts only
+        committed = setup == DEFAULT and Path(out).resolve() == HERE.resolve()
+        return report(setup, out, results, DRIFTS if committed else None)
+
+    return Study(
+        out,
+        runs,
+        write_report,
         describe=lambda key, r: (
             f"{r['parametrisation']} w{r['width']} d{r['depth']} lr 2^{r['log2_lr']} s{r['seed']}"
         ),
     )
-    for key, error in summary.failed.items():
-        print(f"study.py: run {key} failed: {error}", file=sys.stderr)
-    return len(summary.results)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=HERE, help="study folder (default: beside me)")
+    p = study_parser(__doc__.splitlines()[0], out_help="study folder (default: beside me)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few minutes")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", action="store_true", help="train through torch.compile")
-    p.add_argument("--workers", type=int, default=1, help="embedded Dask workers (1 thread)")
-    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler")
-    p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     p.add_argument("--depths", type=int, nargs="+", default=None, help="the depth axis")
     p.add_argument("--widths", type=int, nargs="+", default=None, help="the width axis")
     p.add_argument(
@@ -420,23 +430,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="run only the planned runs at base lr 2^J (default: all of them)",
     )  # fmt: skip
     p.add_argument(
-        "--data", default=None, metavar="PATH",
-        help="corpus file or folder (default: this Python's standard library; on a machine "
-        "with another Python use the folder shapedtx.training.export_corpus wrote here)",
-    )  # fmt: skip
-    p.add_argument(
         "--seeds", type=int, default=None, metavar="N",
         help="seeds 0..N-1 at the best lr of the seeded depths (default 3)",
     )  # fmt: skip
-    p.add_argument("--report", action="store_true", help="only rebuild the report")
-    p.add_argument("--plan", action="store_true", help="print the planned runs and exit")
-    args = p.parse_args(argv)
+    args = parse_study_args(p, argv)
     if args.seeds is not None and args.seeds < 1:
         p.error(f"--seeds: must be an integer >= 1, got {args.seeds}")
-    try:
-        check_run_options(args.device, args.data)
-    except ParameterError as err:
-        p.error(f"--{err.parameter}: {err}")
     return args
 
 
@@ -458,34 +457,15 @@ def setup_of(args: argparse.Namespace) -> Setup:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    setup = setup_of(args)
-    lrs = None if args.log2_lrs is None else tuple(args.log2_lrs)
-    if args.plan:
-        todo = planned(setup, load_results(args.out), lrs)
-        for job in todo:
-            print(*job)
-        print(f"{len(todo)} runs planned now (more follow while an optimum is at a grid edge)")
-        return 0
-    try:
-        if not args.report:
-            run_study(
-                setup,
-                args.out,
-                device=args.device,
-                workers=args.workers,
-                scheduler=args.scheduler,
-                max_runs=args.max_runs,
-                log2_lrs=lrs,
-                data=args.data,
-                compile=args.compile,
-            )
-        from report import report  # type: ignore[import-not-found]  # beside this script
-
-        report(setup, args.out, load_results(args.out))
-    except KeyboardInterrupt:
-        sys.stderr.write("study.py: interrupted; finished runs are kept, run again to resume\n")
-        return 130
-    return 0
+    the_study = study(
+        setup_of(args),
+        args.out if args.out is not None else HERE,
+        device=args.device,
+        log2_lrs=None if args.log2_lrs is None else tuple(args.log2_lrs),
+        data=args.data,
+        compile=args.compile,
+    )
+    return study_main(the_study, args)
 
 
 if __name__ == "__main__":
