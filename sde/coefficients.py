@@ -280,8 +280,12 @@ def drift(config: ModelConfig, V: Tensor) -> Tensor:
     with ``config.causal`` :func:`causal_attention_drift` (docs/theory.md#causal-sde); shaped ReLU
     MLP: ``gamma^2 nu(rho^{ab}) sqrt(V^{aa} V^{bb})``; a block adds both.
     """
-    m = _check_V(V)
-    const = sde_constants(config, m)
+    return _drift(config, sde_constants(config, _check_V(V)), V)
+
+
+def _drift(config: ModelConfig, const: SDEConstants, V: Tensor) -> Tensor:
+    """:func:`drift` with the constants of ``config`` for V's tokens given (not checked: the
+    steppers compute them once, not at every step)."""
     out = torch.zeros_like(V)
     if const.a_att and const.causal:
         out = out + causal_attention_drift(V, const.a_att)

@@ -6,7 +6,9 @@ the stepper they build for a model, :meth:`Solver.stepper`, and :func:`sde.integ
 :func:`sde.solve` and :func:`sde.solve_batch` dispatch on nothing. A name (``"euler"``,
 ``"em"``, ``"torchsde"``) means the class of that ``name`` in :data:`SOLVERS`, the one table.
 A new solver is one subclass here (its stepper in :mod:`sde.solvers`) added to
-:data:`SOLVERS`.
+:data:`SOLVERS`. :func:`sde.solve` hands :meth:`Solver.paths` checked arguments and the
+model's constants (:func:`sde.sde_constants`, computed once per solve), on which the
+library's solvers build their steppers.
 
 Blow-up bookkeeping is the same for every solver: a path is flagged ``exploded`` at the first
 step whose state is non-finite, exceeds the bound or (EM) leaves the PSD cone, and
@@ -26,16 +28,17 @@ from torch import Tensor
 from shapedtx._validation import ParameterError, check_positive
 from shapedtx.config import ModelConfig
 
+from .coefficients import SDEConstants
 from .solvers import (
     EulerMaruyamaStep,
     FactoredEulerStep,
     PairedStep,
     Stepper,
+    _integrate,
     gaussian_noise,
-    integrate,
 )
 from .time_grid import TimeGrid
-from .torchsde_solver import solve_torchsde
+from .torchsde_solver import _solve_torchsde
 
 Configs = ModelConfig | Sequence[ModelConfig]
 """One configuration, or several integrated as one batch (:class:`FactoredEulerStep`)."""
@@ -60,6 +63,13 @@ class Solver:
             "method", f"method {self.name!r} has no stepper for sde.integrate (use sde.solve)"
         )
 
+    def _stepper(self, config: ModelConfig, m: int, constants: SDEConstants) -> Stepper:
+        """The stepper of :meth:`paths`: :meth:`stepper`, built on ``config``'s constants
+        where the scheme takes them (the library's solvers; a subclass of one's own that
+        defines only :meth:`stepper` is run by it)."""
+        del constants
+        return self.stepper(config, m)
+
     def paths(
         self,
         config: ModelConfig,
@@ -69,15 +79,17 @@ class Solver:
         seed: int,
         bound: float,
         progress: bool | None,
+        constants: SDEConstants,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``(V (B, S, m, m) at grid.saved, exploded (B,), t_explode (B,))`` from
-        ``V0: (B, m, m)`` (validated by the caller, :func:`sde.solve`): the stepper over
-        ``grid``, driven by normals from a generator seeded with ``seed``
+        ``V0: (B, m, m)`` (validated by the caller, :func:`sde.solve`, as are ``constants``,
+        ``config``'s :func:`sde.sde_constants` for m tokens): the stepper over ``grid``,
+        driven by normals from a generator seeded with ``seed``
         (:func:`sde.solvers.gaussian_noise`)."""
         B, _, m = V0.shape
         generator = torch.Generator(device=V0.device).manual_seed(seed)
-        sol = integrate(
-            self.stepper(config, m),
+        sol = _integrate(
+            self._stepper(config, m, constants),
             V0,
             steps=grid.steps,
             dt=grid.dt,
@@ -97,6 +109,7 @@ class Solver:
         seed: int,
         bound: float,
         progress: bool | None,
+        constants: SDEConstants,
     ) -> tuple[Tensor, ...]:
         """:meth:`paths` at ``grid.dt`` and at ``grid.dt / 2`` on the same Brownian paths
         (:class:`sde.solvers.PairedStep`; docs/theory.md#step-error):
@@ -116,8 +129,8 @@ class Solver:
         def noise(step: int) -> Tensor:
             return torch.cat([coarse(step), extra(step)], dim=1)
 
-        sol = integrate(
-            PairedStep(self.stepper(config, m)),
+        sol = _integrate(
+            PairedStep(self._stepper(config, m, constants)),
             torch.cat([V0, V0]),
             steps=grid.steps,
             dt=grid.dt,
@@ -149,6 +162,9 @@ class FactoredEuler(Solver):
     ) -> FactoredEulerStep:
         return FactoredEulerStep(config, m, paths=paths)
 
+    def _stepper(self, config: ModelConfig, m: int, constants: SDEConstants) -> FactoredEulerStep:
+        return FactoredEulerStep(config, m, constants=constants)
+
 
 @dataclass(frozen=True)
 class EulerMaruyama(Solver):
@@ -165,6 +181,9 @@ class EulerMaruyama(Solver):
                 "method", "method 'em' steps one configuration; a batch needs 'euler'"
             )
         return EulerMaruyamaStep(config, m)
+
+    def _stepper(self, config: ModelConfig, m: int, constants: SDEConstants) -> EulerMaruyamaStep:
+        return EulerMaruyamaStep(config, m, constants=constants)
 
 
 @dataclass(frozen=True)
@@ -183,12 +202,13 @@ class TorchSDE(Solver):
         seed: int,
         bound: float,
         progress: bool | None,
+        constants: SDEConstants,
     ) -> tuple[Tensor, Tensor, Tensor]:
         # every step is evaluated (blow-ups are dated on the step grid, as for the other
         # solvers); the saved steps are kept. torchsde draws no progress bar.
         times = torch.arange(grid.steps + 1, dtype=V0.dtype, device=V0.device) * grid.dt
-        V, exploded, t_explode = solve_torchsde(
-            config, V0, times, dt=grid.dt, bound=bound, seed=seed
+        V, exploded, t_explode = _solve_torchsde(
+            config, V0, times, dt=grid.dt, bound=bound, bm=None, seed=seed, constants=constants
         )
         return V[:, list(grid.saved)], exploded, t_explode
 
@@ -201,6 +221,7 @@ class TorchSDE(Solver):
         seed: int,
         bound: float,
         progress: bool | None,
+        constants: SDEConstants,
     ) -> tuple[Tensor, ...]:
         raise ParameterError(
             "step_error",

@@ -21,13 +21,12 @@ from shapedtx._validation import (
 )
 from shapedtx.config import ModelConfig, check_config
 from shapedtx.covariance import check_covariance
-from shapedtx.options import RunOptions, run_settings
 from shapedtx.results import covariance_dataset
 
-from .coefficients import sde_constants
+from .coefficients import SDEConstants, sde_constants
 from .options import FactoredEuler, Solver, as_solver
-from .solvers import gaussian_noise, integrate
-from .time_grid import time_grid
+from .solvers import _integrate, gaussian_noise
+from .time_grid import TimeGrid, time_grid
 
 SEED_MAX = 2**64 - 1
 """Largest seed (torch generators take an unsigned 64-bit seed)."""
@@ -49,7 +48,6 @@ def solve(
     save_every: int | None = None,
     bound: float = DEFAULT_BOUND,
     progress: bool | None = None,
-    options: RunOptions | None = None,
     warn: bool = True,
     step_error: bool = False,
 ) -> xr.Dataset:
@@ -71,9 +69,6 @@ def solve(
         save_every: save every this many steps (default: about 200 saved times) and at T.
         bound: a path exceeding ``bound * max_a V0^{aa}`` (or non-finite) is frozen and flagged.
         progress: tqdm progress bar (None: automatic, False: off).
-        options: a :class:`shapedtx.options.RunOptions` (seed, device, dtype, progress)
-            instead of those keyword arguments (not beside them; its ``chunk_size`` must be
-            None: the solver has no chunking).
         warn: a RuntimeWarning with the number of exploded paths, if any (False for callers
             that report them themselves, e.g. :func:`simulations.run_comparison`).
         step_error: also solve at ``dt / 2`` on the same Brownian paths (the half steps'
@@ -89,10 +84,7 @@ def solve(
         ``V_half`` (the solution at ``dt / 2`` at the same times), ``exploded_half``,
         ``t_explode_half`` and attrs ``dt_half``, ``step_error = "paired dt/2"``.
     """
-    run = run_settings(options, seed=seed, device=device, dtype=dtype, progress=progress)
-    seed, device, dtype, progress = run["seed"], run["device"], run["dtype"], run["progress"]
     solver = as_solver(method, dt)
-    method = solver.name
     check_config(config)
     check_int("samples", samples, 1)
     check_int("seed", seed, 0, SEED_MAX)
@@ -103,17 +95,42 @@ def solve(
     check_dtype(dtype)
     device = check_device(device) if device is not None else None
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)
-    T, steps, step, every = grid.T, grid.steps, grid.dt, grid.save_every
     V0 = check_covariance(V0).to(dtype=dtype, device=device)
+    constants = sde_constants(config, V0.shape[-1])  # raises for models without an SDE limit
+    return _solve(
+        config, V0, samples, solver=solver, grid=grid, constants=constants, seed=seed,
+        bound=bound, progress=progress, warn=warn, step_error=step_error,
+    )  # fmt: skip
+
+
+def _solve(
+    config: ModelConfig,
+    V0: Tensor,
+    samples: int,
+    *,
+    solver: Solver,
+    grid: TimeGrid,
+    constants: SDEConstants,
+    seed: int,
+    bound: float,
+    progress: bool | None,
+    warn: bool,
+    step_error: bool,
+) -> xr.Dataset:
+    """:func:`solve` on validated, resolved arguments: ``V0`` (m, m) in the run's dtype and on
+    its device, the solver object, its time grid and ``config``'s constants for m tokens
+    (:func:`sde.sde_constants`), trusted (:func:`solve` and
+    :func:`simulations.run_comparison` check them once)."""
+    method, T, steps, step, every = solver.name, grid.T, grid.steps, grid.dt, grid.save_every
     m = V0.shape[-1]
-    sde_constants(config, m)  # raises for configurations without an SDE limit
+    dtype = V0.dtype
     times = torch.as_tensor(grid.times, dtype=dtype)
     V0s = V0.expand(samples, m, m).contiguous()
     extra_vars: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
     extra_attrs: dict[str, object] = {}
     if step_error:
         V, V_half, exploded, exploded_half, t_explode, t_half = solver.paired_paths(
-            config, V0s, grid, seed=seed, bound=bound, progress=progress
+            config, V0s, grid, seed=seed, bound=bound, progress=progress, constants=constants
         )
         extra_vars = {
             "V_half": (("sample", "t", "token_a", "token_b"), V_half.cpu().numpy()),
@@ -123,7 +140,7 @@ def solve(
         extra_attrs = {"step_error": "paired dt/2", "dt_half": step / 2}
     else:
         V, exploded, t_explode = solver.paths(
-            config, V0s, grid, seed=seed, bound=bound, progress=progress
+            config, V0s, grid, seed=seed, bound=bound, progress=progress, constants=constants
         )
     exploded_np = exploded.cpu().numpy()
     fraction = float(exploded_np.mean())
@@ -136,7 +153,7 @@ def solve(
             f"{method!r}, dt={step:.4g}); they are frozen and flagged: see the 'exploded' "
             "variable and the 'exploded_fraction' attribute",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,  # the caller of sde.solve
         )
     return covariance_dataset(
         V,
@@ -226,7 +243,7 @@ def solve_batch(
         B = sum(rows)
         V0s = V0.expand(B, m, m).contiguous()
         generator = torch.Generator(device=V0.device).manual_seed(seed + offset)
-        sol = integrate(
+        sol = _integrate(
             stepper,
             V0s,
             steps=steps,

@@ -41,13 +41,13 @@ from shapedtx.covariance import check_covariance_batch
 
 from .coefficients import (
     SDEConstants,
+    _drift,
     arccos_kernel,
     attention_auxiliaries,
     attention_drift_factor,
     causal_attention_auxiliaries,
     causal_attention_drift_factor,
     centering,
-    drift,
     sde_constants,
 )
 from .noise import attention_noise_factor, noise_increment, psd_factor
@@ -334,6 +334,9 @@ class FactoredEulerStep:
     (B, 1, 1) tensors on the state's device (built once per dtype and device, so the loop
     stays free of host synchronisation); the configurations must be all causal or all
     non-causal. :func:`sde.solve_batch` integrates such a batch.
+
+    ``constants``: one configuration's ``sde_constants(config, m)`` if already computed
+    (trusted: :func:`sde.solve` computes them once), else computed here.
     """
 
     def __init__(
@@ -343,6 +346,7 @@ class FactoredEulerStep:
         *,
         canonical: bool = False,
         paths: Sequence[int] | None = None,
+        constants: SDEConstants | None = None,
     ) -> None:
         self.m, self.canonical = m, canonical
         self.config: ModelConfig | tuple[ModelConfig, ...]
@@ -352,7 +356,7 @@ class FactoredEulerStep:
             if paths is not None:
                 raise ValueError("paths is for a sequence of configurations, not one config")
             self.config = config
-            self.const = sde_constants(config, m)
+            self.const = sde_constants(config, m) if constants is None else constants
             c = self.const
             self._consts = _Constants(c.k_lin, c.k_att, c.a_att, c.k_mlp)
             self._kw = dict(attention=bool(c.a_att), mlp=bool(c.k_mlp), causal=c.causal)
@@ -479,11 +483,14 @@ class _ReferenceFactoredEulerStep:
 
 
 class EulerMaruyamaStep:
-    """Plain Euler-Maruyama step ``V + b dt + sqrt(dt) Sigma^{1/2} xi`` (not PSD-safe)."""
+    """Plain Euler-Maruyama step ``V + b dt + sqrt(dt) Sigma^{1/2} xi`` (not PSD-safe);
+    ``constants`` as for :class:`FactoredEulerStep`."""
 
-    def __init__(self, config: ModelConfig, m: int) -> None:
+    def __init__(
+        self, config: ModelConfig, m: int, *, constants: SDEConstants | None = None
+    ) -> None:
         self.config, self.m = config, m
-        self.const = sde_constants(config, m)
+        self.const = sde_constants(config, m) if constants is None else constants
 
     def init(self, V0: Tensor) -> Tensor:
         """State of ``V0``: V0 itself."""
@@ -494,7 +501,7 @@ class EulerMaruyamaStep:
         L, _ = psd_factor(V)
         const = self.const
         noise = noise_increment(L, V, normals, const.k_lin, const.k_att, causal=const.causal)
-        new = _symmetrise(V + drift(self.config, V) * dt + math.sqrt(dt) * noise)
+        new = _symmetrise(V + _drift(self.config, const, V) * dt + math.sqrt(dt) * noise)
         eye = torch.eye(self.m, dtype=V.dtype, device=V.device)
         finite = torch.isfinite(new).all(-1).all(-1)
         evals = torch.linalg.eigvalsh(torch.where(finite[:, None, None], new, eye))
@@ -587,6 +594,25 @@ def integrate(
     check_int("save_every", save_every, 1)
     check_positive("dt", dt)
     check_positive("bound", bound)
+    return _integrate(
+        stepper, V0, steps=steps, dt=dt, save_every=save_every, noise=noise, bound=bound,
+        progress=progress,
+    )  # fmt: skip
+
+
+def _integrate(
+    stepper: Stepper,
+    V0: Tensor,
+    *,
+    steps: int,
+    dt: float,
+    save_every: int,
+    noise: NoiseSource,
+    bound: float,
+    progress: bool | None,
+) -> Solution:
+    """:func:`integrate` on validated arguments (the solvers' :meth:`sde.Solver.paths` and
+    :func:`sde.solve_batch`, whose callers checked them)."""
     B, m = V0.shape[0], V0.shape[-1]
     saved = save_steps(steps, save_every)
     out = V0.new_empty(B, len(saved), m, m)

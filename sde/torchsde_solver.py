@@ -19,7 +19,7 @@ from shapedtx._validation import ParameterError, check_int, check_positive
 from shapedtx.config import ModelConfig, check_config
 from shapedtx.covariance import check_covariance_batch
 
-from .coefficients import causal_centerings, centering, drift, sde_constants
+from .coefficients import SDEConstants, _drift, causal_centerings, centering, sde_constants
 from .noise import psd_factor
 
 
@@ -41,15 +41,18 @@ class CovarianceSDE(torch.nn.Module):
     """``torchsde`` SDE object (Ito, general noise) of ``config`` for m tokens.
 
     ``limit: (B,)`` per-path bound on max |V^{ab}|; beyond it (or non-finite) f = g = 0.
+    ``constants``: ``sde_constants(config, m)`` if already computed (trusted), else computed.
     """
 
     sde_type = "ito"
     noise_type = "general"
 
-    def __init__(self, config: ModelConfig, m: int, limit: Tensor) -> None:
+    def __init__(
+        self, config: ModelConfig, m: int, limit: Tensor, *, constants: SDEConstants | None = None
+    ) -> None:
         super().__init__()
         self.config, self.m, self.limit = config, m, limit
-        self.const = sde_constants(config, m)
+        self.const = sde_constants(config, m) if constants is None else constants
 
     def _state(self, y: Tensor) -> tuple[Tensor, Tensor]:
         V = unpack(y, self.m)
@@ -60,7 +63,7 @@ class CovarianceSDE(torch.nn.Module):
     def f(self, t: Tensor, y: Tensor) -> Tensor:
         """Drift: (B, D) -> (B, D)."""
         V, ok = self._state(y)
-        return torch.where(ok[:, None], pack(drift(self.config, V)), 0.0)
+        return torch.where(ok[:, None], pack(_drift(self.config, self.const, V)), 0.0)
 
     def g(self, t: Tensor, y: Tensor) -> Tensor:
         """Diffusion matrix: (B, D) -> (B, D, 2 m^2)."""
@@ -110,9 +113,28 @@ def solve_torchsde(
     check_positive("bound", bound)
     check_int("seed", seed, 0)
     _check_times(ts)
+    constants = sde_constants(config, V0.shape[-1])
+    return _solve_torchsde(
+        config, V0, ts, dt=dt, bound=bound, bm=bm, seed=seed, constants=constants
+    )
+
+
+def _solve_torchsde(
+    config: ModelConfig,
+    V0: Tensor,
+    ts: Tensor,
+    *,
+    dt: float,
+    bound: float,
+    bm: torchsde.BrownianInterval | None,
+    seed: int,
+    constants: SDEConstants,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`solve_torchsde` on validated arguments, with ``config``'s constants for V0's
+    tokens (:meth:`sde.TorchSDE.paths`, called by :func:`sde.solve`, which checked them)."""
     B, m = V0.shape[0], V0.shape[-1]
     limit = bound * torch.diagonal(V0, dim1=-2, dim2=-1).amax(-1)
-    sde = CovarianceSDE(config, m, limit)
+    sde = CovarianceSDE(config, m, limit, constants=constants)
     if bm is None:
         bm = torchsde.BrownianInterval(
             t0=float(ts[0]),

@@ -32,7 +32,7 @@ class ParameterError(ValueError):
     without reading the message.
 
     Raised by the argument checks of every public function and by the value objects
-    (``ModelConfig``, ``TrainConfig``, ``RunOptions``, ``simulations.Experiment``, ...). The
+    (``ModelConfig``, ``TrainConfig``, ``simulations.Experiment``, ...). The
     message names the parameter, the accepted values and the value given, e.g.
     ``"width must be an integer >= 1, got 0"``. Catch ``ValueError`` to handle it like any
     other bad value.

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     )
     from .formatting import format_advice, format_collapse, format_stability_map, format_summary
     from .gram import GramSampler
-    from .options import SAMPLERS, Auto, Exact, Gram, RunOptions, SamplerChoice, Weights
+    from .options import SAMPLERS, Auto, Exact, Gram, SamplerChoice, Weights
     from .plots import (
         plot_collapse_metrics,
         plot_convergence,
@@ -110,7 +110,6 @@ _LAZY: dict[str, str] = {
     "Auto": ".options",
     "Exact": ".options",
     "Gram": ".options",
-    "RunOptions": ".options",
     "SAMPLERS": ".options",
     "SamplerChoice": ".options",
     "Weights": ".options",
@@ -192,7 +191,6 @@ __all__ = [
     "GramSampler",
     "GroupedNormal",
     "Measurement",
-    "RunOptions",
     "Sampler",
     "SamplerChoice",
     "SweepSummary",

@@ -15,6 +15,7 @@ from shapedtx import ModelConfig
 from shapedtx._validation import ParameterError, check_int
 
 from .compare import compare, distances, token_values, valid_samples
+from .options import SamplerChoice
 
 STATISTICS: tuple[str, ...] = ("w1_rho", "ks_rho", "w1_logVaa", "ks_logVaa")
 
@@ -51,7 +52,7 @@ def convergence(
     *,
     limit: xr.Dataset | None = None,
     networks: Mapping[int, xr.Dataset] | None = None,
-    method: str = "auto",
+    method: str | SamplerChoice = "auto",
     dt: float = 0.01,
     sde_method: str = "euler",
     seed: int = 0,

@@ -32,7 +32,6 @@ from shapedtx._validation import (
     check_tokens,
 )
 from shapedtx.config import check_config
-from shapedtx.options import RunOptions, run_settings
 
 from .options import SamplerChoice, as_sampler
 from .rng import GroupedNormal, run_parallel
@@ -67,6 +66,17 @@ def resolve_method(config: ModelConfig, method: str | SamplerChoice | None = Non
     return as_sampler(method).resolve(config).name
 
 
+def _resolve(config: ModelConfig, method: str | SamplerChoice | None) -> SamplerChoice:
+    """The choice that simulates ``config``: ``method``'s (:func:`resolve_method`), whose
+    sampler accepts ``config`` (an explicit choice is checked here, :class:`Auto`'s pick by
+    Auto); ParameterError (``method``) otherwise."""
+    choice = as_sampler(method)
+    sampler = choice.resolve(config)
+    if sampler is choice:
+        sampler.sampler_class.check(config)
+    return sampler
+
+
 def _chunk_groups(
     sampler, config: ModelConfig, m: int, dtype: torch.dtype, chunk_size, memory_budget
 ) -> int:
@@ -86,7 +96,7 @@ def _chunk_groups(
             f"memory_budget={memory_budget:.3g} bytes is below one group of {G} samples "
             f"(about {fixed + G * per_sample:.3g} bytes); using one group per chunk",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of simulate (via _simulate)
         )
     return max(groups, 1)
 
@@ -207,7 +217,6 @@ def simulate(
     chunk_size: int | None = None,
     memory_budget: float = DEFAULT_MEMORY_BUDGET,
     progress: bool | None = None,
-    options: RunOptions | None = None,
 ) -> xr.Dataset:
     """Token covariances ``V_l = X_l X_l^T / n`` of random networks at initialisation.
 
@@ -234,8 +243,6 @@ def simulate(
             ``memory_budget``. Does not change the results.
         memory_budget: approximate working memory of one chunk, in bytes.
         progress: tqdm progress bar; ``None`` shows it only when stderr is a terminal.
-        options: a :class:`simulations.RunOptions` (seed, device, dtype, progress,
-            chunk_size) instead of those keyword arguments (not beside them).
 
     Returns:
         The covariance Dataset (``shapedtx.results``): ``V(sample, t, token_a, token_b)``,
@@ -244,23 +251,39 @@ def simulate(
         ``"auto"`` for None), ``group_size`` and ``nonfinite`` (number of samples whose
         covariance became non-finite; a RuntimeWarning is issued when > 0).
     """
-    run = run_settings(
-        options, seed=seed, device=device, dtype=dtype, progress=progress, chunk_size=chunk_size
-    )
-    seed, device, dtype = run["seed"], run["device"], run["dtype"]
-    progress, chunk_size = run["progress"], run["chunk_size"]
     _check_arguments(config, samples, seed, dtype, chunk_size, memory_budget)
     choice = as_sampler(method)
     check_progress(progress)
-    requested = choice.name
-    choice = choice.resolve(config)
-    method, sampler_cls = choice.name, choice.sampler_class
-    sampler_cls.check(config)
+    sampler = _resolve(config, choice)
     V0 = check_covariance(V0)
     device = check_device(device) if device is not None else V0.device
     V0 = V0.to(device=device, dtype=dtype)
-    m = check_tokens(V0.shape[-1], config.width, "V0")
+    check_tokens(V0.shape[-1], config.width, "V0")
+    return _simulate(
+        config, V0, samples, sampler=sampler, requested=choice.name, seed=seed, device=device,
+        chunk_size=chunk_size, memory_budget=memory_budget, progress=progress,
+    )  # fmt: skip
 
+
+def _simulate(
+    config: ModelConfig,
+    V0: Tensor,
+    samples: int,
+    *,
+    sampler: SamplerChoice,
+    requested: str,
+    seed: int,
+    device: torch.device,
+    chunk_size: int | None,
+    memory_budget: float,
+    progress: bool | None,
+) -> xr.Dataset:
+    """:func:`simulate` on validated, resolved arguments: ``V0`` (m, m) checked, on
+    ``device`` and in the run's dtype; ``sampler`` the choice that simulates ``config`` (its
+    sampler accepts it; ``requested``: the name asked for, stored in attrs), trusted
+    (:func:`simulate` and :func:`simulations.run_comparison` check them once)."""
+    method, sampler_cls = sampler.name, sampler.sampler_class
+    dtype, m = V0.dtype, V0.shape[-1]
     G = sampler_cls.group_size
     n_groups = math.ceil(samples / G)
     per_chunk = _chunk_groups(sampler_cls, config, m, dtype, chunk_size, memory_budget)
@@ -294,7 +317,7 @@ def simulate(
             f"simulate: {nonfinite} of {samples} samples have non-finite covariances "
             f"(method={method!r}, dtype={dtype}); see the 'nonfinite' attribute",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,  # the caller of simulate
         )
     layers = torch.arange(config.depth + 1)
     return covariance_dataset(

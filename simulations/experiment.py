@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from sde import SOLVERS
+from sde import SOLVERS, SDEConstants, Solver, sde_constants
+from sde.solve import DEFAULT_BOUND, SEED_MAX, _solve
+from sde.time_grid import time_grid
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
     ParameterError,
@@ -38,6 +41,7 @@ from shapedtx._validation import (
     check_int,
     check_number,
     check_positive,
+    check_progress,
     check_tokens,
 )
 from shapedtx.config import check_config
@@ -49,7 +53,8 @@ from shapedtx.results import save_dataset
 from .baselines import baselines, model_label
 from .compare import collapse_report, compare, token_pairs
 from .convergence import at_width, convergence
-from .options import SAMPLERS
+from .driver import DEFAULT_MEMORY_BUDGET, _resolve, _simulate
+from .options import SAMPLERS, SamplerChoice
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class Experiment:
         check_choice("sde_method", self.sde_method, tuple(SOLVERS))
         check_positive("dt", self.dt)
         check_number("threshold", self.threshold, 0.0, 1.0, low_open=True, high_open=True)
-        check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0, SEED_MAX - 1)  # the SDE's seed is seed + 1
         check_choice("dtype", self.dtype, tuple(DTYPES))
         check_bool("sde", self.sde)
         check_bool("step_error", self.step_error)
@@ -132,9 +137,7 @@ class Experiment:
             )
         if not self.sde:  # collapse only: no SDE limit needed
             return
-        from sde import sde_constants
-
-        sde_constants(self.config, self.tokens)  # the model needs an SDE limit
+        self.constants  # noqa: B018  # computed once here: the model needs an SDE limit
         for w in self.widths:
             try:
                 at_width(self.config, w)  # T * width must be an integer
@@ -146,6 +149,23 @@ class Experiment:
         return DTYPES[self.dtype]
 
     @property
+    def torch_device(self) -> torch.device:
+        """``device`` as a torch.device (checked on construction)."""
+        return torch.device(self.device)
+
+    @cached_property
+    def constants(self) -> SDEConstants:
+        """The SDE constants of ``config`` for ``tokens`` tokens (:func:`sde.sde_constants`),
+        computed once, on construction (``sde=True``), and handed to the SDE solve of
+        :func:`run_comparison`. ParameterError for a model without an SDE limit."""
+        return sde_constants(self.config, self.tokens)
+
+    @property
+    def solver(self) -> Solver:
+        """The SDE solver object: ``sde_method``'s class of :data:`sde.SOLVERS` with ``dt``."""
+        return SOLVERS[self.sde_method](self.dt)
+
+    @property
     def widths(self) -> tuple[int, ...]:
         """Convergence widths other than ``config.width``, sorted."""
         return tuple(sorted(set(self.convergence_widths) - {self.config.width}))
@@ -154,12 +174,12 @@ class Experiment:
         """The input covariance ``equicorrelated(tokens, rho0)`` on the device, in the dtype."""
         return equicorrelated(self.tokens, self.rho0, device=self.device, dtype=self.dtype_torch)
 
-    def sampler(self, config: ModelConfig) -> str:
-        """The finite-network sampler for ``config``: ``method`` or, for ``"auto"``, the
-        fastest exact-in-law one that supports it (``gram``, else ``exact``)."""
-        from .driver import resolve_method
-
-        return resolve_method(config, self.method)
+    def sampler(self, config: ModelConfig) -> SamplerChoice:
+        """The finite-network sampler choice for ``config`` (the model, a baseline or the
+        model at another width), resolved and checked: ``method``'s or, for ``"auto"``, the
+        fastest exact-in-law one that supports it (``Gram()``, else ``Exact()``); a
+        ParameterError (``method``) if an explicit one does not support ``config``."""
+        return _resolve(config, self.method)
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat, JSON- and netCDF-safe description (the config under ``config.``)."""
@@ -240,22 +260,13 @@ def run_collapse(
         baselines (median collapse layer :data:`shapedtx.metrics.NEVER` where fewer than
         half collapse) and the label -> covariance Dataset of each.
     """
-    from .driver import simulate
-
     check_bool("figures", figures)
+    check_progress(progress)
     e = experiment
-    common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
+    V0 = e.V0()
     if network is None:
-        network = simulate(
-            e.config, e.V0(), e.samples, method=e.sampler(e.config), seed=e.seed, **common
-        )
-    models = {f"{'shaped' if e.sde else 'model'} ({model_label(e.config)})": network}
-    for k, (label, cfg) in enumerate(baselines(e.config).items()):
-        models[f"{label} ({model_label(cfg)})"] = simulate(
-            cfg, e.V0(), e.baseline_samples, method=e.sampler(cfg), seed=e.seed + 2 + k, **common
-        )
-    report = collapse_report(models, e.threshold)
-    report.attrs.update(e.to_attrs())
+        network = _network(e, e.config, V0, e.samples, e.seed, progress)
+    report, models = _collapse(e, network, V0, progress)
     if out is not None:
         out = Path(out)
         save_dataset(report, out / "collapse.nc")
@@ -267,6 +278,40 @@ def run_collapse(
                                ("collapse_metrics", plots.plot_collapse_metrics)):  # fmt: skip
                 plot(models, threshold=e.threshold, path=out / "figures" / name)
     return report, models
+
+
+def _collapse(
+    e: Experiment, network: xr.Dataset, V0: torch.Tensor, progress: bool | None
+) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
+    """:func:`run_collapse`'s report and models on checked arguments (``V0 = e.V0()``)."""
+    models = {f"{'shaped' if e.sde else 'model'} ({model_label(e.config)})": network}
+    for k, (label, cfg) in enumerate(baselines(e.config).items()):
+        models[f"{label} ({model_label(cfg)})"] = _network(
+            e, cfg, V0, e.baseline_samples, e.seed + 2 + k, progress
+        )
+    report = collapse_report(models, e.threshold)
+    report.attrs.update(e.to_attrs())
+    return report, models
+
+
+def _network(
+    e: Experiment,
+    config: ModelConfig,
+    V0: torch.Tensor,
+    samples: int,
+    seed: int,
+    progress: bool | None,
+    sampler: SamplerChoice | None = None,
+) -> xr.Dataset:
+    """:func:`simulations.simulate` of ``config`` (the model or a baseline) on the checked
+    experiment's settings: ``V0`` is ``e.V0()``, ``sampler`` (default ``e.sampler(config)``)
+    resolved and checked for ``config``; nothing is checked again."""
+    sampler = e.sampler(config) if sampler is None else sampler
+    return _simulate(
+        config, V0, samples, sampler=sampler, requested=sampler.name, seed=seed,
+        device=e.torch_device, chunk_size=None, memory_budget=DEFAULT_MEMORY_BUDGET,
+        progress=progress,
+    )  # fmt: skip
 
 
 def collapse_summary(collapse: xr.Dataset) -> dict[str, Any]:
@@ -293,11 +338,26 @@ def run_convergence(
 ) -> xr.Dataset:
     """The distance between network and SDE at ``T`` for ``convergence_widths`` and the
     model's width (:func:`simulations.convergence`)."""
-    e = experiment
+    return _convergence(
+        experiment, limit, network, progress, experiment.sampler(experiment.config),
+        experiment.V0(),
+    )  # fmt: skip
+
+
+def _convergence(
+    e: Experiment,
+    limit: xr.Dataset | None,
+    network: xr.Dataset | None,
+    progress: bool | None,
+    sampler: SamplerChoice,
+    V0: torch.Tensor,
+) -> xr.Dataset:
+    """:func:`run_convergence` with the model's sampler object (used at every width,
+    checked there per width) and ``V0 = e.V0()``."""
     return convergence(
-        e.config, [*e.widths, e.config.width], e.V0(), e.samples, limit=limit,
+        e.config, [*e.widths, e.config.width], V0, e.samples, limit=limit,
         networks={e.config.width: network} if network is not None else None,
-        method=e.sampler(e.config), dt=e.dt, sde_method=e.sde_method, seed=e.seed,
+        method=sampler, dt=e.dt, sde_method=e.sde_method, seed=e.seed,
         device=e.device, dtype=e.dtype_torch, progress=progress, step_error=e.step_error,
     )  # fmt: skip
 
@@ -321,11 +381,8 @@ def run_comparison(
         progress: tqdm bars of the simulations (None: when stderr is a terminal).
         stages: ``stages(k, total, text)`` is called as each stage starts.
     """
-    from sde import solve
-
-    from .driver import simulate
-
     check_bool("figures", figures)
+    check_progress(progress)
     e = experiment
     if not e.sde:
         raise ParameterError(
@@ -333,21 +390,22 @@ def run_comparison(
             "experiment.sde is False (collapse only): run_comparison needs the SDE limit; "
             "use run_collapse(experiment) for the collapse report",
         )
-    cfg = e.config
+    # the experiment was checked on construction: from here on, resolved objects only
+    cfg, V0, solver, sampler = e.config, e.V0(), e.solver, e.sampler(e.config)
     writes = out is not None
     timer = _Timer(stages, 4 + bool(e.widths) + writes + (writes and figures))
-    common: dict[str, Any] = {"device": e.device, "dtype": e.dtype_torch, "progress": progress}
     with timer("network", f"finite network: {model_label(cfg)}, width {cfg.width}, depth "
                f"{cfg.depth}, {e.samples} samples"):  # fmt: skip
-        network = simulate(cfg, e.V0(), e.samples, method=e.sampler(cfg), seed=e.seed, **common)
+        network = _network(e, cfg, V0, e.samples, e.seed, progress, sampler)
     with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}"
                + (f" and {e.dt / 2:g} (step error)" if e.step_error else "")
                + f", {e.samples} paths"):  # fmt: skip
-        limit = solve(cfg, e.V0(), e.samples, T=cfg.T, dt=e.dt, method=e.sde_method,
-                      seed=e.seed + 1, warn=False, step_error=e.step_error,
-                      **common)  # fmt: skip  # reported below
+        limit = _solve(cfg, V0, e.samples, solver=solver, grid=time_grid(cfg, solver.dt, T=cfg.T),
+                       constants=e.constants, seed=e.seed + 1, bound=DEFAULT_BOUND,
+                       progress=progress, warn=False,  # reported below
+                       step_error=e.step_error)  # fmt: skip
     with timer("baselines", f"baselines, {e.baseline_samples} samples each"):
-        collapse, models = run_collapse(e, network, progress)
+        collapse, models = _collapse(e, network, V0, progress)
     with timer("statistics", "comparison statistics"):
         comparison = compare(network, limit)
         pairs = token_pairs(network, limit) if cfg.causal else None
@@ -355,7 +413,7 @@ def run_comparison(
     if e.widths:
         with timer("convergence", f"convergence at T = {cfg.T:g}: widths "
                    f"{', '.join(map(str, e.widths))} (+ {cfg.width})"):  # fmt: skip
-            conv = run_convergence(e, limit, network, progress)
+            conv = _convergence(e, limit, network, progress, sampler, V0)
     for ds in (collapse, conv, pairs, comparison):
         if ds is not None:
             ds.attrs.update(e.to_attrs())

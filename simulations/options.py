@@ -1,7 +1,7 @@
 """Sampler choices as objects (as diffrax does): a choice is its algorithm.
 
-``simulate(config, V0, samples, method=Exact(), options=RunOptions(seed=1, dtype=...))`` is
-``simulate(config, V0, samples, method="exact", seed=1, dtype=...)``. Each choice names its
+``simulate(config, V0, samples, method=Exact(), seed=1)`` is
+``simulate(config, V0, samples, method="exact", seed=1)``. Each choice names its
 sampler class (``Exact.sampler_class`` is :class:`simulations.ExactSampler`, which the driver
 instantiates for every chunk of samples); :class:`Auto` picks one for the config
 (:meth:`SamplerChoice.resolve`). A name means the class of that ``name`` in
@@ -18,7 +18,6 @@ from typing import ClassVar
 
 from shapedtx import ModelConfig
 from shapedtx._validation import ParameterError
-from shapedtx.options import RunOptions
 
 from .gram import GramSampler
 from .samplers import ExactSampler, Sampler, WeightsSampler
@@ -28,7 +27,6 @@ __all__ = [
     "Auto",
     "Exact",
     "Gram",
-    "RunOptions",
     "SamplerChoice",
     "Weights",
     "as_sampler",

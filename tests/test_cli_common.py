@@ -135,7 +135,7 @@ def test_run_setup_accepts_the_bounds(argv, tokens, scale):
     assert (config.width, config.depth) == (8, 2)
     rho0 = torch.full((tokens, tokens), 0.2, dtype=torch.float64).fill_diagonal_(1.0)
     assert torch.equal(V0, scale * rho0)
-    assert (options.seed, options.dtype, options.progress) == (0, torch.float64, False)
+    assert options == {"seed": 0, "dtype": torch.float64, "progress": False}
 
 
 def test_run_setup_checks_the_out_file(tmp_path):

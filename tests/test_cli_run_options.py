@@ -195,10 +195,8 @@ def test_formatting_table_and_numbers():
 
 def test_run_args_applies_threads_and_builds_the_librarys_options():
     """--threads sets torch's threads (none given: left alone), the device defaults to cpu,
-    and the library's RunOptions carry seed, dtype and progress."""
+    and the library's run keywords carry seed, dtype and progress."""
     import torch
-
-    from shapedtx.options import RunOptions
 
     before = torch.get_num_threads()
     try:
@@ -210,5 +208,5 @@ def test_run_args_applies_threads_and_builds_the_librarys_options():
     finally:
         torch.set_num_threads(before)
     assert _common.RunArgs().torch_device() == torch.device("cpu")
-    options = _common.RunArgs(seed=4, dtype="float32", progress=False).run_options()
-    assert options == RunOptions(seed=4, dtype=torch.float32, progress=False)
+    keywords = _common.RunArgs(seed=4, dtype="float32", progress=False).run_keywords()
+    assert keywords == {"seed": 4, "dtype": torch.float32, "progress": False}

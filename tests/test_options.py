@@ -1,9 +1,9 @@
 """Options that carry their algorithm (issue 36, item 2): one table of names per kind
 (``sde.SOLVERS``, ``simulations.SAMPLERS``) built from the classes, solver and sampler objects
-that run their own algorithm, and run settings passed one way with nothing dropped."""
+that run their own algorithm, and run settings passed one way (keywords)."""
 
 import re
-from dataclasses import FrozenInstanceError, fields
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,6 @@ import sde
 from sde.options import as_solver
 from sde.solvers import EulerMaruyamaStep, FactoredEulerStep
 from shapedtx import ModelConfig, ParameterError, equicorrelated
-from shapedtx.options import RunOptions, run_settings
 from simulations import (
     SAMPLERS,
     Auto,
@@ -172,56 +171,19 @@ def test_sampler_objects_name_their_sampler_classes():
         simulate(pre_ln, V0, 2, method=Gram())
 
 
-# Run settings: one way, nothing dropped ---------------------------------------------------------
-NON_DEFAULT = {"seed": 5, "device": "cpu", "dtype": torch.float32, "progress": False,
-               "chunk_size": 3}  # fmt: skip
-
-
-def test_every_run_option_has_a_non_default_value_here():
-    assert set(NON_DEFAULT) == {f.name for f in fields(RunOptions)}
-    assert all(NON_DEFAULT[f.name] != f.default for f in fields(RunOptions))
-
-
-@pytest.mark.parametrize("field", list(NON_DEFAULT))
-def test_run_settings_return_each_option_and_refuse_one_the_call_does_not_use(field):
-    defaults = {f.name: f.default for f in fields(RunOptions)}
-    options = RunOptions(**{field: NON_DEFAULT[field]})
-    assert run_settings(options, **defaults)[field] == NON_DEFAULT[field]
-    assert run_settings(None, **defaults) == defaults
-    others = {k: v for k, v in defaults.items() if k != field}
-    assert run_settings(RunOptions(), **others) == others  # defaults are not a use
-    with pytest.raises(ParameterError, match=rf"options\.{field} must be") as err:
-        run_settings(options, **others)
-    assert err.value.parameter == "options"
-    with pytest.raises(ParameterError, match="one way") as err:
-        run_settings(options, **{**defaults, field: NON_DEFAULT[field]})
-    assert err.value.parameter == "options"
-
-
-@pytest.mark.parametrize("field", list(NON_DEFAULT))
-def test_simulate_and_solve_honour_every_option_or_refuse_it(field):
-    """Each RunOptions field is used (seen in the result) or refused, never dropped."""
-    options = RunOptions(**{field: NON_DEFAULT[field]})
-    net = simulate(ATT, V0, 4, options=options)
-    observed = {"seed": net.attrs["seed"], "dtype": net.attrs["dtype"],
-                "device": net.attrs["device"]}  # fmt: skip
-    expected = {"seed": 5, "dtype": "float32", "device": "cpu"}
-    if field in expected:
-        assert observed[field] == expected[field]
-    if field == "chunk_size":  # sde.solve has no chunking
-        with pytest.raises(ParameterError, match=r"options\.chunk_size") as err:
-            sde.solve(ATT, V0, 4, options=options)
-        assert err.value.parameter == "options"
-        return
-    lim = sde.solve(ATT, V0, 4, options=options)
-    observed = {"seed": lim.attrs["seed"], "dtype": lim.attrs["dtype"],
-                "device": lim.attrs["device"]}  # fmt: skip
-    if field in expected:
-        assert observed[field] == expected[field]
+# Run settings: keywords, each honoured ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value", "attr"),
+    [("seed", 5, 5), ("device", "cpu", "cpu"), ("dtype", torch.float32, "float32")],
+)
+def test_simulate_and_solve_honour_every_run_setting(field, value, attr):
+    """Each run keyword is used: seen in the result of simulate and of sde.solve."""
+    assert simulate(ATT, V0, 4, **{field: value}).attrs[field] == attr
+    assert sde.solve(ATT, V0, 4, **{field: value}).attrs[field] == attr
 
 
 def test_choice_objects_are_frozen_values():
-    for cls in [*sde.SOLVERS.values(), *SAMPLERS.values(), RunOptions]:
+    for cls in [*sde.SOLVERS.values(), *SAMPLERS.values()]:
         obj = cls()
         assert obj == cls() and hash(obj) == hash(cls())
         with pytest.raises(FrozenInstanceError):
@@ -252,14 +214,6 @@ def test_solver_paths_are_the_stepper_over_the_grid_with_seeded_normals():
     V, _, _ = sde.solve_torchsde(ATT, V0s, ts, dt=grid.dt, bound=1e8, seed=seed)
     ds = sde.solve(ATT, V0, B, method="torchsde", dt=0.05, seed=seed, save_every=2)
     assert np.array_equal(ds["V"].values, V[:, [0, 2, 4]].numpy())
-
-
-def test_run_options_bounds():
-    assert RunOptions(chunk_size=1).chunk_size == 1 and RunOptions(seed=0).seed == 0
-    for bad in (dict(chunk_size=0), dict(seed=-1), dict(progress=1), dict(device="tpu")):
-        with pytest.raises(ParameterError) as err:
-            RunOptions(**bad)
-        assert err.value.parameter == next(iter(bad))
 
 
 def test_convergence_passes_its_run_settings_to_both_runs(monkeypatch):

@@ -79,7 +79,10 @@ def test_paired_increments_sum_to_the_coarse_increment():
 
     grid = time_grid(LINEAR, 0.1)
     V0s = V0.double().expand(64, M, M).contiguous()
-    V, V_half, *_ = Brownian(0.1).paired_paths(LINEAR, V0s, grid, seed=3, bound=1e8, progress=False)
+    constants = sde.sde_constants(LINEAR, M)
+    V, V_half, *_ = Brownian(0.1).paired_paths(
+        LINEAR, V0s, grid, seed=3, bound=1e8, progress=False, constants=constants
+    )
     np.testing.assert_allclose(V.numpy(), V_half.numpy(), atol=1e-12)
     assert V[:, -1].std() > 0.5  # and they moved: about sqrt(T) per entry
 

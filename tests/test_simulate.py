@@ -261,53 +261,37 @@ def test_every_simulated_covariance_is_psd(config, V0, method, seed):
     _assert_psd(V)
 
 
-def test_sampler_objects_and_run_options_equal_the_keywords():
-    """``method=Exact()`` and ``options=RunOptions(...)`` are the keyword forms exactly, in
-    ``simulate`` and in ``sde.solve``; bad options raise naming the field."""
+def test_sampler_and_solver_objects_equal_their_names():
+    """``method=Exact()`` is ``method="exact"`` exactly in ``simulate``, and
+    ``method=sde.FactoredEuler(dt)`` is ``method="euler", dt=dt`` in ``sde.solve``."""
     import sde
-    from simulations import Auto, Exact, Gram, RunOptions, Weights
+    from simulations import Auto, Exact, Gram, Weights
 
     config = ModelConfig(width=16, depth=3)
     V0 = equicorrelated(3, 0.2)
     for obj, name in ((Exact(), "exact"), (Weights(), "weights"), (Gram(), "gram")):
-        a = simulate(config, V0, 8, method=obj, options=RunOptions(seed=2, chunk_size=4))
+        a = simulate(config, V0, 8, method=obj, seed=2, chunk_size=4)
         b = simulate(config, V0, 8, method=name, seed=2, chunk_size=4)
         assert np.array_equal(a["V"].values, b["V"].values) and a.attrs["method"] == name
     assert simulate(config, V0, 8, method=Auto()).attrs["method"] == "gram"
-    x = sde.solve(config, V0, 8, options=RunOptions(seed=5, dtype=torch.float32))
-    y = sde.solve(config, V0, 8, seed=5, dtype=torch.float32)
+    x = sde.solve(config, V0, 8, method=sde.FactoredEuler(0.02), seed=5, dtype=torch.float32)
+    y = sde.solve(config, V0, 8, method="euler", dt=0.02, seed=5, dtype=torch.float32)
     assert np.array_equal(x["V"].values, y["V"].values)
-    bad_options = [({"seed": -1}, "seed"), ({"dtype": torch.float16}, "dtype"),
-                   ({"device": "tpu"}, "device"), ({"chunk_size": 0}, "chunk_size")]  # fmt: skip
-    for bad, field in bad_options:
-        with pytest.raises(ValueError, match=field):
-            RunOptions(**bad)
 
 
-def test_run_settings_are_given_one_way():
-    """A keyword beside ``options`` is refused, not silently overridden; ``sde.solve``
-    refuses an ``options.chunk_size`` instead of dropping it."""
+def test_run_settings_are_keywords_only():
+    """One way to pass the run settings: keywords (no ``options`` object beside them)."""
+    import inspect
+
     import sde
-    from shapedtx import ParameterError
-    from simulations import RunOptions
 
-    config = ModelConfig(width=16, depth=3)
-    V0 = equicorrelated(3, 0.2)
-    calls = [
-        lambda: simulate(config, V0, 4, seed=3, options=RunOptions(seed=2)),
-        lambda: simulate(config, V0, 4, chunk_size=2, options=RunOptions()),
-        lambda: sde.solve(config, V0, 4, dtype=torch.float32, options=RunOptions()),
-        lambda: sde.solve(config, V0, 4, progress=False, options=RunOptions()),
-        lambda: sde.solve(config, V0, 4, options=RunOptions(chunk_size=2)),
-        lambda: sde.solve(config, V0, 4, options={"seed": 1}),
-    ]
-    for call in calls:
-        with pytest.raises(ParameterError, match="options") as err:
-            call()
-        assert err.value.parameter == "options"
-    # the defaults beside options are not a clash
-    ds = sde.solve(config, V0, 4, seed=0, options=RunOptions(seed=4), progress=None)
-    assert ds.attrs["seed"] == 4
+    settings = {"seed", "device", "dtype", "progress"}
+    for verb in (simulate, sde.solve):
+        parameters = inspect.signature(verb).parameters
+        assert "options" not in parameters
+        assert all(parameters[k].kind is inspect.Parameter.KEYWORD_ONLY for k in settings)
+    with pytest.raises(TypeError, match="options"):
+        simulate(ModelConfig(width=16, depth=3), equicorrelated(3, 0.2), 2, options=None)
 
 
 def test_weights_sampler_is_the_library_block_with_each_groups_generator():

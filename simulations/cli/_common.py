@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from shapedtx._validation import ParameterError, check_int
 from shapedtx.config import CHOICES, FIELD_TYPES, ModelConfig
@@ -21,8 +21,6 @@ from shapedtx.presets import PRESET_DESCRIPTIONS, PRESETS
 
 if TYPE_CHECKING:  # torch loads with the command that runs, not for --help or a usage error
     import torch
-
-    from shapedtx.options import RunOptions
 
 
 # The names the parsers offer, as plain data: building a parser must not import torch (the
@@ -225,12 +223,20 @@ class RunArgs:
 
             torch.set_num_threads(self.threads)
 
-    def run_options(self) -> RunOptions:
-        """The library's :class:`shapedtx.options.RunOptions` (seed, dtype, progress; no
-        device: the run follows its inputs')."""
-        from shapedtx.options import DTYPES, RunOptions
+    def run_keywords(self) -> RunKeywords:
+        """The library's run keywords (seed, dtype, progress; no device: the run follows its
+        inputs'): ``simulate(config, V0, samples, **keywords)``."""
+        from shapedtx.options import DTYPES
 
-        return RunOptions(seed=self.seed, dtype=DTYPES[self.dtype], progress=self.progress)
+        return {"seed": self.seed, "dtype": DTYPES[self.dtype], "progress": self.progress}
+
+
+class RunKeywords(TypedDict):
+    """The run settings the library's verbs (``simulate``, ``sde.solve``) take as keywords."""
+
+    seed: int
+    dtype: torch.dtype
+    progress: bool | None
 
 
 def add_run_options(
@@ -279,9 +285,9 @@ def parse_device(text: str | None) -> torch.device:
         raise option_error(err, ("device",)) from None
 
 
-def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunOptions]:
+def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunKeywords]:
     """Validate the options of :func:`add_input_arguments`, :func:`add_output_arguments` and
-    :func:`add_run_options`: returns (config, V0 on the device, the run options: seed, dtype,
+    :func:`add_run_options`: returns (config, V0 on the device, the run keywords: seed, dtype,
     progress) and applies ``--threads``."""
     from shapedtx._validation import check_int, check_positive, check_tokens
 
@@ -306,7 +312,7 @@ def run_setup(args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, RunO
         raise option_error(err) from None
     settings.apply_threads()
     V0 = equicorrelated(args.tokens, args.rho0, args.scale, device=settings.torch_device())
-    return config, V0, settings.run_options()  # no device in the options: the run follows V0's
+    return config, V0, settings.run_keywords()  # no device: the run follows V0's
 
 
 def _check_writable(path: Path, option: str) -> None:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     ds = solve(
         config, V0, args.samples, T=args.T, dt=args.dt, method=args.method, bound=args.bound,
-        options=options, warn=False,  # the exploded fraction is printed
+        **options, warn=False,  # the exploded fraction is printed
     )  # fmt: skip
     print(format_sde(ds))
     if args.out is not None:

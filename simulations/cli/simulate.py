@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from simulations import simulate
     from simulations.formatting import format_simulation
 
-    ds = simulate(config, V0, args.samples, method=args.method, options=options)
+    ds = simulate(config, V0, args.samples, method=args.method, **options)
     print(format_simulation(ds))
     if args.out is not None:
         print(f"wrote {save_dataset(ds, args.out)}")

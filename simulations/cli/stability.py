@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         ds = stability_map(
             config, V0, gammas, tau0s, T_max=args.T_max, samples=args.samples,
-            method=args.method, dt=args.dt, low=args.low, high=args.high, seed=options.seed,
-            dtype=options.dtype, network=not args.sde_only, progress=options.progress,
+            method=args.method, dt=args.dt, low=args.low, high=args.high, seed=options["seed"],
+            dtype=options["dtype"], network=not args.sde_only, progress=options["progress"],
         )  # fmt: skip
     except ValueError as err:
         names = ("gammas", "tau0s", "samples", "dt", "low", "high", "method")
