@@ -482,7 +482,6 @@ def test_transfer_advice_trains_with_its_multipliers(name, proxy, target):
     group of advice.model the advised learning rate."""
     from shapedtx.training.model import LanguageModel
     from shapedtx.training.trainer import _make_optimizer
-    from shapedtx.transfer import parameter_group
 
     advice = transfer_lr(3e-3, *proxy, *target, name, drifts={})
     config = advice.train_config(steps=10, batch_size=2, seq_len=8)
@@ -496,7 +495,7 @@ def test_transfer_advice_trains_with_its_multipliers(name, proxy, target):
     seen = set()
     for group in optimizer.param_groups:
         for param in group["params"]:
-            kind = parameter_group(names[id(param)])
+            kind = model.parameter_group(names[id(param)])
             assert group["lr"] == pytest.approx(advice.lrs[kind], rel=1e-12), names[id(param)]
             seen.add(kind)
     assert seen >= {"hidden", "embedding"}
