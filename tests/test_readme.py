@@ -437,16 +437,22 @@ def _ablation() -> tuple[list, list]:
 
 def _ablation_long() -> tuple[list, list]:
     d = _json("examples/ablation/results.json")
-    h = "5000"
-    free, shaped = d["models"]["shaped advise, slopes+attn"][h], d["models"]["shaped advise"][h]
-    gpt2, shape = d["models"]["pre-LN (GPT-2)"][h], d["shape"]["shaped advise, slopes+attn"][h]
+    h, models = "5000", _json("examples/ablation/results.json")["models"]
+    free, shaped = models["shaped advise, slopes+attn"][h], models["shaped advise"][h]
+    gpt2, mup = models["pre-LN (GPT-2)"][h], models["pre-LN depth-muP"]
+    shape = d["shape"]["shaped advise, slopes+attn"][h]
     assert free["vs_gpt2"] < 0 < shaped["vs_gpt2"] and free["bracketed"] and free["seeds"] == 1
-    assert free["best_baseline"] == "pre-LN (GPT-2)" and gpt2["seeds"] == 3
-    assert "pre-LN depth-muP" not in d["models"]  # "depth-muP pre-LN not yet measured"
+    assert free["best_baseline"] == "pre-LN depth-muP" and free["vs_best"] > 0  # "ahead of it"
+    assert gpt2["seeds"] == 3 and mup[h]["seeds"] == 1 and not mup[h]["bracketed"]
+    assert mup[h]["best_lr"] == max(mup[h]["lr"])  # "at its grid's edge"
+    level = models["shaped advise, slopes+attn"]["2000"]["vs_best"]
+    assert abs(level) < 0.005  # "level at 2,000"
     claim = [int(h), f"{abs(100 * free['vs_gpt2']):.1f}", f"{free['mean']:.3f}"]
     claim += [f"{gpt2['mean']:.3f}", f"{100 * shaped['vs_gpt2']:.1f}", f"{shape['kappa_init']:.3f}"]
+    claim += [f"{100 * free['vs_best']:.1f}", f"{mup[h]['mean']:.3f}", 2000]
     claim += [f"{shape['kappa_final']:.3f}", 0.5]  # a plain ReLU's kappa (docs/theory.md)
-    return claim, [int(h), *d["widths"], d["depth"], 0, *free["lr"], gpt2["seeds"]]
+    scale = [int(h), *d["widths"], d["depth"], 0, *free["lr"], gpt2["seeds"], mup[h]["best_lr"]]
+    return claim, scale
 
 
 FINDINGS = {
