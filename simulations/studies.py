@@ -38,6 +38,23 @@ STORE = "runs.jsonl"
 RUNS = "runs"
 
 
+def import_beside(folder: Path, name: str) -> Any:
+    """The study script ``folder/name.py`` (e.g. a study's ``report.py``), imported with the
+    scripts of ``folder`` first on the path. Study scripts share file names (``study.py``,
+    ``report.py``) and import each other by them, so in a process that ran another study (a
+    test session) those names may hold another folder's scripts: they are dropped first."""
+    import importlib
+
+    for stale in ("study", "report", name):
+        module = sys.modules.get(stale)
+        if module is not None and Path(getattr(module, "__file__", None) or "").parent != folder:
+            del sys.modules[stale]
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(name)
+
+
 def lr_tag(lr: float) -> str:
     """The one learning-rate encoding of run keys: ``lr`` with 3 significant digits
     (``lr_tag(1 / 300) == "lr0.00333"``, ``lr_tag(2**-8) == "lr0.00391"``)."""

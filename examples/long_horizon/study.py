@@ -53,6 +53,7 @@ from simulations.studies import (
     STORE,
     RunStore,
     Study,
+    import_beside,
     lr_tag,
     parse_study_args,
     study_main,
@@ -466,7 +467,7 @@ def study(
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             spec.loader.exec_module(module)  # type: ignore[union-attr]
             return module.report()
-        from report import report  # type: ignore[import-not-found]  # beside this script
+        report = import_beside(HERE, "report").report
 
         return report(setup, out, results)
 

@@ -335,8 +335,12 @@ def _findings(summary: dict[str, Any], results: list[dict[str, Any]]) -> list[st
     ]
     out.append(
         f"**After {summary['setup']['steps']} steps at width {summary['setup']['width']}, the "
-        f"shaped model is the best of the models tried at depth {_and([str(d) for d in top])}"
-        f", and the smallest branch weight ({smallest}) is the best shaped one**: "
+        + (
+            f"shaped model is the best of the models tried at depth {_and([str(d) for d in top])}"
+            if top
+            else "shaped model is the best of the models tried at no depth"
+        )
+        + f", and the smallest branch weight ({smallest}) is the best shaped one**: "
         + "; ".join(parts)
         + ". Among the shaped models the loss "
         + (

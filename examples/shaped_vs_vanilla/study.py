@@ -35,6 +35,7 @@ from simulations.studies import (
     STORE,
     RunStore,
     Study,
+    import_beside,
     lr_tag,
     parse_study_args,
     study_main,
@@ -220,7 +221,7 @@ def study(setup: Setup, out: Path, device: str = "cpu") -> Study:
         return [training_run(job, setup, out, device) for job in todo]
 
     def write_report(results: list[dict[str, Any]]) -> Any:
-        from report import report  # type: ignore[import-not-found]  # beside this script
+        report = import_beside(HERE, "report").report
 
         return report(setup, out, [flat_result(r) for r in results])
 

@@ -53,6 +53,7 @@ from simulations.studies import (
     STORE,
     RunStore,
     Study,
+    import_beside,
     lr_tag,
     parse_study_args,
     study_main,
@@ -394,7 +395,8 @@ def study(
         ]
 
     def write_report(results: list[dict[str, Any]]) -> Any:
-        from report import DRIFTS, report  # type: ignore[import-not-found]  # beside me
+        module = import_beside(HERE, "report")
+        DRIFTS, report = module.DRIFTS, module.report
 
         # the package data simulations.transfer_lr quotes: the committed study's drifts only
         committed = setup == DEFAULT and Path(out).resolve() == HERE.resolve()
