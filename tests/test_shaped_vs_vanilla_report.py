@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from run_history import result_jsons_at
 
 from simulations.studies import RunStore, lr_tag
 
@@ -52,27 +52,10 @@ def test_committed_report_is_regenerated_from_the_committed_runs(modules, tmp_pa
 
 
 def test_every_converted_run_equals_its_original_result_json():
-    try:
-        subprocess.run(["git", "cat-file", "-e", f"{CONVERTED_FROM}^{{commit}}"],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("the repository's history is not here (a shallow or exported copy)")
-    tracked = subprocess.run(
-        ["git", "ls-tree", "-r", "--name-only", CONVERTED_FROM, "examples/shaped_vs_vanilla/runs/"],
-        capture_output=True, cwd=ROOT, check=True, text=True,
-    ).stdout.split()  # fmt: skip
-    tracked = [p for p in tracked if p.endswith("/result.json")]
+    originals = result_jsons_at(CONVERTED_FROM, "examples/shaped_vs_vanilla/runs/")
     records = dict(RunStore(STUDY / "runs.jsonl").records())
-    assert len(tracked) == len(records) == 134
-    query = "".join(f"{CONVERTED_FROM}:{p}\n" for p in tracked).encode()
-    out = subprocess.run(["git", "cat-file", "--batch"], input=query, capture_output=True,
-                         cwd=ROOT, check=True).stdout  # fmt: skip
-    at = 0
-    for path in tracked:
-        end = out.index(b"\n", at)
-        size = int(out[at:end].split()[2])
-        original = json.loads(out[end + 1 : end + 1 + size])
-        at = end + 1 + size + 1
+    assert len(originals) == len(records) == 134
+    for path, original in originals.items():
         slug, depth, folder = path.split("/")[-4:-1]
         seed = folder.rsplit("_s", 1)[1]
         assert f"lr{original['lr']:.0e}_s{seed}" == folder, path

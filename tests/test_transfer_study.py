@@ -7,7 +7,6 @@ import importlib.util
 import json
 import math
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 from importlib.resources import files
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_history import result_jsons_at
 
 from shapedtx import ParameterError
 from simulations import transfer_lr
@@ -413,27 +413,10 @@ CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
 
 
 def test_every_converted_run_equals_its_original_result_json():
-    try:
-        subprocess.run(["git", "cat-file", "-e", f"{CONVERTED_FROM}^{{commit}}"],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("the repository's history is not here (a shallow or exported copy)")
-    tracked = subprocess.run(
-        ["git", "ls-tree", "-r", "--name-only", CONVERTED_FROM, "examples/transfer/runs/"],
-        capture_output=True, cwd=ROOT, check=True, text=True,
-    ).stdout.split()  # fmt: skip
-    tracked = [p for p in tracked if p.endswith("/result.json")]
+    originals = result_jsons_at(CONVERTED_FROM, "examples/transfer/runs/")
     records = dict(RunStore(STUDY / "runs.jsonl").records())
-    assert len(tracked) == len(records) == 286
-    query = "".join(f"{CONVERTED_FROM}:{p}\n" for p in tracked).encode()
-    out = subprocess.run(["git", "cat-file", "--batch"], input=query, capture_output=True,
-                         cwd=ROOT, check=True).stdout  # fmt: skip
-    at = 0
-    for path in tracked:
-        end = out.index(b"\n", at)
-        size = int(out[at:end].split()[2])
-        original = json.loads(out[end + 1 : end + 1 + size])
-        at = end + 1 + size + 1
+    assert len(originals) == len(records) == 286
+    for path, original in originals.items():
         name, shape, folder = path.split("/")[-4:-1]
         j, seed = folder.removeprefix("lr").split("_s")
         assert records[f"{name}/{shape}/{lr_tag(2.0 ** int(j))}_s{seed}"] == original, path

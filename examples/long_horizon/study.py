@@ -460,13 +460,7 @@ def study(
 
     def write_report(results: list[dict[str, Any]]) -> Any:
         if setup.ablation:  # one report of both stages, from both stores
-            import importlib.util
-
-            path = HERE.parent / "ablation" / "report.py"
-            spec = importlib.util.spec_from_file_location("ablation_report", path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-            return module.report()
+            return import_beside(HERE.parent / "ablation", "report").report()
         report = import_beside(HERE, "report").report
 
         return report(setup, out, results)
