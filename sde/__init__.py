@@ -3,7 +3,8 @@ attention: docs/theory.md#causal-sde).
 
 ``drift(config, V)`` and ``diffusion(config, V)`` are the coefficients, ``sample_noise`` draws
 increments with covariance ``diffusion`` without an (m^2 x m^2) square root, and ``solve``
-integrates many paths into the shared covariance Dataset (``shapedtx.results``);
+integrates many paths into the shared covariance Dataset (``shapedtx.results``; ``solve_resolved``
+is its core on arguments checked once by a caller);
 ``solve_batch`` integrates many configurations together (their final states only).
 """
 
@@ -19,7 +20,7 @@ from .coefficients import (
 from .kernel_map import kernel_nonlinearity, mlp_block_mean, mlp_kernel
 from .noise import psd_factor, sample_noise
 from .options import SOLVERS, EulerMaruyama, FactoredEuler, Solver, TorchSDE
-from .solve import solve, solve_batch
+from .solve import solve, solve_batch, solve_resolved
 from .solvers import integrate
 from .time_grid import TimeGrid, time_grid
 from .torchsde_solver import CovarianceSDE, solve_torchsde
@@ -47,6 +48,7 @@ __all__ = [
     "sde_constants",
     "solve",
     "solve_batch",
+    "solve_resolved",
     "solve_torchsde",
     "time_grid",
 ]

@@ -97,13 +97,13 @@ def solve(
     grid = time_grid(config, solver.dt, T=T, save_every=save_every)
     V0 = check_covariance(V0).to(dtype=dtype, device=device)
     constants = sde_constants(config, V0.shape[-1])  # raises for models without an SDE limit
-    return _solve(
+    return solve_resolved(
         config, V0, samples, solver=solver, grid=grid, constants=constants, seed=seed,
         bound=bound, progress=progress, warn=warn, step_error=step_error,
     )  # fmt: skip
 
 
-def _solve(
+def solve_resolved(
     config: ModelConfig,
     V0: Tensor,
     samples: int,
@@ -117,10 +117,15 @@ def _solve(
     warn: bool,
     step_error: bool,
 ) -> xr.Dataset:
-    """:func:`solve` on validated, resolved arguments: ``V0`` (m, m) in the run's dtype and on
-    its device, the solver object, its time grid and ``config``'s constants for m tokens
-    (:func:`sde.sde_constants`), trusted (:func:`solve` and
-    :func:`simulations.run_comparison` check them once)."""
+    """:func:`solve` on arguments its caller has checked and resolved once: ``config`` checked,
+    ``V0`` (m, m) checked, in the run's dtype and on its device, the solver object, its time grid
+    (:func:`sde.time_grid`) and ``config``'s constants for m tokens (:func:`sde.sde_constants`).
+    Nothing is checked again: for library verbs that validate once and solve as one of their
+    stages (:func:`simulations.run_comparison`); everyone else calls :func:`solve`.
+
+    Returns:
+        the Dataset of :func:`solve`.
+    """
     method, T, steps, step, every = solver.name, grid.T, grid.steps, grid.dt, grid.save_every
     m = V0.shape[-1]
     dtype = V0.dtype

@@ -30,7 +30,7 @@ import torch
 import xarray as xr
 
 from sde import SOLVERS, SDEConstants, Solver, sde_constants
-from sde.solve import DEFAULT_BOUND, SEED_MAX, _solve
+from sde.solve import DEFAULT_BOUND, SEED_MAX, solve_resolved
 from sde.time_grid import time_grid
 from shapedtx import ModelConfig, equicorrelated
 from shapedtx._validation import (
@@ -400,10 +400,11 @@ def run_comparison(
     with timer("sde", f"SDE limit to T = {cfg.T:g}, dt {e.dt:g}"
                + (f" and {e.dt / 2:g} (step error)" if e.step_error else "")
                + f", {e.samples} paths"):  # fmt: skip
-        limit = _solve(cfg, V0, e.samples, solver=solver, grid=time_grid(cfg, solver.dt, T=cfg.T),
-                       constants=e.constants, seed=e.seed + 1, bound=DEFAULT_BOUND,
-                       progress=progress, warn=False,  # reported below
-                       step_error=e.step_error)  # fmt: skip
+        limit = solve_resolved(cfg, V0, e.samples, solver=solver,
+                               grid=time_grid(cfg, solver.dt, T=cfg.T), constants=e.constants,
+                               seed=e.seed + 1, bound=DEFAULT_BOUND, progress=progress,
+                               warn=False,  # reported below
+                               step_error=e.step_error)  # fmt: skip
     with timer("baselines", f"baselines, {e.baseline_samples} samples each"):
         collapse, models = _collapse(e, network, V0, progress)
     with timer("statistics", "comparison statistics"):
