@@ -1,6 +1,6 @@
 """``transfer_lr``: the learning rate to train a target with, from a small proxy's tuned one.
 
-The companion of ``shapedtx advise`` for training (issue 37, item 5): given the peak learning
+The companion of ``shapedtx advise`` for training: given the peak learning
 rate tuned on a proxy (width, depth) and a target (width, depth) of the same parametrisation
 (a ``shapedtx`` preset), the per-parameter-group Adam learning rates its rule prescribes
 (:func:`shapedtx.lr_multipliers`, docs/guide/transfer.md), with the evidence the advice rests
