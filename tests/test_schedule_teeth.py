@@ -5,11 +5,13 @@ recorder): every boundary and error condition of their docstrings (issue 66)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 
 import shapedtx.training.horizons as hz
@@ -102,11 +104,19 @@ def test_horizon_configs_are_ascending_with_their_steps():
 
 
 @pytest.mark.parametrize(
-    "horizons",
-    [[], (8, 8), (8, True), (8.0,), ("8",), (4,), (3, 16)],
+    ("horizons", "message"),
+    [
+        ([], "non-empty sequence of ints"),
+        ((8, 8), "distinct"),
+        ((8, True), "non-empty sequence of ints"),
+        ((8.0,), "non-empty sequence of ints"),
+        (("8",), "non-empty sequence of ints"),
+        ((4,), "> warmup_steps=4"),
+        ((3, 16), "> warmup_steps=4"),
+    ],
 )
-def test_horizon_configs_refuse(horizons):
-    with pytest.raises(ParameterError) as err:
+def test_horizon_configs_refuse(horizons, message):
+    with pytest.raises(ParameterError, match=re.escape(message)) as err:
         horizon_configs(BASE, horizons)
     assert err.value.parameter == "horizons"
 
@@ -217,4 +227,45 @@ def test_a_diverged_longest_run_stands_for_the_horizons_it_never_branched(tmp_pa
     assert logs[8].attrs["status"] == "finished"
     monkeypatch.setattr(hz, "train", _Recorder(diverges_at=11, no_log=True))
     with pytest.raises(TrainingDiverged):  # a divergence without a log is raised
+        train_horizons(MODEL, "data", BASE, (8, 20), tmp_path / "y")
+
+
+def test_train_horizons_passes_the_documented_defaults_to_train(tmp_path, monkeypatch):
+    """``device``, ``dtype``, ``progress`` and ``compile`` default as for ``train``."""
+    rec = _Recorder()
+    monkeypatch.setattr(hz, "train", rec)
+    train_horizons(MODEL, "data", BASE, (8, 20), tmp_path)
+    assert len(rec.calls) == 2
+    for call in rec.calls:
+        assert call["device"] is None and call["dtype"] is torch.float32
+        assert call["progress"] is True and call["compile"] is False
+
+
+class _DivergingBranch(_Recorder):
+    """``train`` replaced: the longest run finishes, every branch diverges (with or without
+    its log)."""
+
+    def __call__(self, model, data, config, *, out_dir, snapshots=(), branch_from=None, **kw):
+        if branch_from is None:
+            return super().__call__(model, data, config, out_dir=out_dir, snapshots=snapshots,
+                                    **kw)  # fmt: skip
+        self.calls.append(dict(steps=config.steps, branch_from=branch_from))
+        log = None if self.no_log else _log("diverged", config.steps)
+        if log is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            save_dataset(log, Path(out_dir) / LOG)
+        raise TrainingDiverged("nan", step=config.steps - 1, checkpoint=None, log=log)
+
+
+def test_a_diverged_branch_is_returned_and_one_without_a_log_is_raised(tmp_path, monkeypatch):
+    rec = _DivergingBranch()
+    monkeypatch.setattr(hz, "train", rec)
+    logs = train_horizons(MODEL, "data", BASE, (8, 16, 20), tmp_path)
+    assert [c["steps"] for c in rec.calls] == [20, 8, 16]
+    assert logs[20].attrs["status"] == "finished"
+    for h in (8, 16):
+        assert logs[h].attrs["status"] == "diverged" and float(logs[h]["x"][0]) == h
+    assert not list((tmp_path / "h20").glob("checkpoint-*.pt"))
+    monkeypatch.setattr(hz, "train", _DivergingBranch(no_log=True))
+    with pytest.raises(TrainingDiverged):
         train_horizons(MODEL, "data", BASE, (8, 20), tmp_path / "y")

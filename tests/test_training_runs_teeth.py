@@ -4,6 +4,7 @@ bookkeeping, on hand-built logs and results (issue 66)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -140,6 +141,8 @@ def test_training_run_fields_and_checks(tmp_path):
     assert run.result_path == tmp_path / "r" / RESULT and RESULT == "result.json"
     assert (run.max_bytes, run.data, run.device, run.dtype) == (8_000_000, None, "cpu", "float32")
     assert run.compile is False and run.labels == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.folder = str(tmp_path / "elsewhere")  # frozen: a run is a value
     TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), dtype="float64")
     TrainingRun(MODEL, TRAIN, (16,), str(tmp_path), data=str(tmp_path))  # an existing folder
     for bad, name in [
@@ -301,3 +304,16 @@ def test_run_training_on_its_own_logs_or_checkpoints_is_resumed(tmp_path, monkey
         (folder / path).write_text("")
         run = TrainingRun(MODEL, TRAIN, (8, 16), str(folder), max_bytes=20_000)
         assert tr.run_training(run)["resumed"] is resumed, name
+
+
+def test_run_training_wall_seconds_is_this_calls_time(tmp_path, monkeypatch):
+    """``wall_seconds``: the time of this call (``perf_counter`` at the end minus at the start),
+    rounded to 0.1 s."""
+    from types import SimpleNamespace
+
+    calls: list = []
+    _fake_training(monkeypatch, calls)
+    clock = iter([1000.0, 1012.34])
+    monkeypatch.setattr(tr, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    run = TrainingRun(MODEL, TRAIN, (8,), str(tmp_path / "r"), max_bytes=20_000)
+    assert tr.run_training(run)["wall_seconds"] == 12.3
