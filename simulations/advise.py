@@ -21,7 +21,7 @@ Ranking: :func:`rank_key` states the rule, once (score ``rho_spread``, the sd of
 off-diagonal ``rho_T``, against ``spread_target``, :data:`DEFAULT_SPREAD_TARGET`). The evidence
 for this score (a pilot training study, then ``examples/advise/predict.py``: the rank
 correlation of each init-time score with the trained loss, and how far the advice was from the
-best trained configuration) is reported in ``examples/advise/README.md`` and summarised in the
+best trained configuration) is reported in ``examples/advise/results.md`` and summarised in the
 advise guide (``docs/guide/advise.md``), with its scope (widths, depths, training horizons, seeds).
 
 Sampling: every candidate is first screened with ``screen_samples`` paths (rejected there only

@@ -21,7 +21,7 @@ def rank_key(c: Any, spread_target: float) -> tuple:
     The score is rho_spread (ranking_score), the standard deviation of the off-diagonal
     correlations rho_T over paths and token pairs; lower is better (less spread at
     initialisation went with lower trained loss after 150-300 steps at widths 32 and 64, one seed:
-    examples/advise/README.md). Candidates sort
+    examples/advise/results.md). Candidates sort
     (smallest key first) as:
 
     1. plausibly safe candidates (confirmed and passed, or screened without a significant

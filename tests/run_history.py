@@ -13,9 +13,10 @@ import pytest
 ROOT = Path(__file__).parents[1]
 
 
-def result_jsons_at(commit: str, folder: str) -> dict[str, dict[str, Any]]:
-    """Path -> parsed ``result.json`` of every such file under ``folder`` (relative to the
-    repository) at ``commit``; skips the test where the history is not here."""
+def result_jsons_at(commit: str, folder: str, suffix: str = "/result.json") -> dict[str, Any]:
+    """Path -> parsed ``result.json`` (any file whose path ends with ``suffix``) of every such
+    file under ``folder`` (relative to the repository) at ``commit``; skips the test where the
+    history is not here."""
     try:
         subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"],
                        cwd=ROOT, check=True, capture_output=True)  # fmt: skip
@@ -25,7 +26,7 @@ def result_jsons_at(commit: str, folder: str) -> dict[str, dict[str, Any]]:
         ["git", "ls-tree", "-r", "--name-only", commit, folder],
         capture_output=True, cwd=ROOT, check=True, text=True,
     ).stdout.split()  # fmt: skip
-    tracked = [p for p in tracked if p.endswith("/result.json")]
+    tracked = [p for p in tracked if p.endswith(suffix)]
     query = "".join(f"{commit}:{p}\n" for p in tracked).encode()
     out = subprocess.run(["git", "cat-file", "--batch"], input=query, capture_output=True,
                          cwd=ROOT, check=True).stdout  # fmt: skip

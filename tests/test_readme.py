@@ -465,7 +465,7 @@ FINDINGS = {
         _long_horizon_outliers,
         _long_horizon_gpu,
     ],
-    "examples/advise/README.md": [_advise_short, _advise_long],
+    "examples/advise/results.md": [_advise_short, _advise_long],
     "examples/transfer/results.md": [
         lambda: _transfer(
             [

@@ -32,7 +32,7 @@ the width); each candidate's predicted law at T must meet the safety criteria:
 
 Ranking (simulations.advise.rank_key; spread_target is --spread-target, default 0.145):
 {ranking}
-How well the score predicts trained losses: the advise study, examples/advise/README.md.
+How well the score predicts trained losses: the advise study, examples/advise/results.md.
 
 Every candidate is screened with --screen-samples paths (rejected there only for a violation
 beyond 2 standard errors; others are "unresolved"); candidates are then confirmed with
