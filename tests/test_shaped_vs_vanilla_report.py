@@ -21,8 +21,8 @@ CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
 (folders ``lr<lr:.0e>_s<seed>``; keys now ``lr_tag(lr)``)."""
 
 
-def _load(name: str, monkeypatch):
-    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
+def _load(name: str, monkeypatch, path: Path | None = None):
+    spec = importlib.util.spec_from_file_location(name, path or STUDY / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     # restored after the test: other studies have modules of the same names
     monkeypatch.setitem(sys.modules, name, module)
@@ -49,6 +49,17 @@ def test_committed_report_is_regenerated_from_the_committed_runs(modules, tmp_pa
     for name in ("loss_vs_depth", "loss_vs_lr", "loss_curves", "mean_rho_by_layer"):
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
         assert (STUDY / "figures" / f"{name}.png").exists()
+
+
+def test_the_default_setup_is_recognised_from_the_script_run_as_main(modules, monkeypatch):
+    """``python study.py --report`` runs study.py as ``__main__`` and report.py imports a
+    second copy: the report must still see the default setup (it writes the horizon caveat
+    only for the default; ``==`` between the copies' classes was always False)."""
+    study, report = modules
+    script = _load("study_as_script", monkeypatch, STUDY / "study.py")  # the second copy
+    assert type(script.DEFAULT) is not type(study.DEFAULT)
+    assert report.is_default(script.DEFAULT) and report.is_default(study.DEFAULT)
+    assert not report.is_default(script.QUICK)
 
 
 def test_every_converted_run_equals_its_original_result_json():

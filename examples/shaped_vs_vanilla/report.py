@@ -4,6 +4,7 @@ examples/shaped_vs_vanilla/report.py``). Nothing here is edited by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -600,6 +601,13 @@ def _caveats(setup: Setup, summary: dict[str, Any], results: list[dict[str, Any]
     return [f"- {c}" for c in out]
 
 
+def is_default(setup: Setup) -> bool:
+    """Whether ``setup`` is the study's default, by value: run as ``python study.py``, the
+    study is ``__main__`` and this module's ``from study import`` loads a second copy, whose
+    ``Setup`` is another class (so ``==`` between the two is always False)."""
+    return dataclasses.astuple(setup) == dataclasses.astuple(DEFAULT)
+
+
 def _horizon_caveat() -> list[str]:
     """The long-horizon study's verdict on the same pair (its generated results.json)."""
     if not LONG_HORIZON.exists():
@@ -641,7 +649,7 @@ def results_md(setup: Setup, summary: dict[str, Any], results: list[dict[str, An
         "Do not edit: change `report.py` and run `python examples/shaped_vs_vanilla/report.py`. "
         "The design: [README.md](README.md); the numbers: [results.json](results.json).",
         "",
-        *(_horizon_caveat() if setup == DEFAULT else []),
+        *(_horizon_caveat() if is_default(setup) else []),
         f"Width {setup.width}, depths {_and([str(d) for d in depths])}, "
         f"{summary['setup']['steps']} steps of {setup.batch_size} x {setup.seq_len} bytes, "
         f"learning rate tuned per model and depth, {len(setup.seeds)} seeds at the best "
