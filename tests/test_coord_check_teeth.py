@@ -53,10 +53,10 @@ def _batches(n: int, count: int) -> list[torch.Tensor]:
     return [torch.randn(2, 3, n, generator=g, dtype=torch.float64) for _ in range(count)]
 
 
-def _by_hand(make, size, batches, steps, opt_of, groups=("attention", "mlp")):
+def _by_hand(make, size, batches, steps, opt_of, groups=("attention", "mlp"), dtype=torch.float64):
     """The coordinate check written out: stream, branch (k+1, L), update (k+1, L, G), loss."""
     torch.manual_seed(0)
-    model = make(size).double().train()
+    model = make(size).to(dtype).train()
     opt = opt_of(model)
     stream, branch, loss = [], [], []
     update = [np.full((len(model.blocks), len(groups)), np.nan)]
@@ -351,3 +351,23 @@ def test_figure_panels_lines_colours_and_labels():
     with pytest.raises(ParameterError, match="missing stream_rms, branch_rms") as err:
         shapedtx.plot_coord_check(ds.drop_vars(["stream_rms", "branch_rms"]))
     assert err.value.parameter == "ds"
+
+
+def test_the_documented_defaults():
+    """Three AdamW steps at lr 1e-3, seed 0, float32 on the CPU, sizes called "width", the
+    default groups: the same Dataset as with every default written out."""
+    batches = _batches(4, 1)
+    ds = shapedtx.coord_check(lambda n: _Net(n), [4], batches, loss=_loss)
+    assert ds.sizes["step"] == 4 and ds.attrs["steps"] == 3 and ds.attrs["lr"] == 1e-3
+    assert ds.attrs["optimizer"] == "adamw" and ds.attrs["seed"] == 0
+    assert ds.attrs["dtype"] == "float32" and ds.attrs["device"] == "cpu"
+    assert ds.attrs["size_label"] == "width" and ds.attrs["groups"] == "default_group"
+    want = _by_hand(
+        lambda n: _Net(n).float(), 4, [b.float() for b in batches], 3,
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), dtype=torch.float32,
+    )  # fmt: skip
+    np.testing.assert_allclose(ds["stream_rms"].sel(size=4).values, want["stream"], rtol=1e-5)
+    np.testing.assert_allclose(
+        ds["update_rms"].sel(size=4, group=["attention", "mlp"]).values[1:],
+        want["update"][1:], rtol=1e-4,
+    )  # fmt: skip
