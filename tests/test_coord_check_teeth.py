@@ -324,6 +324,9 @@ def test_figure_panels_lines_colours_and_labels():
     viridis = matplotlib.colormaps["viridis"]
     stream = axes[0].get_lines()
     assert [line.get_label() for line in stream] == ["step 0", "step 1", "step 2"]
+    assert {
+        (line.get_marker(), line.get_linestyle(), line.get_markersize()) for line in stream
+    } == {("o", "-", 3)}
     for line, c in zip(stream, np.linspace(0.0, 0.9, 3), strict=True):
         np.testing.assert_allclose(line.get_color(), viridis(c))
     mean = ds["stream_rms"].mean("layer")  # size 1: its one layer

@@ -140,3 +140,33 @@ def test_solve_batch_takes_the_bound_and_the_device():
     ((on_cpu, _),) = sde.solve_batch([wild], V0, 4, T=T, steps=3, dtype=torch.float64, device="cpu")
     assert on_cpu.device.type == "cpu" and on_cpu.dtype == torch.float64
     assert torch.equal(VT, on_cpu)
+
+
+def _fake_step(calls):
+    """A stand-in for the factored Euler step: records each call's rows, returns its own
+    tensors (``normals[:, 0]`` as factor and V')."""
+
+    def step(state, normals, *args, **kw):
+        calls.append(normals.shape[0])
+        out = normals[:, 0] + 0
+        return (out, out), out
+
+    return step
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_one_batch_off_the_cpu_or_when_a_chunk_holds_it_is_the_step_itself(monkeypatch, device):
+    """Off the CPU (here the meta device) the batch is never chunked, whatever
+    ``CHUNK_BYTES``; on the CPU a chunk that holds the whole batch is the one-batch call: the
+    step's own tensors come back (no chunk loop, no copy)."""
+    calls: list[int] = []
+    monkeypatch.setattr(solvers, "_factored_euler_step", _fake_step(calls))
+    B = 5
+    normals = torch.zeros(B, 2, M, M, dtype=torch.float64, device=device)
+    state = torch.zeros(B, M, M, dtype=torch.float64, device=device)
+    const = solvers._Constants(1.0, 1.0, 1.0, 1.0)
+    chunk = (2 if device == "meta" else B) * M * M * 8  # meta: 2 rows a chunk on the CPU
+    monkeypatch.setattr(solvers, "CHUNK_BYTES", chunk)
+    (factor, V), new = solvers._chunked_step(state, normals, 0.1, const, False, {})
+    assert calls == [B]
+    assert factor is V is new  # the stand-in's own tensor, not a chunked copy
