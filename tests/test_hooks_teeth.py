@@ -249,6 +249,13 @@ def test_run_once_modes_gradients_errors_and_restored_flags():
 # ---------------------------------------------------------------- record_streams
 
 
+def test_record_streams_runs_in_eval_mode_unless_told():
+    model = _Probe()
+    record_streams(model, torch.randn(2, 3, 4), find_blocks(model))
+    record_streams(model, torch.randn(2, 3, 4), find_blocks(model), eval_mode=False)
+    assert model.seen == [(False, False, False), (True, True, False)] and model.training
+
+
 def test_record_streams_keeps_every_layer_and_refuses_bad_streams():
     torch.manual_seed(0)
     model = _holder(blocks=nn.ModuleList([_Add(), _Add()]))
