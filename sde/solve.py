@@ -221,7 +221,7 @@ def solve_batch(
     configs = list(configs)
     if not configs:
         raise ParameterError("configs", "configs must not be empty")
-    if isinstance(samples, int):
+    if not isinstance(samples, Sequence):  # one count for all (checked as each one)
         samples = [samples] * len(configs)
     counts = [check_int("samples", n, 1) for n in samples]
     if len(counts) != len(configs):

@@ -51,16 +51,25 @@ TESTS: dict[str, list[str]] = {
     "shapedtx/bottleneck.py": ["tests/test_bottleneck.py"],
     "shapedtx/diagnostics/probing.py": ["tests/test_probe.py::-k not transformers_gpt2"],
     "shapedtx/diagnostics/hooks.py": [
+        "tests/test_hooks_teeth.py",
         "tests/test_probe.py::-k not gpt2",
         "tests/test_coord_check.py::-k not gpt2",
     ],
     "shapedtx/diagnostics/updates.py": [
+        "tests/test_hooks_teeth.py",
         "tests/test_monitor.py::-k not gpt2",
         "tests/test_coord_check.py::-k not gpt2",
     ],
-    "shapedtx/diagnostics/attention.py": ["tests/test_monitor.py", "tests/test_monitor_teeth.py"],
-    "shapedtx/diagnostics/monitor.py": ["tests/test_monitor.py", "tests/test_monitor_shape.py"],
-    "shapedtx/diagnostics/coordinates.py": ["tests/test_coord_check.py"],
+    "shapedtx/diagnostics/attention.py": ["tests/test_monitor_teeth.py", "tests/test_monitor.py"],
+    "shapedtx/diagnostics/monitor.py": [
+        "tests/test_monitor_teeth.py",
+        "tests/test_monitor.py",
+        "tests/test_monitor_shape.py",
+    ],
+    "shapedtx/diagnostics/coordinates.py": [
+        "tests/test_coord_check_teeth.py",
+        "tests/test_coord_check.py::test_bad_arguments_are_refused_before_any_model_is_built",
+    ],
     "shapedtx/training/transfer.py": ["tests/test_transfer.py"],
     "simulations/compare.py": ["tests/test_compare.py"],
     "simulations/convergence.py": ["tests/test_compare.py"],

@@ -157,11 +157,12 @@ def _mha_logits(
     key: Tensor,
     attn_mask: Tensor | None,
     key_padding_mask: Tensor | None,
-    is_causal: bool,
 ) -> Tensor:
     """The logits ``q k^T / sqrt(head_dim)`` (B, h, m, m_k) of ``nn.MultiheadAttention``
     recomputed from its input projection, with its masks (boolean: True = not allowed; float:
-    added)."""
+    added). ``is_causal`` is only PyTorch's hint that ``attn_mask`` is causal: without a mask
+    PyTorch either refuses it or (eval mode without gradients, the monitor's pass) attends
+    every key, so it is not read."""
     if query.dim() == 2:  # unbatched
         query, key = query[None], key[None]
     elif not mha.batch_first:
@@ -180,8 +181,6 @@ def _mha_logits(
         mask = attn_mask if attn_mask.dim() == 2 else attn_mask.view(Y.shape)
         boolean = mask.dtype == torch.bool
         Y = Y.masked_fill(mask, -math.inf) if boolean else Y + mask.to(Y.dtype)
-    elif is_causal:
-        Y = _causal(Y)
     if key_padding_mask is not None:
         pad = key_padding_mask[:, None, None, :]
         Y = Y.masked_fill(pad, -math.inf) if pad.dtype == torch.bool else Y + pad.to(Y.dtype)
@@ -210,7 +209,6 @@ class _MultiheadReader(Reader):
                     _argument(args, kwargs, 1, "key"),
                     _argument(args, kwargs, 5, "attn_mask"),
                     _argument(args, kwargs, 3, "key_padding_mask"),
-                    bool(_argument(args, kwargs, 7, "is_causal", False)),
                 )
 
         return [self.mha.register_forward_pre_hook(hook, with_kwargs=True)]
@@ -240,7 +238,6 @@ class _EncoderLayerReader(_MultiheadReader):
                     x,
                     _argument(args, kwargs, 1, "src_mask"),
                     _argument(args, kwargs, 2, "src_key_padding_mask"),
-                    bool(_argument(args, kwargs, 3, "is_causal", False)),
                 )
 
         return [self.layer.register_forward_pre_hook(hook, with_kwargs=True)]
