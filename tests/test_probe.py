@@ -439,7 +439,9 @@ def test_covariance_probe_defaults_count_calls_from_zero_in_eval_mode(monkeypatc
     cov = CovarianceProbe(model, X, every=2, blocks="stack")
     assert [cov(), cov(), cov()] == [True, False, True]
     assert model.stack[0].seen == [(False, False)] * 2
-    np.testing.assert_array_equal(cov.dataset()["step"].values, [0, 2])
+    ds = cov.dataset()
+    np.testing.assert_array_equal(ds["step"].values, [0, 2])
+    assert (ds.attrs["width"], ds.attrs["stream_dtype"]) == (8, "float64")
     computed = []
     original = metrics.metric_tensors
     monkeypatch.setattr(metrics, "metric_tensors", lambda V: computed.append(1) or original(V))
@@ -451,6 +453,24 @@ def test_covariance_probe_defaults_count_calls_from_zero_in_eval_mode(monkeypatc
     cov(2)
     assert computed == [1, 1]
     assert cov.dataset().sizes["step"] == 3 and computed == [1, 1, 1]
+
+
+def test_covariance_probe_flushes_every_64_measurements_by_default(monkeypatch):
+    """The default ``max_pending`` is 64: 63 measurements stay pending, the 64th computes all."""
+    from shapedtx.diagnostics import probing
+
+    model, X = _dropout_model(), torch.randn(2, 4, 8, dtype=torch.float64)
+    cov = CovarianceProbe(model, X, blocks="stack")
+    recorded = probing._record(model, X, cov.blocks, True)  # one real forward, reused below
+    monkeypatch.setattr(probing, "_record", lambda *args: recorded)
+    computed = []
+    original = metrics.metric_tensors
+    monkeypatch.setattr(metrics, "metric_tensors", lambda V: computed.append(1) or original(V))
+    for step in range(63):
+        assert cov(step)
+    assert computed == [] and cov.max_pending == 64
+    cov(63)
+    assert len(computed) == 64
 
 
 class _Blocks(nn.Module):

@@ -13,7 +13,7 @@ from shapedtx import ModelConfig, ParameterError, Transformer, lr_multipliers, l
 from shapedtx.presets import SHAPED_T_GAMMA_T
 from shapedtx.training import LanguageModel, TrainConfig
 from shapedtx.training.trainer import _make_optimizer
-from shapedtx.training.transfer import GROUPS, proxy_config
+from shapedtx.training.transfer import GROUPS, eps_multiplier, proxy_config
 
 
 def _config(name: str, width: int, depth: int) -> ModelConfig:
@@ -137,6 +137,26 @@ def test_lr_rules_and_proxy_checks():
     with pytest.raises(ParameterError) as err:
         TrainConfig(lr_proxy_width=64)
     assert err.value.parameter == "lr_proxy_width"
+
+
+def test_eps_multiplier_by_hand():
+    """``m_N^-1 m_L^-a``: CompleteP (a = 1) from depth 4 to depth 64 at the proxy's width
+    divides epsilon by 16, and by 2 * 4 from (16, 2) to (32, 8); muP (a = 0) ignores depth."""
+    target = _config("pre_ln_completep", 16, 64)
+    assert eps_multiplier(target, proxy_config(target, 16, 4)) == 1 / 16
+    target = _config("pre_ln_completep", 32, 8)
+    assert eps_multiplier(target, proxy_config(target, 16, 2)) == 1 / 8
+    assert eps_multiplier(_config("shaped", 32, 8), _config("shaped", 16, 2)) == 1 / 2
+
+
+def test_proxy_config_derives_head_sizes_only_when_the_target_derived_both():
+    """Derived ``head_dim`` and ``key_dim`` follow the proxy's width; a ``key_dim`` set apart
+    from the derived ``head_dim`` keeps both sizes (4 heads, width 32 -> 16)."""
+    target = _config("pre_ln_completep", 32, 8)
+    proxy = proxy_config(target, 16, 2)
+    assert (proxy.width, proxy.depth, proxy.head_dim, proxy.key_dim) == (16, 2, 4, 4)
+    proxy = proxy_config(target.replace(key_dim=4), 16, 2)
+    assert (proxy.head_dim, proxy.key_dim) == (8, 4)
 
 
 # factors from width 16, depth 2 to width 32, depth 8 (m_N = 2, m_L = 4), written out by hand:
