@@ -109,6 +109,13 @@ def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
     assert "model advised: the shaped Transformer" in text
     free = next(c for c in trained_checks(64, 16) if c["preset"] == "shaped_free")
     assert f"shaped_free at gamma 0.15, tau0 0.25: lr {free['lr']:g}" in text
+    best = summary["models"][free["best_baseline"]][str(free["horizon"])]["mean"]
+    assert free["best_baseline_loss"] == best and free["best_baseline"] == "pre-LN depth-muP"
+    assert (  # which baseline each ratio is against
+        f"vs GPT-2 pre-LN {free['gpt2_pre_ln_loss']:.3f} ({100 * free['vs_gpt2_pre_ln']:+.1f}%), "
+        f"vs the strongest baseline measured, pre-LN depth-muP, {best:.3f} "
+        f"({100 * (free['loss'] / best - 1):+.1f}%)"
+    ) in text
     assert a.to_dict()["trained_checks"] == trained_checks(64, 16)
     other = format_advice(replace(a, width=128))
     assert "checked in training: not at this size (checked: width 64 depth 16)" in other

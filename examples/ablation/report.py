@@ -385,6 +385,11 @@ def trained_checks(summary: dict[str, Any], ablation: list[dict[str, Any]]) -> l
                 "loss": row["mean"],
                 "gpt2_pre_ln_loss": summary["models"][GPT2][h]["mean"],
                 "vs_gpt2_pre_ln": row.get("vs_gpt2"),
+                "best_baseline": row.get("best_baseline"),
+                "best_baseline_loss": summary["models"][row["best_baseline"]][h]["mean"]
+                if row.get("best_baseline")
+                else None,
+                "vs_best_baseline": row.get("vs_best"),
                 "report": "examples/ablation/results.md",
             }
         )
