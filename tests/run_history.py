@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,13 @@ def result_jsons_at(commit: str, folder: str, suffix: str = "/result.json") -> d
         found[path] = json.loads(out[end + 1 : end + 1 + size])
         at = end + 1 + size + 1
     return found
+
+
+def load_script(path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The study script at ``path`` as module ``name``, registered in ``sys.modules`` until the
+    test ends (studies share script names: study.py, report.py)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module

@@ -4,13 +4,11 @@ run converted from a per-run result.json kept all of its data."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from run_history import result_jsons_at
+from run_history import load_script, result_jsons_at
 
 from simulations.studies import RunStore, lr_tag
 
@@ -22,12 +20,7 @@ CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
 
 
 def _load(name: str, monkeypatch, path: Path | None = None):
-    spec = importlib.util.spec_from_file_location(name, path or STUDY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    # restored after the test: other studies have modules of the same names
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path or STUDY / f"{name}.py", name, monkeypatch)
 
 
 @pytest.fixture

@@ -3,18 +3,16 @@ end on the Dask path, and ``simulations.transfer_lr`` (item 5) reading what it m
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import pytest
-from run_history import result_jsons_at
+from run_history import load_script, result_jsons_at
 
 from shapedtx import ParameterError
 from simulations import transfer_lr
@@ -25,13 +23,8 @@ ROOT = Path(__file__).parents[1]
 STUDY = ROOT / "examples" / "transfer"
 
 
-def _load(name: str, monkeypatch):
-    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    # restored after the test: examples/long_horizon has modules of the same names
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str, monkeypatch, path: Path | None = None):
+    return load_script(path or STUDY / f"{name}.py", name, monkeypatch)
 
 
 @pytest.fixture
