@@ -295,3 +295,25 @@ def test_figure_of_equal_maps_without_agreement_numbers():
     assert "[0.0001, 10000]" in fig._suptitle.get_text()
     ds.attrs.update({"T_max": 2.0, **agreement(ds)})
     assert plot_stability_map(ds).axes[2].get_title() == "difference: 100% of cells within 10%"
+
+
+def test_blow_up_limit_is_ten_times_high_whatever_v0s_diagonal(monkeypatch):
+    """docs: the SDE paths' blow-up flag sits at ``10 high`` in absolute value (``integrate``
+    scales its ``bound`` by ``max_a V0^{aa}``), so a flagged path has left the region; a V0
+    whose largest diagonal entry is not 1 tells ``10 high / max V0^{aa}`` from ``* max``."""
+    import sde.solvers
+
+    bounds: list[float] = []
+    integrate = sde.solvers.integrate
+
+    def spy(*args, **kwargs):
+        bounds.append(kwargs["bound"])
+        return integrate(*args, **kwargs)
+
+    monkeypatch.setattr(sde.solvers, "integrate", spy)
+    V0 = torch.tensor([[2.0, 0.5], [0.5, 1.5]], dtype=torch.float64)
+    exits, exploded = stability._sde_exits(
+        [CONFIG], V0, 4, T_max=0.02, steps=2, seed=0, low=0.5, high=3.0, progress=False
+    )
+    assert bounds and all(b * 2.0 == pytest.approx(10 * 3.0) for b in bounds)
+    assert exits.shape == (1, 4) and exploded.shape == (1,)
