@@ -284,7 +284,7 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
     first = _run(tmp_path, "first")
     run_training(first)  # finished before the study starts
     stamp = first.result_path.stat().st_mtime_ns
-    long = _run(tmp_path, "long", steps=200, checkpoint_interval=4)
+    long = _run(tmp_path, "long", steps=200, checkpoint_interval=20)
     other = _run(tmp_path, "other")
     outcome = {}
 
@@ -317,7 +317,7 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
     assert len(list(tmp_path.rglob("result.json"))) == 3
     resumed = summary.results[long.folder]["horizons"]["200"]
     with distributed.Client(cluster) as client:  # the same threads as the interrupted run
-        again = _run(tmp_path / "again", "long", steps=200, checkpoint_interval=4)
+        again = _run(tmp_path / "again", "long", steps=200, checkpoint_interval=20)
         fresh = client.submit(run_training, again, pure=False).result()
     np.testing.assert_array_equal(
         resumed["val_curve"]["loss"], fresh["horizons"]["200"]["val_curve"]["loss"]
