@@ -17,6 +17,13 @@ settings.register_profile("mutate", max_examples=10, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first, each group in its collected order: pytest-xdist hands tests
+    out in this order, so the minute-long ones start early and the short ones fill the workers
+    at the end, instead of one worker finishing alone on a long test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread per test, restored afterwards (also after CLI ``--threads``).

@@ -122,6 +122,7 @@ def test_a_folder_of_the_other_kind_is_refused(predict, tmp_path):
     predict.check_kind(predict.QUICK, tmp_path, [{"val_loss": 1.0}])  # the flat form: fixed
 
 
+@pytest.mark.slow  # a quick study on Dask: about a minute on a busy CPU
 def test_quick_per_horizon_prediction_end_to_end_on_dask(predict, tmp_path):
     """Two grid configurations plus the advised and the rejected one at depth 2, two lrs, WSD
     horizons 10 and 20 from one run each, on an embedded one-worker Dask cluster: a Spearman

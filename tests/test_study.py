@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 STUDY = Path(__file__).parents[1] / "examples" / "shaped_vs_vanilla" / "study.py"
 
 
@@ -21,6 +23,7 @@ def _load_study(monkeypatch):
     return module
 
 
+@pytest.mark.slow  # a quick study, run twice: about a minute on a busy CPU
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     study = _load_study(monkeypatch)
     assert study.main(["--quick", "--out", str(tmp_path), "--workers", "1",

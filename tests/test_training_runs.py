@@ -275,6 +275,7 @@ def test_user_cluster_with_dasks_malloc_setting_gets_a_warning(cluster, monkeypa
     assert summary.results == {"env": None}
 
 
+@pytest.mark.slow  # a worker killed and restarted: about a minute on a busy CPU
 @pytest.mark.parametrize("path", ["run_planned", "run_trainings"])
 def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_path, path):
     """A worker killed in the middle of a run: the scheduler runs it again on the restarted
@@ -535,6 +536,7 @@ def test_long_horizon_monitor_updates_a_kept_rows_status_from_the_runs_result(
     assert monitor._status_now(result, "running") == "diverged"  # the longest horizon decides
 
 
+@pytest.mark.slow  # a quick study on Dask: about a minute on a busy CPU
 def test_quick_long_horizon_study_end_to_end_on_dask(cluster, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")

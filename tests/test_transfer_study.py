@@ -166,6 +166,7 @@ def test_plan_runs_completep_width_axis_once(modules):
     }
 
 
+@pytest.mark.slow  # a quick study on Dask: about a minute on a busy CPU
 def test_quick_transfer_study_end_to_end_on_dask(modules, tmp_path, monkeypatch):
     """--quick on an embedded Dask cluster, one parametrisation at two depths: every run's
     result.json, the fitted optima, figures, tables; a second call trains nothing again; and
