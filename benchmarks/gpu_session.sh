@@ -20,6 +20,14 @@
 #       GPU, $WORKERS workers (default 8; uncompiled: a run of 1,150 steps would spend much of
 #       its time compiling); its finished runs come back in transfer_runs.tgz the same way.
 #       TRANSFER_PHASES="ARGS|ARGS..." runs study.py once per argument set, in turn.
+#   STUDY=depth64 bash benchmarks/gpu_session.sh
+#       the depth-64 runs the CPU studies have not finished (about 5 h each on one CPU core):
+#       the ablation's best two variants (study.py --ablation-long --depths 64, into
+#       examples/ablation/long) and pre-LN depth-muP (study.py --depths 64 --models "pre-LN
+#       depth-muP", into examples/long_horizon), each study's own plan (lr grid, then seeds),
+#       $WORKERS workers each (default 4), torch.compile; the finished runs come back in
+#       depth64_runs.tgz (result.json and log.nc), to be unpacked at the repository root and
+#       committed.
 #   STUDY=train-step bash benchmarks/gpu_session.sh
 #       the training-step checks of issue 67 alone, on a quiet GPU (about 10 minutes, no
 #       corpus needed): the CUDA and compile tests of tests/test_train_step.py and
@@ -90,6 +98,14 @@ fi
 if [ "${STUDY:-gpu}" = cpu-grid ]; then
   timeout "$STUDY_SECONDS" python3 examples/long_horizon/study.py --device cuda --compile \
     --workers 8 --depths 16 64 --data .corpus > "$OUT/study.log" 2>&1 &
+elif [ "${STUDY:-gpu}" = depth64 ]; then
+  export WORKERS=${WORKERS:-4}
+  timeout "$STUDY_SECONDS" bash -c '
+    python3 examples/long_horizon/study.py --ablation-long --device cuda --compile \
+      --workers "$WORKERS" --depths 64 --data .corpus &
+    python3 examples/long_horizon/study.py --device cuda --compile --workers "$WORKERS" \
+      --depths 64 --models "pre-LN depth-muP" --data .corpus &
+    wait' > "$OUT/study.log" 2>&1 &
 elif [ "${STUDY:-gpu}" = transfer ]; then
   # TRANSFER_PHASES: study.py argument sets separated by '|', run in turn under the one timeout
   # (e.g. the shapes slowest on a CPU first: "--depths 32 64 --widths 256|--depths 16 --widths 128")
@@ -139,6 +155,9 @@ if [ "${STUDY:-gpu}" = transfer ]; then
 elif [ "${STUDY:-gpu}" = cpu-grid ]; then
   find examples/long_horizon/runs -newer "$started" \( -name result.json -o -name log.nc \) \
     -print0 | tar czf "$OUT/cpu_grid_runs.tgz" --null -T -
+elif [ "${STUDY:-gpu}" = depth64 ]; then
+  find examples/ablation/long/runs examples/long_horizon/runs -newer "$started" \
+    \( -name result.json -o -name log.nc \) -print0 | tar czf "$OUT/depth64_runs.tgz" --null -T -
 else
   tar czf "$OUT/gpu_runs.tgz" --exclude='*.pt' examples/long_horizon/gpu
 fi
