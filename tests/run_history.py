@@ -1,5 +1,5 @@
 """The per-run ``result.json`` files a study tracked before its runs moved into ``runs.jsonl``
-(read from git history, for the conversion tests)."""
+(read from git history, for the conversion tests), and the study scripts loaded by path."""
 
 from __future__ import annotations
 
@@ -41,11 +41,15 @@ def result_jsons_at(commit: str, folder: str, suffix: str = "/result.json") -> d
     return found
 
 
-def load_script(path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The study script at ``path`` as module ``name``, registered in ``sys.modules`` until the
-    test ends (studies share script names: study.py, report.py)."""
+def load_script(path: Path, name: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Any:
+    """The study script at ``path`` as module ``name``, registered in ``sys.modules`` (its
+    dataclasses look it up by name) until the test ends (studies share script names: study.py,
+    report.py), or, with no ``monkeypatch`` (module-scoped fixtures), for the session."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
+    if monkeypatch is None:
+        sys.modules[name] = module
+    else:
+        monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module

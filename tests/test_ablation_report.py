@@ -5,13 +5,12 @@ by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from run_history import load_script
 
 from simulations.studies import RunStore
 
@@ -21,11 +20,7 @@ STUDY = ROOT / "examples" / "ablation"
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("ablation_report", STUDY / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ablation_report"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY / "report.py", "ablation_report")
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,13 @@ mode runs end to end on the Dask path with WSD horizons."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from run_history import result_jsons_at
+from run_history import load_script, result_jsons_at
 
 from simulations.studies import RunStore, lr_tag
 
@@ -25,12 +23,7 @@ files of each study folder."""
 
 
 def _load(name: str, monkeypatch):
-    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    # restored after the test: other studies have modules of the same names
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY / f"{name}.py", name, monkeypatch)
 
 
 @pytest.fixture

@@ -5,15 +5,14 @@ recipe and its changes one at a time on its depth axis."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from run_history import load_script
 
 from shapedtx import (
     Attention,
@@ -232,11 +231,7 @@ def test_reference_recipe_trains_and_logs_its_largest_logits(tmp_path):
 @pytest.fixture
 def study(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
-    spec = importlib.util.spec_from_file_location("study", STUDY / "study.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "study", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY / "study.py", "study", monkeypatch)
 
 
 def test_study_plans_the_completep_variants_on_the_depth_axis_only(study):

@@ -4,7 +4,6 @@ run converted from a per-run result.json kept all of its data."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_history import load_script
 
 from simulations.studies import RunStore
 
@@ -24,11 +24,7 @@ CONVERTED = {".": 71, "gpu_h2000": 6}
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY / f"{name}.py", name)
 
 
 @pytest.fixture(scope="module")

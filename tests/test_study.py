@@ -1,12 +1,12 @@
 """The shaped-vs-vanilla training study (examples/shaped_vs_vanilla): --quick end to end."""
 
-import importlib.util
 import itertools
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from run_history import load_script
 
 STUDY = Path(__file__).parents[1] / "examples" / "shaped_vs_vanilla" / "study.py"
 
@@ -15,12 +15,8 @@ def _load_study(monkeypatch):
     # report.py (beside study.py) imports it as ``study``: restored after the test, other
     # studies have modules of the same names
     monkeypatch.syspath_prepend(str(STUDY.parent))
-    spec = importlib.util.spec_from_file_location("study", STUDY)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "study", module)  # dataclasses look it up by name
     monkeypatch.delitem(sys.modules, "report", raising=False)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY, "study", monkeypatch)
 
 
 @pytest.mark.slow  # a quick study, run twice: about a minute on a busy CPU

@@ -3,12 +3,10 @@ mode (examples/long_horizon) on the Dask path: resumable, a killed worker's run 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_history import load_script
 
 from shapedtx import ModelConfig, TrainConfig
 from simulations.sweep.tasks import run_replanned, run_tasks
@@ -328,11 +327,7 @@ def test_killed_worker_run_is_redone_and_no_finished_run_is_lost(cluster, tmp_pa
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(STUDY / f"{name}.py", name)
 
 
 def test_long_horizon_report_counts_diverged_and_stuck_runs(monkeypatch):

@@ -23,8 +23,8 @@ ROOT = Path(__file__).parents[1]
 STUDY = ROOT / "examples" / "transfer"
 
 
-def _load(name: str, monkeypatch, path: Path | None = None):
-    return load_script(path or STUDY / f"{name}.py", name, monkeypatch)
+def _load(name: str, monkeypatch):
+    return load_script(STUDY / f"{name}.py", name, monkeypatch)
 
 
 @pytest.fixture
