@@ -295,18 +295,17 @@ def _trained_lines(advice: Advice) -> list[str]:
         return [*lines, f"checked in training: not at this size (checked: {where})"]
     for c in checks:
         tuned = "bracketed" if c["lr_bracketed"] else "not bracketed: tune it"
+        best = (  # absent where no baseline was measured at the check's horizon
+            f", vs the strongest baseline measured, {c['best_baseline']}, "
+            f"{c['best_baseline_loss']:.3f} ({100 * c['vs_best_baseline']:+.1f}%)"
+            if c.get("best_baseline")
+            else ""
+        )
         lines.append(
             f"checked in training: {c['preset']} at gamma {c['gamma']:g}, tau0 {c['tau0']:g}: "
             f"lr {c['lr']:g} ({tuned}), {c['horizon']} steps, {c['seeds']} seed(s): loss "
             f"{c['loss']:.3f} vs GPT-2 pre-LN {c['gpt2_pre_ln_loss']:.3f} "
-            f"({100 * c['vs_gpt2_pre_ln']:+.1f}%)"
-            + (
-                f", vs the strongest baseline measured, {c['best_baseline']}, "
-                f"{c['best_baseline_loss']:.3f} ({100 * c['vs_best_baseline']:+.1f}%)"
-                if c.get("best_baseline")
-                else ""
-            )
-            + f"; {c['report']}"
+            f"({100 * c['vs_gpt2_pre_ln']:+.1f}%){best}; {c['report']}"
         )
     return lines
 
