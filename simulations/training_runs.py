@@ -124,7 +124,32 @@ def summarise_log(log: Any, horizon: int) -> dict[str, Any]:
             "final_step": int(log.step.values[-1]),
         }
     out.update(_shape_curves(log))
+    if "max_logit" in log:
+        out["max_logit"] = _max_logits(log["max_logit"])
     return out
+
+
+def _nanmax(values: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+    """``values.max(axis)`` ignoring NaN; NaN where a slice has no number."""
+    top = np.where(np.isnan(values), -np.inf, values).max(axis)
+    return np.where(top == -np.inf, np.nan, top)
+
+
+def _max_logits(max_logit: Any) -> dict[str, Any]:
+    """The largest attention logit (docs/guide/monitor.md) of a log's ``max_logit(step, block,
+    head)``, compactly: per block (the largest over heads) at the first and last logged step
+    and over the whole run (``peak``), and per logged step the largest over blocks and heads
+    (``curve``). NaN (None) where a block has no softmax logits."""
+    values = np.asarray(max_logit.values, dtype=float)  # (step, block, head)
+    return {
+        "init": _floats(_nanmax(values[0], 1)),
+        "final": _floats(_nanmax(values[-1], 1)),
+        "peak": _floats(_nanmax(values, (0, 2))),
+        "curve": {
+            "step": [int(s) for s in max_logit.step.values],
+            "value": _floats(_nanmax(values, (1, 2))),
+        },
+    }
 
 
 def _shape_curves(log: Any) -> dict[str, Any]:

@@ -90,6 +90,9 @@ def test_the_trainer_logs_the_shape(tmp_path, changes) -> None:
     record = summarise_log(log, 4)  # what a study's result.json keeps of it
     assert record["mlp_kappa"]["step"] == [0, 2, 4]
     np.testing.assert_allclose(record["mlp_kappa"]["value"], kappa)
+    top = log["max_logit"].values  # (step, block, head): the largest logits are kept
+    np.testing.assert_allclose(record["max_logit"]["curve"]["value"], top.max((1, 2)))
+    np.testing.assert_allclose(record["max_logit"]["peak"], top.max((0, 2)))
     if changes:
         assert record["shape_gain"]["gain"] == list(log.gain.values)
         np.testing.assert_allclose(record["shape_gain"]["value"], log["shape_gain"].values)

@@ -107,6 +107,28 @@ def test_summary_fields_of_a_horizons_log():
     json.dumps(out, allow_nan=False)  # JSON without NaN
 
 
+def test_summary_keeps_the_largest_attention_logits():
+    """``max_logit(step, block, head)`` is kept as the largest over heads per block at the
+    first and last step and over the run, and the largest over blocks and heads per step;
+    NaN (a block without softmax logits, a missing head) is ignored, None where all are NaN."""
+    nan = math.nan
+    log = _log([4.0, 3.0, 2.5], [nan, 3.0, 2.6])
+    top = np.array(
+        [
+            [[1.0, 2.0], [nan, nan], [3.0, nan]],  # step 0: blocks 0-2, heads 0-1
+            [[9.0, 4.0], [nan, nan], [1.0, 2.0]],  # step 2: the peak of block 0
+            [[5.0, 6.0], [nan, nan], [7.0, 0.5]],  # step 4
+        ]
+    )
+    log["max_logit"] = (("step", "block", "head"), top)
+    out = summarise_log(log, 4)["max_logit"]
+    assert out["init"] == [2.0, None, 3.0]
+    assert out["final"] == [6.0, None, 7.0]
+    assert out["peak"] == [9.0, None, 7.0]
+    assert out["curve"] == {"step": [0, 2, 4], "value": [3.0, 9.0, 7.0]}
+    json.dumps(out, allow_nan=False)
+
+
 def test_summary_of_a_log_without_any_evaluation():
     out = summarise_log(_log([math.nan, math.nan], [math.nan, 2.0]), 2)
     assert out["val_loss"] is None and out["init_val_loss"] is None and out["diverged"] is True
