@@ -496,3 +496,46 @@ def test_report_writes_a_seed_cell_with_one_finished_seed(modules):
         )
         == ""
     )
+
+
+def test_reference_section_compares_each_variant_with_completep_on_its_points(modules):
+    """The CompleteP reference variants that have run are compared with ``pre_ln_completep``
+    over only their depths and base lrs (seed 0 at the study's width): exact parabolas give
+    the drifts, a run's largest logit is the largest of its record (None without one), and
+    results.md's section has the table row and the drift bullet; no section before a variant
+    has run."""
+    study, report = modules
+    setup = replace(study.QUICK, depths=(2, 4), horizons=(40,), seed_depths=())
+    vertex = {("pre_ln_completep", 2): -5.0, ("pre_ln_completep", 4): -5.5}
+    vertex |= {("pre_ln_completep_ref", 2): -5.0, ("pre_ln_completep_ref", 4): -5.0}
+    grid = {"pre_ln_completep": range(-9, -1), "pre_ln_completep_ref": range(-7, -2)}
+
+    def run(name, depth, j, seed=0, width=16):
+        h = {"diverged": False, "val_loss": 2 + 0.1 * (j - vertex[name, depth]) ** 2}
+        if name != "pre_ln_completep":
+            h["max_logit"] = {"peak": [None, float(j + 20), float(depth)]}
+        return {"parametrisation": name, "width": width, "depth": depth, "log2_lr": j,
+                "seed": seed, "horizons": {"40": h}}  # fmt: skip
+
+    fake = [run(n, d, j) for (n, d) in vertex for j in grid[n]]
+    others = [run("pre_ln_completep", 2, -5, seed=1), run("pre_ln_completep", 2, -5, width=8)]
+    ref = report.reference_summary(setup, fake + others)
+    assert ref["depths"] == [2, 4] and ref["log2_lrs"] == list(range(-7, -2))
+    assert ref["runs"] == 10 and ref["planned"] == len(study.plan(
+        replace(setup, parametrisations=tuple(study.VARIANTS)), fake + others))  # fmt: skip
+    base = ref["parametrisations"]["pre_ln_completep"]["40"]
+    assert base["shapes"]["w16_d2"]["lr_curve"]["log2_lr"] == [-7.0, -6.0, -5.0, -4.0, -3.0]
+    assert base["shapes"]["w16_d2"]["seeds"] is None  # seed 0 only
+    assert base["depth_drift"]["last_minus_first"] == pytest.approx(-0.5, abs=1e-9)
+    mine = ref["parametrisations"]["pre_ln_completep_ref"]["40"]
+    assert mine["depth_drift"]["last_minus_first"] == pytest.approx(0.0, abs=1e-9)
+    assert ref["max_logit"]["pre_ln_completep_ref"]["d4"]["-3"] == 17.0
+    assert ref["max_logit"]["pre_ln_completep"]["d4"]["-3"] is None
+    summary = {**report.summarise(setup, fake + others), "completep_reference": ref}
+    text = "\n".join(report._reference_section(setup, summary))
+    assert "| `pre_ln_completep_ref` | 4 | 2.400 (13) | 2.100 (14) |" in text
+    assert "| `pre_ln_completep` | 4 | 2.225 | 2.025 | 2.025 | 2.225 | 2.625 |" in text
+    assert "`pre_ln_completep_ref`: the optimum moves +0.00 (2->4)" in text
+    assert "`pre_ln_completep` on the same points -0.50 (2->4)" in text
+    assert report.reference_summary(setup, others) is None
+    assert report._reference_section(setup, {**summary, "completep_reference": None}) == []

@@ -26,11 +26,12 @@ import json
 import math
 import zlib
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import SAME_AT_PROXY_DEPTH, Setup
+from study import SAME_AT_PROXY_DEPTH, VARIANTS, Setup
 
 from shapedtx.files import atomic_path, write_json
 from simulations.training_runs import horizon_loss, one_corpus
@@ -927,6 +928,142 @@ def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -
     return text
 
 
+REFERENCE_BASELINE = "pre_ln_completep"
+"""The model CompleteP's reference variants (``study.VARIANTS``) are changes of."""
+
+
+def _peak_logit(run: dict[str, Any], horizon: str) -> float | None:
+    """The largest attention logit of a run over its training to ``horizon``, every block and
+    head (None: its result predates the record, or no block has softmax logits)."""
+    record = run["horizons"].get(horizon, {}).get("max_logit")
+    peaks = [v for v in (record or {}).get("peak", []) if v is not None]
+    return max(peaks) if peaks else None
+
+
+def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """CompleteP as its reference runs it: each :data:`study.VARIANTS` entry that has run and
+    :data:`REFERENCE_BASELINE`, summarised like the study (:func:`summarise`) on the depth
+    axis over only the depths and base lrs the variants have run, seed 0 (like for like,
+    while the variants' grids are partial; one seed: no intervals), with each run's largest
+    attention logit (``max_logit``, None where not recorded) and the runs still planned
+    (None: no variant has run)."""
+    from study import plan  # type: ignore[import-not-found]  # beside this script
+
+    def mine(r: dict[str, Any]) -> bool:
+        return r["width"] == setup.width and r["seed"] == 0
+
+    ran = [r for r in results if r["parametrisation"] in VARIANTS and mine(r)]
+    if not ran:
+        return None
+    names = [n for n in VARIANTS if any(r["parametrisation"] == n for r in ran)]
+    depths = sorted({r["depth"] for r in ran})
+    lrs = sorted({r["log2_lr"] for r in ran})
+    base = [
+        r
+        for r in results
+        if r["parametrisation"] == REFERENCE_BASELINE
+        and mine(r)
+        and r["depth"] in depths
+        and r["log2_lr"] in lrs
+    ]
+    sub = replace(
+        setup,
+        parametrisations=(REFERENCE_BASELINE, *names),
+        depths=tuple(depths),
+        widths=(),
+        seed_depths=(),
+    )
+    h = str(max(setup.horizons))
+    logits = {
+        name: {
+            f"d{d}": {
+                str(r["log2_lr"]): _peak_logit(r, h)
+                for r in ran + base
+                if (r["parametrisation"], r["depth"]) == (name, d)
+            }
+            for d in depths
+        }
+        for name in sub.parametrisations
+    }
+    full = replace(setup, parametrisations=tuple(VARIANTS))
+    return {
+        "depths": depths,
+        "log2_lrs": lrs,
+        "runs": len(ran),
+        "planned": len(plan(full, results)),
+        "parametrisations": summarise(sub, base + ran)["parametrisations"],
+        "max_logit": logits,
+    }
+
+
+def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
+    """``results.md``'s section on :func:`reference_summary` (none before a variant has run)."""
+    ref = summary.get("completep_reference")
+    if ref is None:
+        return []
+    h = str(max(setup.horizons))
+    depths, lrs = ref["depths"], ref["log2_lrs"]
+    per = {name: p[h] for name, p in ref["parametrisations"].items()}
+    whole = summary["parametrisations"].get(REFERENCE_BASELINE, {}).get(h, {"shapes": {}})
+    rows = [
+        "| model | depth | " + " | ".join(f"2^{j}" for j in lrs) + " | optimum (fit, 3-point) |",
+        "|---|---|" + "---|" * len(lrs) + "---|",
+    ]
+    for name, cell in per.items():
+        for d in depths:
+            c = cell["shapes"].get(f"w{setup.width}_d{d}")
+            if c is None:
+                continue
+            loss = dict(zip(c["lr_curve"]["log2_lr"], c["lr_curve"]["val_loss"], strict=True))
+            top = ref["max_logit"][name][f"d{d}"]
+            cells = []
+            for j in lrs:
+                v, t = loss.get(float(j)), top.get(str(j))
+                text = "-" if float(j) not in loss else ("div." if v is None else f"{v:.3f}")
+                cells.append(text + ("" if t is None else f" ({t:.0f})"))
+            fits = f"{_fmt(c['fit']['log2_lr'])}{_EDGE_MARK[c['fit']['edge']]}, "
+            fits += f"{_fmt(c['fit_3pt']['log2_lr'])}{_EDGE_MARK[c['fit_3pt']['edge']]}"
+            rows.append(f"| `{name}` | {d} | {' | '.join(cells)} | {fits} |")
+    bullets = []
+    base = per[REFERENCE_BASELINE]
+    for name, cell in per.items():
+        if name == REFERENCE_BASELINE:
+            continue
+        mine = [cell[f"depth_drift{k}"] for k in ("", "_3pt")]
+        theirs = [base[f"depth_drift{k}"] for k in ("", "_3pt")]
+        if None in mine or None in theirs:
+            continue
+        bullets.append(
+            f"`{name}`: the optimum moves {_drift_text(mine[0])} (3-point fits "
+            f"{mine[1]['last_minus_first']:+.2f}); `{REFERENCE_BASELINE}` on the same points "
+            f"{_drift_text(theirs[0])} (3-point {theirs[1]['last_minus_first']:+.2f})."
+        )
+    seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
+    if seeds and seeds["sd"] is not None:
+        bullets.append(
+            f"One seed per run (no intervals): `{REFERENCE_BASELINE}`'s seed-to-seed sd at "
+            f"its best lr at depth {depths[0]} is {seeds['sd']:.3f} ({seeds['n']} seeds), the "
+            "scale against which to read these runs' loss differences."
+        )
+    return [
+        "## CompleteP as its reference runs it",
+        "",
+        f"`{REFERENCE_BASELINE}` with its reference's recipe (`pre_ln_completep_ref`) and "
+        "with each of its changes alone ([README.md](README.md#completep-as-its-reference-"
+        f"runs-it)), at depths {_and([str(d) for d in depths])} and base lrs 2^{lrs[0]} to "
+        f"2^{lrs[-1]}: {ref['runs']} runs (seed 0); the plan of the whole depth axis lists "
+        f"{ref['planned']} more (`study.py --completep-ref --plan`). Validation loss at {h} "
+        "steps, in brackets the run's largest attention logit (every block and head, over "
+        f"the run; none recorded for `{REFERENCE_BASELINE}`'s older runs), beside "
+        f"`{REFERENCE_BASELINE}`'s runs at the same points; the optima and drifts are fitted "
+        "over these lrs only:",
+        "",
+        *rows,
+        "",
+        *[f"- {b}" for b in bullets],
+    ]
+
+
 def _swap_fits(setup: Setup, summary: dict, checks: list[dict], results: list[dict]) -> str:
     """How a shape's fits move when its GPU runs (own order) are replaced by their CPU
     reruns."""
@@ -1235,6 +1372,9 @@ def results_md(setup: Setup, out: Path, summary: dict[str, Any], results: list[d
             *cross,
             "",
         ]
+    reference = _reference_section(setup, summary)
+    if reference:
+        lines += [*reference, ""]
     check = _device_check(setup, out, summary, results)
     if check:
         lines += ["## The same runs on the CPU and on a GPU", "", *check, ""]
@@ -1275,7 +1415,9 @@ def report(
     """Write ``results.md``, ``results.json``, ``tables.md`` and ``figures/`` in ``out`` from
     the finished runs, and the measured drifts to ``drifts_path`` (the package data of
     :data:`DRIFTS` for the committed study; None: not written)."""
-    summary = _rounded(summarise(setup, results))
+    summary = summarise(setup, results)
+    summary["completep_reference"] = reference_summary(setup, results)
+    summary = _rounded(summary)
     write_json(summary, out / "results.json", indent=1)
     with atomic_path(out / "tables.md") as tmp:
         Path(tmp).write_text(tables(setup, summary))
