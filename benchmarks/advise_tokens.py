@@ -1,4 +1,5 @@
-"""How advise's scores depend on the number of tokens m (issue 39, part 2).
+"""How advise's scores depend on the number of tokens m (benchmarks/RESULTS.md,
+"advise's scores against m").
 
 For a few (gamma, tau0) around the advice at width 512, depth 96 (T = 0.1875), causal and
 shaped ReLU MLP (what ``shapedtx train`` trains), solve the covariance SDE with advise's own

@@ -7,7 +7,7 @@ The default ``simulate`` call picks the fastest exact-in-law method for the conf
 (``attrs["method"]``). Interleaved rounds, process CPU time, cost per (sample x block);
 the table gives medians over rounds and of the per-round ratios.
 
-    python benchmarks/bench_default.py                  # n 1024, d 16, m 8 (issue #18)
+    python benchmarks/bench_default.py                  # n 1024, d 16, m 8
 """
 
 from __future__ import annotations

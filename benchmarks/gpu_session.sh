@@ -29,7 +29,7 @@
 #       depth64_runs.tgz (result.json and log.nc), to be unpacked at the repository root and
 #       committed.
 #   STUDY=train-step bash benchmarks/gpu_session.sh
-#       the training-step checks of issue 67 alone, on a quiet GPU (about 10 minutes, no
+#       the training-step checks alone, on a quiet GPU (about 10 minutes, no
 #       corpus needed): the CUDA and compile tests of tests/test_train_step.py and
 #       tests/test_train_many.py, benchmarks/bench_train_step.py (eager, compiled loss,
 #       compiled step and 6 runs at once at width 256; eager and compiled step at width 512;

@@ -653,8 +653,8 @@ def gaussian_noise(
 
     On the CPU (float32 or float64) from numpy's SFC64 ziggurat, seeded by one draw from
     ``generator``: faster than ``torch.randn`` in float64, where the normals are a large part of
-    a step (the figures: benchmarks/RESULTS.md, issue #39 section 1); elsewhere ``torch.randn``
-    with ``generator``.
+    a step (the figures: benchmarks/RESULTS.md, "Lean factored Euler step"); elsewhere
+    ``torch.randn`` with ``generator``.
     Either way the stream is a function of the generator's state.
     """
     device = torch.device(device)

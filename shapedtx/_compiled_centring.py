@@ -41,7 +41,7 @@ def _centring_transpose(g: np.ndarray, out: np.ndarray) -> None:
     """``out[s] = (I - C)^T g[s]``, i.e. ``out_i = g_i - sum_{j >= i} g_j / (j + 1)``;
     g, out: (S, m, d). Two ascending passes (the weighted total, then subtracting the
     terms already passed): memory read in descending order was slower above the caches
-    (benchmarks/HISTORY.md, issue #18 section 4)."""
+    (benchmarks/HISTORY.md, "Shaped attention in training: fused centring")."""
     S, m, d = g.shape
     after = np.empty(d, np.float64)
     for s in range(S):

@@ -1,9 +1,10 @@
 """Batched products of many small matrices (the simulators' hot loop).
 
 On CPU, ``torch.bmm`` on a batch of small float64 matrices calls BLAS once per matrix, while
-numpy's stacked ``matmul`` is several times faster (benchmarks/HISTORY.md, issue #18 section
-1, has the figures); :func:`small_matmul` uses numpy there when no gradient is
-needed and torch otherwise (GPU, autograd, other dtypes). Same values up to rounding.
+numpy's stacked ``matmul`` is several times faster (benchmarks/HISTORY.md, "Exact sampler
+vs a plain-numpy QR-trick reference", has the figures); :func:`small_matmul` uses numpy there
+when no gradient is needed and torch otherwise (GPU, autograd, other dtypes). Same values up
+to rounding.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def small_matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
 def transpose_into(x: Tensor, out: Tensor) -> Tensor:
     """``out = x^T`` (the last two dimensions) for x: (..., r, c), out: (..., c, r); through
     numpy on CPU (faster than torch's strided copy for stacks of 8 x 8 matrices;
-    benchmarks/HISTORY.md, issue #18 section 3, fifth pass)."""
+    benchmarks/HISTORY.md, "Gram sampler", fifth pass)."""
     if x.device.type == "cpu" and out.device.type == "cpu" and x.dtype in _NUMPY_DTYPES:
         np.copyto(out.numpy(), x.detach().numpy().swapaxes(-1, -2))
         return out
@@ -49,7 +50,7 @@ TRANSPOSED_DIRECT = 2**12
 """Transposed (F-contiguous) matrices of at least this many entries go to numpy's matmul as
 they are (its BLAS call with a transpose flag, or syrk for ``x @ x^T``: faster than a copy
 for an 8 x 1024 factor); smaller ones are copied first (faster at 8 x 8; the figures:
-benchmarks/HISTORY.md, issue #18 section 3)."""
+benchmarks/HISTORY.md, "Gram sampler")."""
 
 
 def _blasable(x: np.ndarray) -> np.ndarray:

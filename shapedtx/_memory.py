@@ -2,15 +2,15 @@
 
 A fresh CPU tensor is paged in on first touch, one 4 KB page at a time: a measurable part of
 the gram sampler's time per sample and block (its workspace and the result;
-benchmarks/HISTORY.md, issue #18 section 3, has the figures). Into anonymous memory advised
+benchmarks/HISTORY.md, "Gram sampler", has the figures). Into anonymous memory advised
 ``MADV_HUGEPAGE``, Linux maps 2 MB pages instead (when
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``), paged in
 faster. Elsewhere (other systems, other devices, tensors below 2 MB) :func:`empty` and
 :func:`zeros` are ``torch.empty`` and ``torch.zeros``. ``simulate`` asks for huge pages on
 one thread only: with two, its gram sampler was measured slower with them on the benchmark
 machine, a virtual machine whose free-page reporting hands free high-order blocks back to the
-host, so that huge pages there are more often cold memory (benchmarks/HISTORY.md, issue #18
-section 3).
+host, so that huge pages there are more often cold memory (benchmarks/HISTORY.md, "Gram
+sampler").
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def merge_heads(x: Tensor) -> Tensor:
 SMALL_SOFTMAX = 16
 """Up to this many keys, the softmax is computed from elementwise ops (max, exp, sum): on CPU
 ``torch.softmax`` over a short last dimension has a large per-row overhead
-(benchmarks/HISTORY.md, issue #18 section 3)."""
+(benchmarks/HISTORY.md, "Gram sampler")."""
 
 
 def _may_overwrite(Y: Tensor, overwrite: bool) -> bool:
@@ -51,8 +51,8 @@ def _may_overwrite(Y: Tensor, overwrite: bool) -> bool:
 @functools.lru_cache(maxsize=64)
 def _causal_bias(m: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(m, m): 0 where query i may attend to key j <= i, -inf above the diagonal (added to
-    the logits: on CPU cheaper than ``masked_fill``; benchmarks/HISTORY.md, issue #18 section
-    3, fifth pass)."""
+    the logits: on CPU cheaper than ``masked_fill``; benchmarks/HISTORY.md, "Gram sampler",
+    fifth pass)."""
     bias = torch.zeros(m, m, dtype=dtype, device=device)
     return bias.masked_fill_(~causal_mask(m, device), -math.inf)
 

@@ -1,7 +1,7 @@
 """The Cholesky factors of a stack of small matrices, compiled, for the gram sampler: on
 CPU faster than LAPACK's batched call for m <= 32, most for m <= 8 (where LAPACK's
 per-matrix overhead dominates); the ratios, from ``benchmarks/bench_kernels.py``:
-benchmarks/HISTORY.md, issue #18 section 3."""
+benchmarks/HISTORY.md, "Gram sampler"."""
 
 from __future__ import annotations
 

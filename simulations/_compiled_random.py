@@ -9,7 +9,7 @@ state) of one ``gen.standard_normal(out=a)`` per array in turn, then ``2
 gen.standard_gamma(half, out=chi)`` (numpy's ``chisquare(2 half)``). It draws in one
 compiled call with the GIL released: several threads fill their own generators' arrays at
 once, faster than numpy per normal and per chi-square variable (the times, from
-``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, issue #18 section 3). Only float64
+``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, "Gram sampler"). Only float64
 normals are compiled (numba's float32 sampler is slower than numpy's here); other arrays go to
 numpy.
 """

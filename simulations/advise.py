@@ -81,10 +81,10 @@ SPREAD_BATCHES = 8
 
 DEFAULT_MAX_TOKENS = 16
 """The number of tokens advise integrates the SDE with when more are asked for. Chosen from
-the measurement of the scores against m in benchmarks/RESULTS.md (issue #39, section 2: causal
-block, m = 8 ... 128; the figures are there): from m = 16 on rho_spread changes little and the
-fractions and norm quantile agree within their SEs or are stricter at m = 16, while at large m
-advise's 50-step solution is itself biased (the factored scheme's error grows like
+the measurement of the scores against m in benchmarks/RESULTS.md ("advise's scores against
+m": causal block, m = 8 ... 128; the figures are there): from m = 16 on rho_spread changes
+little and the fractions and norm quantile agree within their SEs or are stricter at m = 16,
+while at large m advise's 50-step solution is itself biased (the factored scheme's error grows like
 (dt m)^2); the cost grows as m^3."""
 
 

@@ -153,7 +153,7 @@ def residual_update(
 
     ``V' = M M^T`` with ``M = [P, s B F]``, ``P = lambda L + s B G`` (``= lambda^2 V + lambda
     s (B G L^T + L G^T B^T) + s^2 B (G G^T + F F^T) B^T``); L' is the Cholesky factor of V' (batched
-    m x m, much cheaper than a QR on CPU: benchmarks/HISTORY.md, issue #18 section 3), and for
+    m x m, much cheaper than a QR on CPU: benchmarks/HISTORY.md, "Gram sampler"), and for
     the samples whose V' is numerically singular ``R^T`` from the QR ``M^T = Q R`` (exact also
     for singular V').
     """
@@ -185,7 +185,7 @@ def _cholesky(V: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     (:mod:`simulations._compiled_cholesky`, faster than LAPACK's batched call there);
     otherwise computed as the upper factor ``U = L^T`` into the transposed view of L:
     LAPACK's column-major output is then L row by row, so torch copies nothing (faster than
-    asking for L on CPU, benchmarks/HISTORY.md, issue #18 section 3; and numpy's products take
+    asking for L on CPU, benchmarks/HISTORY.md, "Gram sampler"; and numpy's products take
     L without a copy)."""
     if out is None:
         out = V.new_empty(V.shape)

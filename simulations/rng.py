@@ -9,7 +9,7 @@ a fast stream (:meth:`GroupedNormal.fill_normal`): on CPU numpy's SFC64 bit gene
 its ziggurat normal sampler, seeded from ``(seed, g, 1)``, float64 normals drawn by a compiled
 copy of that sampler (:mod:`simulations._compiled_random`: numpy's numbers, faster than
 numpy's own call and than float64 ``torch.randn``; chi-square variables likewise; the
-figures, from ``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, issue #18 section 3);
+figures, from ``benchmarks/bench_kernels.py``: benchmarks/HISTORY.md, "Gram sampler");
 on other devices the group's torch generator.
 
 On CPU the groups of a bulk draw can be filled by several threads at once (``workers``;

@@ -317,8 +317,8 @@ class ExactSampler(TokenSampler):
         """F: (..., m, k) with ``F F^T = x x^T`` (then ``F Z`` has the law of ``x W``).
 
         ``F = R^T`` from the thin QR ``x^T = Q R``; on CPU, when ``fan_in >= m``, the Cholesky
-        factor of the Gram matrix ``x x^T`` instead (cheaper: benchmarks/HISTORY.md, issue #18
-        section 3; the Gram is reused from :meth:`covariance` when x is the state), and the QR
+        factor of the Gram matrix ``x x^T`` instead (cheaper: benchmarks/HISTORY.md, "Gram
+        sampler"; the Gram is reused from :meth:`covariance` when x is the state), and the QR
         for the samples whose Gram matrix is numerically singular (a per-sample choice: the
         numbers do not depend on the chunking; one host check, CPU only).
         """

@@ -1,5 +1,5 @@
 """Finite-width bias: network minus SDE for the median and mean of V^{aa} and of rho at fixed T,
-against the width n (issue 40, item 3).
+against the width n.
 
 The model is a ``shapedtx compare`` preset (default ``attention``: shaped attention, one head,
 value weights only; gamma = 1/sqrt(8), tau0 = 1), m = 4 tokens, rho0 = 0.2, T = d/n = 0.75;

@@ -1,4 +1,4 @@
-"""Stability map over (gamma, tau0): network and SDE side by side (issue 40, item 2).
+"""Stability map over (gamma, tau0): network and SDE side by side.
 
 Runs :func:`simulations.stability_map` on the attention-only preset of ``shapedtx compare``
 (shaped attention, one head, value weights only), m = 4 tokens, rho0 = 0.2, and writes
