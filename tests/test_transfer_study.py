@@ -396,7 +396,10 @@ def test_committed_report_is_regenerated_from_the_committed_runs(modules, tmp_pa
     for name in ("results.md", "results.json", "tables.md"):
         assert (tmp_path / name).read_text() == (STUDY / name).read_text(), name
     assert drifts.read_text() == files("simulations").joinpath("data", DRIFTS).read_text()
-    for name in [f"loss_vs_lr_{n}.png" for n in study.PARAMETRISATIONS] + ["optimum_drift.png"]:
+    names = [f"loss_vs_lr_{n}.png" for n in study.PARAMETRISATIONS] + ["optimum_drift.png"]
+    if json.loads((STUDY / "results.json").read_text())["completep_reference"]:
+        names.append(Path(report.REFERENCE_FIGURE).name)
+    for name in names:
         assert (tmp_path / "figures" / name).stat().st_size > 0
         assert (STUDY / "figures" / name).exists()
 
@@ -498,7 +501,7 @@ def test_report_writes_a_seed_cell_with_one_finished_seed(modules):
     )
 
 
-def test_reference_section_compares_each_variant_with_completep_on_its_points(modules):
+def test_reference_section_compares_each_variant_with_completep_on_its_points(modules, tmp_path):
     """The CompleteP reference variants that have run are compared with ``pre_ln_completep``
     over only their depths and base lrs (seed 0 at the study's width): exact parabolas give
     the drifts, a run's largest logit is the largest of its record (None without one), and
@@ -537,5 +540,8 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     assert "| `pre_ln_completep` | 4 | 2.225 | 2.025 | 2.025 | 2.225 | 2.625 |" in text
     assert "`pre_ln_completep_ref`: the optimum moves +0.00 (2->4)" in text
     assert "`pre_ln_completep` on the same points -0.50 (2->4)" in text
+    assert "(figures/completep_reference.png)" in text
+    report._reference_figure(setup, ref, tmp_path / "reference.png")
+    assert (tmp_path / "reference.png").stat().st_size > 0
     assert report.reference_summary(setup, others) is None
     assert report._reference_section(setup, {**summary, "completep_reference": None}) == []

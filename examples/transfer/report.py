@@ -930,6 +930,8 @@ def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -
 
 REFERENCE_BASELINE = "pre_ln_completep"
 """The model CompleteP's reference variants (``study.VARIANTS``) are changes of."""
+REFERENCE_FIGURE = "figures/completep_reference.png"
+"""The figure of :func:`reference_summary` (in the study's folder)."""
 
 
 def _peak_logit(run: dict[str, Any], horizon: str) -> float | None:
@@ -1061,7 +1063,40 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
         *rows,
         "",
         *[f"- {b}" for b in bullets],
+        "",
+        f"![CompleteP's reference variants: loss against lr per depth]({REFERENCE_FIGURE})",
     ]
+
+
+def _reference_figure(setup: Setup, ref: dict[str, Any], path: Path) -> None:
+    """One panel per model of :func:`reference_summary`: loss against log2(base lr), one curve
+    per depth (``figures/completep_reference.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h = str(max(setup.horizons))
+    names = list(ref["parametrisations"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), sharey=True)
+    cmap = plt.get_cmap("viridis")
+    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+        for i, d in enumerate(ref["depths"]):
+            c = ref["parametrisations"][name][h]["shapes"].get(f"w{setup.width}_d{d}")
+            if c is None:
+                continue
+            y = [np.nan if v is None else v for v in c["lr_curve"]["val_loss"]]
+            colour = cmap(i / max(1, len(ref["depths"]) - 1))
+            ax.plot(c["lr_curve"]["log2_lr"], y, "o-", color=colour, label=f"depth {d}")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("log2(base lr)")
+        ax.legend(fontsize=8)
+    np.atleast_1d(axes)[0].set_ylabel(f"validation loss at {h} steps (nats/byte)")
+    fig.text(0.01, 0.01, "seed 0, width 64; missing points diverged", fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
 
 
 def _swap_fits(setup: Setup, summary: dict, checks: list[dict], results: list[dict]) -> str:
@@ -1426,6 +1461,8 @@ def report(
     if drifts_path is not None:
         write_json(drifts(summary), drifts_path, indent=1)
     figures(setup, summary, out / "figures")
+    if summary["completep_reference"] is not None:
+        _reference_figure(setup, summary["completep_reference"], out / REFERENCE_FIGURE)
     return summary
 
 
