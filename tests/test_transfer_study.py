@@ -540,6 +540,7 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     assert "| `pre_ln_completep` | 4 | 2.225 | 2.025 | 2.025 | 2.225 | 2.625 |" in text
     assert "`pre_ln_completep_ref`: the optimum moves +0.00 (2->4)" in text
     assert "`pre_ln_completep` on the same points -0.50 (2->4)" in text
+    assert "best measured loss at depths 2 and 4: 2.000 / 2.000, against 2.000 / 2.025." in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
     assert (tmp_path / "reference.png").stat().st_size > 0

@@ -998,6 +998,12 @@ def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+def _best_losses(cell: dict[str, Any], depths: list[int], width: int) -> str:
+    """The lowest loss run at each of ``depths`` ("-": none there), "a / b / c"."""
+    best = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get("best") for d in depths]
+    return " / ".join("-" if b is None else f"{b['val_loss']:.3f}" for b in best)
+
+
 def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
     """``results.md``'s section on :func:`reference_summary` (none before a variant has run)."""
     ref = summary.get("completep_reference")
@@ -1038,7 +1044,10 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
         bullets.append(
             f"`{name}`: the optimum moves {_drift_text(mine[0])} (3-point fits "
             f"{mine[1]['last_minus_first']:+.2f}); `{REFERENCE_BASELINE}` on the same points "
-            f"{_drift_text(theirs[0])} (3-point {theirs[1]['last_minus_first']:+.2f})."
+            f"{_drift_text(theirs[0])} (3-point {theirs[1]['last_minus_first']:+.2f}). "
+            f"Its best measured loss at depths {_and([str(d) for d in mine[0]['sizes']])}: "
+            f"{_best_losses(cell, mine[0]['sizes'], setup.width)}, against "
+            f"{_best_losses(base, mine[0]['sizes'], setup.width)}."
         )
     seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
     if seeds and seeds["sd"] is not None:
