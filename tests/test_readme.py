@@ -418,6 +418,24 @@ def _transfer(rows: list[tuple[str, str, str]]) -> tuple[list, list]:
     return claim, [max(d["horizons"]), proxy["width"], proxy["depth"], 0]
 
 
+def _completep() -> tuple[list, list]:
+    """CompleteP's drift across depth and GPT-2 pre-LN's across width, and CompleteP run with
+    its reference's recipe beside the library's on the same depths and lrs (3-point fits; the
+    best measured loss at the deepest of them)."""
+    claim, scale = _transfer(
+        [("pre_ln_completep", "depth_drift_3pt", "depth"), ("pre_ln", "width_drift", "width")]
+    )
+    ref = _json("examples/transfer/results.json")["completep_reference"]
+    per = {name: p["1000"] for name, p in ref["parametrisations"].items()}
+    mine, base = per["pre_ln_completep_ref"], per["pre_ln_completep"]
+    first, last = ref["depths"][0], ref["depths"][-1]
+    claim += [f"{mine['depth_drift_3pt']['last_minus_first']:+.2f}", first, last]
+    claim.append(f"{base['depth_drift_3pt']['last_minus_first']:+.2f}")
+    deep = f"w64_d{last}"
+    claim += [f"{cell['shapes'][deep]['best']['val_loss']:.3f}" for cell in (mine, base)]
+    return [*claim, last], scale
+
+
 def _ablation() -> tuple[list, list]:
     d = _json("examples/ablation/results.json")
     models, h = d["models"], "2000"
@@ -483,9 +501,7 @@ FINDINGS = {
         lambda: _transfer(
             [("shaped_t", "depth_drift", "depth"), ("shaped_t", "width_drift", "width")]
         ),
-        lambda: _transfer(
-            [("pre_ln_completep", "depth_drift_3pt", "depth"), ("pre_ln", "width_drift", "width")]
-        ),
+        _completep,
     ],
     "examples/ablation/results.md": [_ablation, _ablation_long],
 }

@@ -412,7 +412,7 @@ CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
 def test_every_converted_run_equals_its_original_result_json():
     originals = result_jsons_at(CONVERTED_FROM, "examples/transfer/runs/")
     records = dict(RunStore(STUDY / "runs.jsonl").records())
-    assert len(originals) == len(records) == 286
+    assert len(originals) == 286 <= len(records)  # the runs since are stored after them
     for path, original in originals.items():
         name, shape, folder = path.split("/")[-4:-1]
         j, seed = folder.removeprefix("lr").split("_s")
@@ -439,7 +439,8 @@ def test_transfer_lr_reads_package_data_not_the_repository(monkeypatch, tmp_path
     measured = json.loads(shipped)["parametrisations"]["pre_ln_depth_mup"]
     assert advice.measured["depth_drift"] == measured["depth_drift"]
     assert f"{measured['depth_drift']['last_minus_first']:+.2f}" in advice.evidence
-    assert advice.evidence.startswith("examples/transfer, 286 runs, horizon 1000 steps")
+    runs = json.loads(shipped)["runs"]
+    assert advice.evidence.startswith(f"examples/transfer, {runs} runs, horizon 1000 steps")
     assert importlib.import_module("simulations").transfer_lr is simulations.transfer_lr
 
 
@@ -538,9 +539,11 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     text = "\n".join(report._reference_section(setup, summary))
     assert "| `pre_ln_completep_ref` | 4 | 2.400 (13) | 2.100 (14) |" in text
     assert "| `pre_ln_completep` | 4 | 2.225 | 2.025 | 2.025 | 2.225 | 2.625 |" in text
-    assert "`pre_ln_completep_ref`: the optimum moves +0.00 (2->4)" in text
-    assert "`pre_ln_completep` on the same points -0.50 (2->4)" in text
-    assert "best measured loss at depths 2 and 4: 2.000 / 2.000, against 2.000 / 2.025." in text
+    assert (
+        "`pre_ln_completep_ref`: the optimum moves +0.00 from depth 2 to 4 (3-point fits +0.00), "
+        "`pre_ln_completep`'s on the same depths and lrs -0.50 (3-point -0.50); best measured "
+        "loss at depths 2 and 4: 2.000 / 2.000, against 2.000 / 2.025."
+    ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
     assert (tmp_path / "reference.png").stat().st_size > 0

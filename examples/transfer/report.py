@@ -998,6 +998,20 @@ def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+_FITS = ("fit", "fit_3pt")
+"""The report's and the 3-point fit of a shape (its summary keys)."""
+
+
+def _moved(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> str:
+    """How far a depth axis's optimum (``fit``) moves from the first of ``depths`` to the last,
+    with the tables' marks of an optimum that is not a fit ("-": one of them not located)."""
+    ends = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get(fit) for d in (depths[0], depths[-1])]
+    if any(e is None or e["log2_lr"] is None for e in ends):
+        return "-"
+    marks = "".join(sorted({_EDGE_MARK[e["edge"]] for e in ends}))
+    return f"{ends[1]['log2_lr'] - ends[0]['log2_lr']:+.2f}{marks}"
+
+
 def _best_losses(cell: dict[str, Any], depths: list[int], width: int) -> str:
     """The lowest loss run at each of ``depths`` ("-": none there), "a / b / c"."""
     best = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get("best") for d in depths]
@@ -1037,17 +1051,17 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
     for name, cell in per.items():
         if name == REFERENCE_BASELINE:
             continue
-        mine = [cell[f"depth_drift{k}"] for k in ("", "_3pt")]
-        theirs = [base[f"depth_drift{k}"] for k in ("", "_3pt")]
-        if None in mine or None in theirs:
+        drift = cell["depth_drift"]
+        if drift is None:
             continue
+        sizes = drift["sizes"]
+        moves = [_moved(c, sizes, setup.width, fit) for c in (cell, base) for fit in _FITS]
         bullets.append(
-            f"`{name}`: the optimum moves {_drift_text(mine[0])} (3-point fits "
-            f"{mine[1]['last_minus_first']:+.2f}); `{REFERENCE_BASELINE}` on the same points "
-            f"{_drift_text(theirs[0])} (3-point {theirs[1]['last_minus_first']:+.2f}). "
-            f"Its best measured loss at depths {_and([str(d) for d in mine[0]['sizes']])}: "
-            f"{_best_losses(cell, mine[0]['sizes'], setup.width)}, against "
-            f"{_best_losses(base, mine[0]['sizes'], setup.width)}."
+            f"`{name}`: the optimum moves {moves[0]} from depth {sizes[0]} to {sizes[-1]} "
+            f"(3-point fits {moves[1]}), `{REFERENCE_BASELINE}`'s on the same depths and lrs "
+            f"{moves[2]} (3-point {moves[3]}); best measured loss at depths "
+            f"{_and([str(d) for d in sizes])}: {_best_losses(cell, sizes, setup.width)}, "
+            f"against {_best_losses(base, sizes, setup.width)}."
         )
     seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
     if seeds and seeds["sd"] is not None:
