@@ -461,9 +461,11 @@ def study(
     def write_report(results: list[dict[str, Any]]) -> Any:
         if setup.ablation:  # one report of both stages, from both stores
             return import_beside(HERE.parent / "ablation", "report").report()
-        report = import_beside(HERE, "report").report
-
-        return report(setup, out, results)
+        module = import_beside(HERE, "report")
+        # a committed folder's report describes every stored run, whatever part of the
+        # study this run was restricted to (--depths, --models, --horizons)
+        committed = {(HERE / folder).resolve(): full for folder, full in module.REPORTS.items()}
+        return module.report(committed.get(Path(out).resolve(), setup), out, results)
 
     return Study(
         out,

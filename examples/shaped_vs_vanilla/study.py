@@ -222,8 +222,10 @@ def study(setup: Setup, out: Path, device: str = "cpu") -> Study:
 
     def write_report(results: list[dict[str, Any]]) -> Any:
         report = import_beside(HERE, "report").report
-
-        return report(setup, out, [flat_result(r) for r in results])
+        # the committed folder's report describes every stored run, whatever part of the
+        # study this run was restricted to (--width, --depths, --steps, --models)
+        full = DEFAULT if Path(out).resolve() == HERE.resolve() else setup
+        return report(full, out, [flat_result(r) for r in results])
 
     return Study(
         out,

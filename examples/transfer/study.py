@@ -398,9 +398,10 @@ def study(
         module = import_beside(HERE, "report")
         DRIFTS, report = module.DRIFTS, module.report
 
-        # the package data simulations.transfer_lr quotes: the committed study's drifts only
-        committed = setup == DEFAULT and Path(out).resolve() == HERE.resolve()
-        return report(setup, out, results, DRIFTS if committed else None)
+        # the committed folder's report (and the package data simulations.transfer_lr quotes)
+        # describes every stored run, whatever part of the study this run was restricted to
+        committed = Path(out).resolve() == HERE.resolve()
+        return report(DEFAULT if committed else setup, out, results, DRIFTS if committed else None)
 
     return Study(
         out,
