@@ -507,12 +507,17 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     over only their depths and base lrs (seed 0 at the study's width): exact parabolas give
     the drifts, a run's largest logit is the largest of its record (None without one), and
     results.md's section has the table row and the drift bullet; no section before a variant
-    has run."""
+    has run. A variant run at fewer depths than another is compared over its own depths."""
     study, report = modules
-    setup = replace(study.QUICK, depths=(2, 4), horizons=(40,), seed_depths=())
+    setup = replace(study.QUICK, depths=(2, 4, 8), horizons=(40,), seed_depths=())
     vertex = {("pre_ln_completep", 2): -5.0, ("pre_ln_completep", 4): -5.5}
+    vertex |= {("pre_ln_completep", 8): -6.0}
     vertex |= {("pre_ln_completep_ref", 2): -5.0, ("pre_ln_completep_ref", 4): -5.0}
-    grid = {"pre_ln_completep": range(-9, -1), "pre_ln_completep_ref": range(-7, -2)}
+    vertex |= {("completep_init", 2): -5.0, ("completep_init", 4): -5.0}
+    vertex |= {("completep_init", 8): -5.25}
+    grid = {"pre_ln_completep": range(-9, -1)} | {
+        name: range(-7, -2) for name in ("pre_ln_completep_ref", "completep_init")
+    }
 
     def run(name, depth, j, seed=0, width=16):
         h = {"diverged": False, "val_loss": 2 + 0.1 * (j - vertex[name, depth]) ** 2}
@@ -524,13 +529,13 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     fake = [run(n, d, j) for (n, d) in vertex for j in grid[n]]
     others = [run("pre_ln_completep", 2, -5, seed=1), run("pre_ln_completep", 2, -5, width=8)]
     ref = report.reference_summary(setup, fake + others)
-    assert ref["depths"] == [2, 4] and ref["log2_lrs"] == list(range(-7, -2))
-    assert ref["runs"] == 10 and ref["planned"] == len(study.plan(
+    assert ref["depths"] == [2, 4, 8] and ref["log2_lrs"] == list(range(-7, -2))
+    assert ref["runs"] == 25 and ref["planned"] == len(study.plan(
         replace(setup, parametrisations=tuple(study.VARIANTS)), fake + others))  # fmt: skip
     base = ref["parametrisations"]["pre_ln_completep"]["40"]
     assert base["shapes"]["w16_d2"]["lr_curve"]["log2_lr"] == [-7.0, -6.0, -5.0, -4.0, -3.0]
     assert base["shapes"]["w16_d2"]["seeds"] is None  # seed 0 only
-    assert base["depth_drift"]["last_minus_first"] == pytest.approx(-0.5, abs=1e-9)
+    assert base["depth_drift"]["last_minus_first"] == pytest.approx(-1.0, abs=1e-9)
     mine = ref["parametrisations"]["pre_ln_completep_ref"]["40"]
     assert mine["depth_drift"]["last_minus_first"] == pytest.approx(0.0, abs=1e-9)
     assert ref["max_logit"]["pre_ln_completep_ref"]["d4"]["-3"] == 17.0
@@ -543,6 +548,11 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "`pre_ln_completep_ref`: the optimum moves +0.00 from depth 2 to 4 (3-point fits +0.00), "
         "`pre_ln_completep`'s on the same depths and lrs -0.50 (3-point -0.50); best measured "
         "loss at depths 2 and 4: 2.000 / 2.000, against 2.000 / 2.025."
+    ) in text
+    assert (
+        "`completep_init`: the optimum moves -0.25 from depth 2 to 8 (3-point fits -0.25), "
+        "`pre_ln_completep`'s on the same depths and lrs -1.00 (3-point -1.00); best measured "
+        "loss at depths 2, 4 and 8: 2.000 / 2.000 / 2.006, against 2.000 / 2.025 / 2.000."
     ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
