@@ -252,26 +252,46 @@ def mlp_branch(X: Tensor, config: ModelConfig, linear: Linear, gain: Gain | None
     return math.sqrt(c) * out if config.init == "fan_in" else out
 
 
-def residual(X: Tensor, branch: Tensor, config: ModelConfig) -> Tensor:
+def residual(
+    X: Tensor, branch: Tensor, config: ModelConfig, gain: Gain | None = None, part: str = "attn"
+) -> Tensor:
     """``lambda X + gamma branch`` (``residual="scaled"``) or ``X + m branch`` (``"unit"``,
-    ``m = (depth / base_depth)^(-depth_alpha)``, 1 by default; docs/theory.md#transfer)."""
+    ``m = (depth / base_depth)^(-depth_alpha)``, 1 by default; docs/theory.md#transfer).
+
+    With trainable residual weights (``config.residual_gains``) and a ``gain``, lambda and
+    gamma are ``gain(f"res_{part}_lambda")`` and ``gain(f"res_{part}_gamma")``, ``part``
+    ``"attn"`` or ``"mlp"`` (docs/theory.md#trainable-shape); ``gain=None``: at
+    initialisation."""
     if config.residual == "unit":
         m = config.depth_multiplier
         return X + branch if m == 1.0 else torch.add(X, branch, alpha=m)
-    return torch.add(config.lam * X, branch, alpha=config.gamma)  # two passes, not three
+    lam: Tensor | float = config.lam
+    gamma: Tensor | float = config.gamma
+    if gain is not None and config.residual_gains != "fixed":
+        lam, gamma = gain(f"res_{part}_lambda"), gain(f"res_{part}_gamma")
+    if isinstance(gamma, Tensor):  # one fused pass like torch.add's: bit for bit at equal weights
+        return torch.addcmul(lam * X, gamma, branch)
+    return torch.add(lam * X, branch, alpha=gamma)  # two passes, not three
 
 
 def sub_block(
-    X: Tensor, branch: Callable[[Tensor], Tensor], config: ModelConfig, norm: Norm, name: str
+    X: Tensor,
+    branch: Callable[[Tensor], Tensor],
+    config: ModelConfig,
+    norm: Norm,
+    part: str,
+    gain: Gain | None = None,
 ) -> Tensor:
-    """One residual sub-block with the configured normalisation; X: (..., m, n).
+    """One residual sub-block (``part`` ``"attn"`` or ``"mlp"``, its norm ``f"{part}_norm"``)
+    with the configured normalisation; X: (..., m, n).
 
     ``norm="none"``: ``res(X, f(X))``; ``"pre"``: ``res(X, f(LN X))``; ``"post"``:
-    ``LN(res(X, f(X)))``, where ``res`` is :func:`residual`.
+    ``LN(res(X, f(X)))``, where ``res`` is :func:`residual` (with ``gain``).
     """
+    name = f"{part}_norm"
     if config.norm == "pre":
-        return residual(X, branch(norm(X, name)), config)
-    out = residual(X, branch(X), config)
+        return residual(X, branch(norm(X, name)), config, gain, part)
+    out = residual(X, branch(X), config, gain, part)
     return norm(out, name) if config.norm == "post" else out
 
 
@@ -339,9 +359,9 @@ def block(
         def attend(x: Tensor) -> Tensor:
             return attention_branch(x, config, linear, fused=fused, gain=gain, first=first)
 
-        X = sub_block(X, attend, config, norm, "attn_norm")
+        X = sub_block(X, attend, config, norm, "attn", gain)
     if config.mlp != "none":
-        X = sub_block(X, lambda x: mlp_branch(x, config, linear, gain), config, norm, "mlp_norm")
+        X = sub_block(X, lambda x: mlp_branch(x, config, linear, gain), config, norm, "mlp", gain)
     return X
 
 

@@ -52,6 +52,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp_slopes": SLOPES,
     "attention_gains": TRAINABLE,
     "temperature": TRAINABLE,
+    "residual_gains": TRAINABLE,
     "first_value": FIRST_VALUES,
     "attention_scale": ATTENTION_SCALES,
 }
@@ -132,6 +133,10 @@ class ModelConfig:
             initialised to 1 (the shaped attention at initialisation); ``"fixed"``: all 1.
         temperature: ``"trainable"`` multiplies each head's shaped-attention logits by a
             trainable inverse temperature initialised to 1 (``tau`` at initialisation).
+        residual_gains: ``"trainable"`` makes the residual weights of ``residual="scaled"``
+            trainable: each sub-block computes ``lambda X + gamma f(X)`` with its own
+            trainable scalars lambda, gamma initialised to ``lam`` and ``gamma`` (the fixed
+            residual at initialisation; docs/theory.md#trainable-shape).
         gamma_t: the shaped model's depth rule (``residual="scaled"``): if > 0, ``gamma`` is
             derived as ``sqrt(gamma_t * width / depth)``, so that ``gamma^2 d / n = gamma_t``
             at every depth and width (the law of the covariance SDE at the network's end
@@ -186,6 +191,7 @@ class ModelConfig:
     mlp_slopes: Slopes = "fixed"
     attention_gains: Trainable = "fixed"
     temperature: Trainable = "fixed"
+    residual_gains: Trainable = "fixed"
     gamma_t: float = 0.0
     depth_alpha: float = 0.0
     base_depth: int = 1
@@ -302,7 +308,14 @@ class ModelConfig:
 
     def _check_trainable_shape(self) -> None:
         """Trainable slopes need the shaped ReLU, trainable attention gains and temperature
-        the shaped attention (docs/theory.md#trainable-shape)."""
+        the shaped attention, trainable residual weights the scaled residual
+        (docs/theory.md#trainable-shape)."""
+        if self.residual_gains != "fixed" and self.residual != "scaled":
+            raise ParameterError(
+                "residual_gains",
+                f"residual_gains={self.residual_gains!r} requires residual='scaled' (the "
+                f"weights are its lambda and gamma), got residual={self.residual!r}",
+            )
         if self.mlp_slopes != "fixed" and self.mlp != "shaped_relu":
             raise ParameterError(
                 "mlp_slopes",

@@ -293,6 +293,11 @@ class Block(nn.Module):
                 self.gains["mlp_gain"] = nn.Parameter(torch.full((), config.mlp_gain))
                 if not parallel:
                     self.gains["mlp_skip"] = nn.Parameter(torch.ones(()))
+        if config.residual_gains != "fixed":  # lambda, gamma of each sub-block, trainable
+            for name, sub in (("attn", self.attention), ("mlp", self.mlp)):
+                if sub is not None:
+                    self.gains[f"res_{name}_lambda"] = nn.Parameter(torch.tensor(config.lam))
+                    self.gains[f"res_{name}_gamma"] = nn.Parameter(torch.tensor(config.gamma))
         self._layers: dict[str, nn.Module] = {}
         for part in (self.attention, self.mlp):
             if part is not None:

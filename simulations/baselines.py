@@ -23,6 +23,7 @@ def baselines(config: ModelConfig) -> dict[str, ModelConfig]:
         mlp_slopes="fixed",
         attention_gains="fixed",
         temperature="fixed",
+        residual_gains="fixed",
     )
     heads = next(h for h in (4, 2, 1) if config.width % h == 0)
     size = {"width": config.width, "depth": config.depth, "causal": config.causal, "heads": heads}

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from run_history import load_script
 
 EXAMPLES = Path(__file__).parents[1] / "examples"

@@ -18,9 +18,13 @@ from shapedtx.training.step import WHOLE_GRAPH, CompiledStep
 from shapedtx.training.trainer import _make_optimizer
 
 TEXT = "def f(x):\n    return [i * x for i in range(9)]  # one step, one graph\n" * 40
-# the shaped model with its trainable shape (slopes per channel, per-head gains, temperature)
+# the shaped model with its trainable shape (slopes per channel, per-head gains, temperature,
+# residual weights)
 SHAPED = preset("shaped", width=8, depth=2, heads=2, causal=True).replace(
-    mlp_slopes="channel", attention_gains="trainable", temperature="trainable"
+    mlp_slopes="channel",
+    attention_gains="trainable",
+    temperature="trainable",
+    residual_gains="trainable",
 )
 CONFIG = TrainConfig(
     steps=6, batch_size=2, seq_len=8, lr=1e-2, warmup_steps=1, log_interval=2, eval_interval=2,

@@ -1,5 +1,6 @@
 """The shaped Transformer with a trainable shape (docs/theory.md#trainable-shape): trainable
-shaped-ReLU slopes (per layer or per channel), per-head attention gains and temperature.
+shaped-ReLU slopes (per layer or per channel), per-head attention gains and temperature, and
+residual weights lambda, gamma per sub-block.
 
 At initialisation it is the fixed shaped model bit for bit (same seed); the new parameters
 receive gradients, sit in the block-vector parameter group (no weight decay) and change the
@@ -21,18 +22,28 @@ VARIANTS = {
     "slopes per channel": {"mlp_slopes": "channel"},
     "attention gains": {"attention_gains": "trainable"},
     "temperature": {"temperature": "trainable"},
-    "all": {"mlp_slopes": "channel", "attention_gains": "trainable", "temperature": "trainable"},
+    "residual weights": {"residual_gains": "trainable"},
+    "all": {
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "residual_gains": "trainable",
+    },
 }
 NEW_PARAMETERS = {
     "slopes per layer": {"mlp_s_plus": (), "mlp_s_minus": ()},
     "slopes per channel": {"mlp_s_plus": (128,), "mlp_s_minus": (128,)},
     "attention gains": {"attn_alpha": (4,), "attn_beta": (4,), "attn_gamma": (4,)},
     "temperature": {"attn_temperature": (4,)},
+    "residual weights": {
+        f"res_{part}_{weight}": () for part in ("attn", "mlp") for weight in ("lambda", "gamma")
+    },
 }
 NEW_PARAMETERS["all"] = {
     **NEW_PARAMETERS["slopes per channel"],
     **NEW_PARAMETERS["attention gains"],
     **NEW_PARAMETERS["temperature"],
+    **NEW_PARAMETERS["residual weights"],
 }
 
 
@@ -85,11 +96,13 @@ def test_new_parameters_shapes_initial_values_and_gradients(name: str) -> None:
     gains = _gains(free)
     expected = NEW_PARAMETERS[name]
     assert len(gains) == BASE.depth * len(expected)
-    slope_minus = 1 - 1 / 32**0.5  # c_minus = -1 at width 32
+    initial = {"mlp_s_minus": 1 - 1 / 32**0.5}  # c_minus = -1 at width 32; the rest 1
+    initial |= {f"res_{part}_lambda": (1 - BASE.gamma**2) ** 0.5 for part in ("attn", "mlp")}
+    initial |= {f"res_{part}_gamma": BASE.gamma for part in ("attn", "mlp")}
     for key, p in gains.items():
         short = key.rsplit(".", 1)[1]
         assert tuple(p.shape) == expected[short], key
-        value = slope_minus if short == "mlp_s_minus" else 1.0
+        value = initial.get(short, 1.0)
         torch.testing.assert_close(p.detach(), torch.full_like(p, value), rtol=0, atol=1e-7)
     tokens = torch.randint(0, 256, (4, 25), generator=torch.Generator().manual_seed(1))
     free.loss(tokens).backward()
@@ -171,6 +184,8 @@ def test_trainable_relu_is_the_shaped_relu_at_equal_slopes() -> None:
         ({"attention": "softmax", "temperature": "trainable"}, "temperature"),
         ({"mlp_slopes": "per_head"}, "mlp_slopes"),
         ({"attention_gains": "yes"}, "attention_gains"),
+        ({"residual": "unit", "residual_gains": "trainable"}, "residual_gains"),
+        ({"residual_gains": "channel"}, "residual_gains"),
     ],
 )
 def test_invalid_trainable_shape_is_refused_by_name(changes: dict, parameter: str) -> None:

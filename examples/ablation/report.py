@@ -36,6 +36,7 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes": "(d) trainable slopes (per channel)",
     "shaped advise, slopes+attn": "(e) (d) + trainable attention gains",
     "shaped advise, slopes+attn+tau": "(f) (e) + trainable temperature",
+    "shaped advise, slopes+attn+res": "(g) (e) + trainable residual weights",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"

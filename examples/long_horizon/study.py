@@ -91,6 +91,13 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_gains": "trainable",
         "temperature": "trainable",
     },
+    "shaped advise, slopes+attn+res": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "residual_gains": "trainable",
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
