@@ -259,8 +259,8 @@ def residual(
     ``m = (depth / base_depth)^(-depth_alpha)``, 1 by default; docs/theory.md#transfer).
 
     With trainable residual weights (``config.residual_gains``) and a ``gain``, lambda and
-    gamma are ``gain(f"res_{part}_lambda")`` and ``gain(f"res_{part}_gamma")``, ``part``
-    ``"attn"`` or ``"mlp"`` (docs/theory.md#trainable-shape); ``gain=None``: at
+    gamma are multiplied by ``gain(f"res_{part}_lambda")`` and ``gain(f"res_{part}_gamma")``,
+    ``part`` ``"attn"`` or ``"mlp"`` (docs/theory.md#trainable-shape); ``gain=None``: at
     initialisation."""
     if config.residual == "unit":
         m = config.depth_multiplier
@@ -268,7 +268,8 @@ def residual(
     lam: Tensor | float = config.lam
     gamma: Tensor | float = config.gamma
     if gain is not None and config.residual_gains != "fixed":
-        lam, gamma = gain(f"res_{part}_lambda"), gain(f"res_{part}_gamma")
+        lam = lam * gain(f"res_{part}_lambda")
+        gamma = gamma * gain(f"res_{part}_gamma")
     if isinstance(gamma, Tensor):  # one fused pass like torch.add's: bit for bit at equal weights
         return torch.addcmul(lam * X, gamma, branch)
     return torch.add(lam * X, branch, alpha=gamma)  # two passes, not three

@@ -134,9 +134,10 @@ class ModelConfig:
         temperature: ``"trainable"`` multiplies each head's shaped-attention logits by a
             trainable inverse temperature initialised to 1 (``tau`` at initialisation).
         residual_gains: ``"trainable"`` makes the residual weights of ``residual="scaled"``
-            trainable: each sub-block computes ``lambda X + gamma f(X)`` with its own
-            trainable scalars lambda, gamma initialised to ``lam`` and ``gamma`` (the fixed
-            residual at initialisation; docs/theory.md#trainable-shape).
+            trainable: each sub-block computes ``g_l lambda X + g_g gamma f(X)`` with its own
+            trainable multipliers g_l, g_g initialised to 1 (the fixed residual at
+            initialisation; multipliers, so that Adam moves the weights relative to their
+            size; docs/theory.md#trainable-shape).
         gamma_t: the shaped model's depth rule (``residual="scaled"``): if > 0, ``gamma`` is
             derived as ``sqrt(gamma_t * width / depth)``, so that ``gamma^2 d / n = gamma_t``
             at every depth and width (the law of the covariance SDE at the network's end

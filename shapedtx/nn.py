@@ -293,11 +293,11 @@ class Block(nn.Module):
                 self.gains["mlp_gain"] = nn.Parameter(torch.full((), config.mlp_gain))
                 if not parallel:
                     self.gains["mlp_skip"] = nn.Parameter(torch.ones(()))
-        if config.residual_gains != "fixed":  # lambda, gamma of each sub-block, trainable
+        if config.residual_gains != "fixed":  # multipliers of each sub-block's lambda, gamma
             for name, sub in (("attn", self.attention), ("mlp", self.mlp)):
                 if sub is not None:
-                    self.gains[f"res_{name}_lambda"] = nn.Parameter(torch.tensor(config.lam))
-                    self.gains[f"res_{name}_gamma"] = nn.Parameter(torch.tensor(config.gamma))
+                    self.gains[f"res_{name}_lambda"] = nn.Parameter(torch.ones(()))
+                    self.gains[f"res_{name}_gamma"] = nn.Parameter(torch.ones(()))
         self._layers: dict[str, nn.Module] = {}
         for part in (self.attention, self.mlp):
             if part is not None:

@@ -1,6 +1,6 @@
 """The shaped Transformer with a trainable shape (docs/theory.md#trainable-shape): trainable
 shaped-ReLU slopes (per layer or per channel), per-head attention gains and temperature, and
-residual weights lambda, gamma per sub-block.
+multipliers of the residual weights lambda, gamma per sub-block.
 
 At initialisation it is the fixed shaped model bit for bit (same seed); the new parameters
 receive gradients, sit in the block-vector parameter group (no weight decay) and change the
@@ -97,8 +97,6 @@ def test_new_parameters_shapes_initial_values_and_gradients(name: str) -> None:
     expected = NEW_PARAMETERS[name]
     assert len(gains) == BASE.depth * len(expected)
     initial = {"mlp_s_minus": 1 - 1 / 32**0.5}  # c_minus = -1 at width 32; the rest 1
-    initial |= {f"res_{part}_lambda": (1 - BASE.gamma**2) ** 0.5 for part in ("attn", "mlp")}
-    initial |= {f"res_{part}_gamma": BASE.gamma for part in ("attn", "mlp")}
     for key, p in gains.items():
         short = key.rsplit(".", 1)[1]
         assert tuple(p.shape) == expected[short], key
@@ -251,3 +249,18 @@ def test_shaped_free_preset_is_simulated_as_the_shaped_model() -> None:
     assert a["V"].equals(b["V"])
     assert set(free.to_attrs()) - set(a.attrs) == set()  # the full configuration in attrs
     assert a.attrs["config.mlp_slopes"] == "channel"
+
+
+def test_residual_gains_multiply_lambda_and_gamma() -> None:
+    """``g_l lambda X + g_g gamma f(X)`` per sub-block: multipliers of the fixed weights, not
+    the weights themselves (docs/theory.md#trainable-shape)."""
+    from shapedtx.blocks import residual
+
+    config = BASE.replace(residual_gains="trainable")
+    X, branch = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(7)).unbind(0)
+    gains = {"res_mlp_lambda": torch.tensor(2.0), "res_mlp_gamma": torch.tensor(0.5)}
+    got = residual(X, branch, config, gains.__getitem__, "mlp")
+    expected = 2.0 * config.lam * X + 0.5 * config.gamma * branch
+    torch.testing.assert_close(got, expected)
+    fixed = torch.add(config.lam * X, branch, alpha=config.gamma)
+    assert torch.equal(residual(X, branch, config), fixed)  # gain=None: at initialisation
