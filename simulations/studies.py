@@ -55,6 +55,15 @@ def import_beside(folder: Path, name: str) -> Any:
     return importlib.import_module(name)
 
 
+def report_setup(out: Path, committed: dict[Path, Any], setup: Any) -> Any:
+    """The setup whose report a study writes in ``out``: in one of its ``committed`` folders
+    (folder -> the whole study's setup) the whole study's, whatever part of it a run was
+    restricted to (``--depths``, ``--models``, ...: the committed report describes every
+    stored run); elsewhere ``setup``, the part that ran."""
+    whole = {Path(folder).resolve(): full for folder, full in committed.items()}
+    return whole.get(Path(out).resolve(), setup)
+
+
 def lr_tag(lr: float) -> str:
     """The one learning-rate encoding of run keys: ``lr`` with 3 significant digits
     (``lr_tag(1 / 300) == "lr0.00333"``, ``lr_tag(2**-8) == "lr0.00391"``)."""
@@ -292,6 +301,7 @@ __all__ = [
     "Study",
     "lr_tag",
     "parse_study_args",
+    "report_setup",
     "run_study",
     "study_main",
     "study_parser",

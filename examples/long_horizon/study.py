@@ -56,6 +56,7 @@ from simulations.studies import (
     import_beside,
     lr_tag,
     parse_study_args,
+    report_setup,
     study_main,
     study_parser,
 )
@@ -469,10 +470,8 @@ def study(
         if setup.ablation:  # one report of both stages, from both stores
             return import_beside(HERE.parent / "ablation", "report").report()
         module = import_beside(HERE, "report")
-        # a committed folder's report describes every stored run, whatever part of the
-        # study this run was restricted to (--depths, --models, --horizons)
-        committed = {(HERE / folder).resolve(): full for folder, full in module.REPORTS.items()}
-        return module.report(committed.get(Path(out).resolve(), setup), out, results)
+        committed = {HERE / folder: full for folder, full in module.REPORTS.items()}
+        return module.report(report_setup(out, committed, setup), out, results)
 
     return Study(
         out,

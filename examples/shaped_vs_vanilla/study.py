@@ -38,6 +38,7 @@ from simulations.studies import (
     import_beside,
     lr_tag,
     parse_study_args,
+    report_setup,
     study_main,
     study_parser,
 )
@@ -222,9 +223,7 @@ def study(setup: Setup, out: Path, device: str = "cpu") -> Study:
 
     def write_report(results: list[dict[str, Any]]) -> Any:
         report = import_beside(HERE, "report").report
-        # the committed folder's report describes every stored run, whatever part of the
-        # study this run was restricted to (--width, --depths, --steps, --models)
-        full = DEFAULT if Path(out).resolve() == HERE.resolve() else setup
+        full = report_setup(out, {HERE: DEFAULT}, setup)
         return report(full, out, [flat_result(r) for r in results])
 
     return Study(

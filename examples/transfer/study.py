@@ -56,6 +56,7 @@ from simulations.studies import (
     import_beside,
     lr_tag,
     parse_study_args,
+    report_setup,
     study_main,
     study_parser,
 )
@@ -398,10 +399,9 @@ def study(
         module = import_beside(HERE, "report")
         DRIFTS, report = module.DRIFTS, module.report
 
-        # the committed folder's report (and the package data simulations.transfer_lr quotes)
-        # describes every stored run, whatever part of the study this run was restricted to
-        committed = Path(out).resolve() == HERE.resolve()
-        return report(DEFAULT if committed else setup, out, results, DRIFTS if committed else None)
+        # the package data simulations.transfer_lr quotes: from the committed study only
+        drifts = DRIFTS if Path(out).resolve() == HERE.resolve() else None
+        return report(report_setup(out, {HERE: DEFAULT}, setup), out, results, drifts)
 
     return Study(
         out,
