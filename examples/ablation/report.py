@@ -37,6 +37,7 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn": "(e) (d) + trainable attention gains",
     "shaped advise, slopes+attn+tau": "(f) (e) + trainable temperature",
     "shaped advise, slopes+attn+res": "(g) (e) + trainable residual weights",
+    "shaped advise, slopes+attn+final LN": "(h) (e) + final LayerNorm",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"

@@ -99,6 +99,15 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_gains": "trainable",
         "residual_gains": "trainable",
     },
+    # every baseline that leads at 5,000 steps normalises the readout's input; the blocks,
+    # and so the covariance the SDE describes, are unchanged at initialisation
+    "shaped advise, slopes+attn+final LN": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "final_norm": True,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
