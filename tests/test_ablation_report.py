@@ -76,13 +76,22 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
         "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "seed": 0,
         "schedule": "wsd", "model_config": {"config.width": 64},
         "horizons": {"1000": {"val_loss": 1.5, "diverged": False},
-                     "2000": {"val_loss": None, "diverged": True}},
+                     "2000": {"val_loss": None, "diverged": True, "diverged_step": 1234,
+                              "max_logit": {"curve": {"step": [0, 1200],
+                                                      "value": [3.5, 7.0e4]}}}},
     }  # fmt: skip
-    summary = report.summarise([run], [])
+    finished = {**run, "lr": 0.003, "horizons": {"2000": {"val_loss": 1.4, "diverged": False}}}
+    summary = report.summarise([run, finished], [])
     cells = summary["models"]["shaped advise, gelu"]
-    assert cells["2000"]["mean"] is None and cells["2000"]["diverged"] == 1
+    assert cells["2000"]["mean"] == 1.4 and cells["2000"]["diverged"] == 1
     assert cells["1000"]["mean"] == 1.5 and not cells["1000"]["bracketed"]
-    assert "diverged" in report.markdown(summary)
+    assert "0.01: diverged" in report.markdown(summary)
+    # the diverged run, and only it, is listed with its step and logits
+    assert summary["diverged"] == [
+        {"model": "shaped advise, gelu", "lr": 0.01, "step": 1234, "logit_init": 3.5,
+         "logit_last": 7.0e4, "logit_last_step": 1200}
+    ]  # fmt: skip
+    assert "| (c) GELU MLP | 0.01 | 1234 | 3.5 -> 7e+04 (1200) |" in report.markdown(summary)
 
 
 def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):

@@ -142,9 +142,38 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
             rows[str(h)] = row
         out["models"][m] = rows
     out["shape"] = shape_moves(ablation, out)
+    out["diverged"] = diverged_runs(ablation)
     out["runs"] = stored
     out["repeated_max_diff"] = repeated
     out["fingerprints"] = sorted({r.get("corpus_fingerprint", "") for r in runs} - {""})
+    return out
+
+
+def diverged_runs(ablation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every variant's run (seed 0) whose longest horizon diverged: its lr, the step at which
+    the loss or gradient stopped being finite, and the largest attention logit over blocks and
+    heads (the monitor's ``max_logit``) at initialisation and at the last log before it."""
+    out = []
+    order = list(VARIANTS)
+    for r in sorted(
+        (r for r in ablation if r["model_name"] in VARIANTS and r["seed"] == 0),
+        key=lambda r: (order.index(r["model_name"]), r["lr"]),
+    ):
+        record = r["horizons"][str(max(int(h) for h in r["horizons"]))]
+        if not record["diverged"]:
+            continue
+        curve = record.get("max_logit", {}).get("curve", {"step": [], "value": []})
+        logged = len(curve["step"]) > 1
+        out.append(
+            {
+                "model": r["model_name"],
+                "lr": r["lr"],
+                "step": record.get("diverged_step"),
+                "logit_init": curve["value"][0] if curve["value"] else None,
+                "logit_last": curve["value"][-1] if logged else None,
+                "logit_last_step": curve["step"][-1] if logged else None,
+            }
+        )
     return out
 
 
@@ -324,6 +353,29 @@ def markdown(summary: dict[str, Any]) -> str:
                     f"| {_label(m)} | {h} | {e['kappa_init']:.4f} -> {e['kappa_final']:.4f} "
                     f"| {gains or '-'} |"
                 )
+    lines += [
+        "",
+        "## Diverged runs",
+        "",
+        "Seed 0 runs whose loss or gradient stopped being finite, with the largest attention",
+        "logit over blocks and heads (docs/guide/monitor.md) at initialisation and at the last",
+        "log before the step.",
+        "",
+    ]
+    if not summary["diverged"]:
+        lines.append("None.")
+    else:
+        lines += [
+            "| model | lr | step | largest logit: init -> last log (step) |",
+            "|---|---|---|---|",
+        ]
+        for d in summary["diverged"]:
+            last = (
+                "-"
+                if d["logit_last"] is None
+                else f"{d['logit_init']:.3g} -> {d['logit_last']:.3g} ({d['logit_last_step']})"
+            )
+            lines.append(f"| {_label(d['model'])} | {d['lr']:.3g} | {d['step']} | {last} |")
     lines += ["", "![loss against horizon](figures/loss_vs_horizon.png)", ""]
     return "\n".join(lines)
 
