@@ -108,10 +108,22 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_gains": "trainable",
         "final_norm": True,
     },
+    # (g) shrank its branch weights 6-14x and (h)'s stream blew up: the matrices outgrow the
+    # fixed residual at the lr the rest wants. muP's Adam rule from a width-16 proxy trains the
+    # blocks' and the readout's matrices at 1/4 of the base lr (embeddings, gains at the base)
+    "shaped advise, slopes+attn, muP lr": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "lr_proxy": (16, 16),
+        "lr_centre": 3e-2,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
-``lr_proxy_width`` and ``lr_proxy_depth``), in the order their runs are planned."""
+``lr_proxy_width`` and ``lr_proxy_depth``; ``lr_centre``: the lr grid's centre at depth 16 if
+not the preset's), in the order their runs are planned."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
 ABLATION_MODELS = tuple(MODELS)[8:]
@@ -266,6 +278,7 @@ def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig
     fields = dict(MODELS[model])
     name = fields.pop("name")
     fields.pop("lr_proxy", None)
+    fields.pop("lr_centre", None)
     if fields.get("gamma") == "advise":
         advice = advised(setup, depth, out)
         fields.update(gamma=advice["gamma"], tau0=advice["tau0"])
@@ -297,7 +310,7 @@ def train_config(
 
 
 def lr_grid(setup: Setup, model: str, depth: int, k: int) -> float:
-    centre = LR_CENTRE[MODELS[model]["name"]]
+    centre = MODELS[model].get("lr_centre", LR_CENTRE[MODELS[model]["name"]])
     if "lr_proxy" not in MODELS[model]:  # with a proxy, its rule transfers the lr to the size
         centre *= setup.lr_scale / (3.0 if depth > 16 else 1.0)
     return float(f"{centre * 3.0**k:.3g}")
