@@ -80,6 +80,9 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
                               "max_logit": {"curve": {"step": [0, 1200],
                                                       "value": [3.5, 7.0e4]}}}},
     }  # fmt: skip
+    alone = report.summarise([run], [])
+    assert alone["models"]["shaped advise, gelu"]["2000"]["mean"] is None
+    assert "| diverged |" in report.markdown(alone)
     finished = {**run, "lr": 0.003, "horizons": {"2000": {"val_loss": 1.4, "diverged": False}}}
     summary = report.summarise([run, finished], [])
     cells = summary["models"]["shaped advise, gelu"]
