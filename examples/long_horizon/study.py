@@ -108,9 +108,10 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_gains": "trainable",
         "final_norm": True,
     },
-    # (g) shrank its branch weights 6-14x and (h)'s stream blew up: the matrices outgrow the
-    # fixed residual at the lr the rest wants. muP's Adam rule from a width-16 proxy trains the
-    # blocks' and the readout's matrices at 1/4 of the base lr (embeddings, gains at the base)
+    # (g) shrank its branch weights 6-14x and (h)'s stream blew up, suggesting matrices that
+    # outgrow the fixed residual at the lr the rest wants. muP's Adam rule from a width-16
+    # proxy trains the blocks' and the readout's matrices at 1/4 of the base lr (embeddings
+    # and gains at the base lr)
     "shaped advise, slopes+attn, muP lr": {
         "name": "shaped",
         "gamma": "advise",
@@ -124,6 +125,9 @@ MODELS: dict[str, dict[str, Any]] = {
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
 ``lr_proxy_width`` and ``lr_proxy_depth``; ``lr_centre``: the lr grid's centre at depth 16 if
 not the preset's), in the order their runs are planned."""
+
+_STUDY_KEYS = ("lr_proxy", "lr_centre")
+"""Keys of a :data:`MODELS` entry that set its training, not its ``ModelConfig``."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
 ABLATION_MODELS = tuple(MODELS)[8:]
@@ -275,10 +279,8 @@ def advised(setup: Setup, depth: int, out: Path) -> dict[str, float]:
 
 
 def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig:
-    fields = dict(MODELS[model])
+    fields = {k: v for k, v in MODELS[model].items() if k not in _STUDY_KEYS}
     name = fields.pop("name")
-    fields.pop("lr_proxy", None)
-    fields.pop("lr_centre", None)
     if fields.get("gamma") == "advise":
         advice = advised(setup, depth, out)
         fields.update(gamma=advice["gamma"], tau0=advice["tau0"])
