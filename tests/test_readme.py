@@ -420,8 +420,8 @@ def _transfer(rows: list[tuple[str, str, str]]) -> tuple[list, list]:
 
 def _completep() -> tuple[list, list]:
     """CompleteP's drift across depth and GPT-2 pre-LN's across width, and CompleteP run with
-    its reference's recipe beside the library's on the same depths and lrs (3-point fits; the
-    best measured loss at the deepest of them)."""
+    its reference's recipe, and with its attention scale alone, beside the library's on the
+    same depths and lrs (3-point fits; the best measured loss at the deepest of them)."""
     claim, scale = _transfer(
         [("pre_ln_completep", "depth_drift_3pt", "depth"), ("pre_ln", "width_drift", "width")]
     )
@@ -433,6 +433,9 @@ def _completep() -> tuple[list, list]:
     claim.append(f"{base['depth_drift_3pt']['last_minus_first']:+.2f}")
     deep = f"w64_d{last}"
     claim += [f"{cell['shapes'][deep]['best']['val_loss']:.3f}" for cell in (mine, base)]
+    scale_alone = per["completep_attention_scale"]  # the reference's 1/d_head, the only change
+    claim.append(f"{scale_alone['depth_drift_3pt']['last_minus_first']:+.2f}")
+    claim.append(f"{scale_alone['shapes'][deep]['best']['val_loss']:.3f}")
     return [*claim, last], scale
 
 
