@@ -427,15 +427,14 @@ def _completep() -> tuple[list, list]:
     )
     ref = _json("examples/transfer/results.json")["completep_reference"]
     per = {name: p["1000"] for name, p in ref["parametrisations"].items()}
-    mine, base = per["pre_ln_completep_ref"], per["pre_ln_completep"]
+    # the recipe, the library's CompleteP, the reference's 1/d_head attention scale alone
+    cells = [
+        per[n] for n in ("pre_ln_completep_ref", "pre_ln_completep", "completep_attention_scale")
+    ]
     first, last = ref["depths"][0], ref["depths"][-1]
-    claim += [f"{mine['depth_drift_3pt']['last_minus_first']:+.2f}", first, last]
-    claim.append(f"{base['depth_drift_3pt']['last_minus_first']:+.2f}")
-    deep = f"w64_d{last}"
-    claim += [f"{cell['shapes'][deep]['best']['val_loss']:.3f}" for cell in (mine, base)]
-    scale_alone = per["completep_attention_scale"]  # the reference's 1/d_head, the only change
-    claim.append(f"{scale_alone['depth_drift_3pt']['last_minus_first']:+.2f}")
-    claim.append(f"{scale_alone['shapes'][deep]['best']['val_loss']:.3f}")
+    claim += [first, last]
+    claim += [f"{c['depth_drift_3pt']['last_minus_first']:+.2f}" for c in cells]
+    claim += [f"{c['shapes'][f'w64_d{last}']['best']['val_loss']:.3f}" for c in cells]
     return [*claim, last], scale
 
 
