@@ -404,6 +404,27 @@ def test_committed_report_is_regenerated_from_the_committed_runs(modules, tmp_pa
         assert (STUDY / "figures" / name).exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--parametrisations", "completep_beta2", "completep_eps", "--depths", "32"],
+        ["--parametrisations", "pre_ln_completep", "--widths", "64", "128"],
+    ],
+)
+def test_a_restricted_study_writes_its_report_from_the_committed_runs(modules, tmp_path, argv):
+    """A study run on part of the plan (no seeded depth, no device-checked parametrisation,
+    one of a pair that is the same model at the proxy) reports on that part, beside the
+    device check it cannot summarise, instead of failing after its runs are stored."""
+    study, report = modules
+    shutil.copytree(STUDY / "device_check", tmp_path / "device_check")
+    setup = study.setup_of(study.parse(argv))
+    report.report(setup, tmp_path, RunStore(STUDY / "runs.jsonl").results(), None)
+    text = (tmp_path / "results.md").read_text()
+    assert ("no seeds planned" in text) == (not setup.seed_depths)
+    assert "GPU, CPU's batches" not in text
+    assert "reproduce" not in text
+
+
 CONVERTED_FROM = "550197ff3fbdbd124f85f35ca52c3e68fcd3d317"
 """The last commit that tracked the per-run ``result.json`` files runs.jsonl was made from
 (folders ``lr<j>_s<seed>`` with j the log2 of the lr; keys now ``lr_tag(2**j)``)."""

@@ -811,6 +811,8 @@ def _same_at_proxy(setup: Setup, summary: dict, results: list[dict]) -> list[str
     h = max(setup.horizons)
     out = []
     for name, same in SAME_AT_PROXY_DEPTH.items():
+        if not {name, same} <= set(setup.parametrisations):
+            continue  # a study restricted to part of the plan
         mine = {(r["log2_lr"], r["seed"]): r for r in _pick(results, name, *setup.proxy)}
         theirs = {(r["log2_lr"], r["seed"]): r for r in _pick(results, same, *setup.proxy)}
         both = sorted(set(mine) & set(theirs))
@@ -858,10 +860,16 @@ def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -
     the same run up to rounding when the GPU draws the CPU's batches, far apart next to
     divergence whatever the batches."""
     folder = out / DEVICE_CHECK
-    checks = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    h = str(max(setup.horizons))
+    summarised = summary["parametrisations"]
+    checks = [
+        c
+        for c in (json.loads(p.read_text()) for p in sorted(folder.glob("*.json")))
+        if f"w{c['width']}_d{c['depth']}"
+        in summarised.get(c["parametrisation"], {}).get(h, {}).get("shapes", {})
+    ]  # only the shapes this report summarises (a study restricted to part of the plan)
     if not checks:
         return []
-    h = str(max(setup.horizons))
     study = {
         (r["parametrisation"], r["width"], r["depth"], r["log2_lr"], r["seed"]): r for r in results
     }
@@ -908,7 +916,7 @@ def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -
     ]
     best = {}
     for (name, width, depth, *_), _gap in same + own:
-        c = summary["parametrisations"][name][h]["shapes"][f"w{width}_d{depth}"]
+        c = summarised[name][h]["shapes"][f"w{width}_d{depth}"]
         best[name, width, depth] = c["best"]["log2_lr"]
     near = [g for k, g in same if abs(k[3] - best[k[:3]]) <= 2 and k[3] < best[k[:3]]]
     edge = [g for k, g in same + own if k[3] > best[k[:3]]]
@@ -1364,9 +1372,14 @@ def results_md(setup: Setup, out: Path, summary: dict[str, Any], results: list[d
         "",
         f"- **Shapes.** Depths {_and([str(d) for d in setup.depths])} at width {setup.width}; "
         f"widths {_and([str(w) for w in setup.widths])} at depth {setup.depth}; "
-        f"{min(lrs)} to {max(lrs)} base lrs 2x apart per shape, seed 0; seeds "
-        f"{_and([str(s) for s in setup.seeds])} at the best lr of depths "
-        f"{_and([str(d) for d in setup.seed_depths])}{extra_text}.",
+        f"{min(lrs)} to {max(lrs)} base lrs 2x apart per shape, seed 0; "
+        + (
+            f"seeds {_and([str(s) for s in setup.seeds])} at the best lr of depths "
+            f"{_and([str(d) for d in setup.seed_depths])}"
+            if setup.seed_depths
+            else "no seeds planned"
+        )
+        + f"{extra_text}.",
         f"- **Base lr.** Tuned at the proxy width {setup.proxy[0]}, depth {setup.proxy[1]}: "
         "every parameter group trains at the base lr times its parametrisation's factor "
         "(`TrainConfig(lr_proxy_width, lr_proxy_depth)`); a parametrisation transfers when "
