@@ -43,7 +43,7 @@ def test_every_ablation_run_is_stored_and_is_a_variant(report, runs):
     assert len(ablation) >= 2
     assert {r["model_name"] for r in ablation} <= set(report.VARIANTS)
     for r in ablation:
-        assert r["depth"] == 16 and r["model_config"]["config.gamma"] == 0.15
+        assert r["depth"] in (16, 64) and r["model_config"]["config.gamma"] == 0.15
         assert r["model_config"]["config.tau0"] == 0.25
 
 
@@ -58,7 +58,8 @@ def test_a_cell_and_its_ratios_recomputed_from_the_runs(report, runs):
     h = "2000"
     seed0 = [r for r in relu if r["seed"] == 0 and not r["horizons"][h]["diverged"]]
     best = min(seed0, key=lambda r: r["horizons"][h]["val_loss"])
-    cell = summary["models"]["shaped advise, relu"][h]
+    models = summary["depths"]["16"]["models"]
+    cell = models["shaped advise, relu"][h]
     assert cell["best_lr"] == best["lr"]
     at = [r["horizons"][h]["val_loss"] for r in relu if r["lr"] == best["lr"]]
     assert cell["mean"] == pytest.approx(sum(at) / len(at))
@@ -67,8 +68,39 @@ def test_a_cell_and_its_ratios_recomputed_from_the_runs(report, runs):
     g = [r["horizons"][h]["val_loss"] for r in gpt2 if r["lr"] == g_lr]
     assert cell["vs_gpt2"] == pytest.approx(cell["mean"] / (sum(g) / len(g)) - 1)
     assert math.isclose(cell["vs_best"], cell["mean"] / min(
-        summary["models"][b][h]["mean"] for b in report.BASELINES if b in summary["models"]
+        models[b][h]["mean"] for b in report.BASELINES if b in models
     ) - 1)  # fmt: skip
+
+
+def test_each_depth_is_compared_with_the_baselines_at_that_depth(report, runs):
+    """A variant run at depth 64 gets its own section, its ratios against the baselines at
+    depth 64 (not 16's), and advise's checks at depth 64."""
+    ablation, long_horizon = runs
+    free, h = "shaped advise, slopes+attn", "2000"
+    deep = {**next(r for r in ablation if r["model_name"] == free and r["depth"] == 16),
+            "depth": 64, "lr": 0.00333, "seed": 0,
+            "horizons": {h: {"val_loss": 1.3, "diverged": False}}}  # fmt: skip
+    summary = report.summarise([r for r in ablation if r["depth"] == 16] + [deep], long_horizon)
+    assert list(summary["depths"]) == ["16", "64"]
+    at = summary["depths"]["64"]
+    gpt2 = [
+        r
+        for r in long_horizon
+        if r["model_name"] == report.GPT2 and r["depth"] == 64 and r["schedule"] == "wsd"
+    ]
+    seed0 = [r for r in gpt2 if r["seed"] == 0]
+    g_lr = min(seed0, key=lambda r: r["horizons"][h]["val_loss"])["lr"]
+    g = [r["horizons"][h]["val_loss"] for r in gpt2 if r["lr"] == g_lr]
+    cell = at["models"][free][h]
+    assert cell["mean"] == 1.3 and not cell["bracketed"]
+    assert cell["vs_gpt2"] == pytest.approx(1.3 / (sum(g) / len(g)) - 1)
+    assert cell["minus_shaped"] == pytest.approx(1.3 - at["models"][report.SHAPED][h]["mean"])
+    assert at["horizons"] == [2000] and summary["depths"]["16"]["horizons"][-1] == 5000
+    text = report.markdown(summary)
+    assert "## Depth 16" in text and "## Depth 64" in text and "Depths 16, 64" in text
+    checks = [c for c in report.trained_checks(summary, ablation) if c["depth"] == 64]
+    assert {c["preset"] for c in checks} == {"shaped", "shaped_free"}
+    assert next(c for c in checks if c["preset"] == "shaped_free")["loss"] == 1.3
 
 
 def test_a_diverged_horizon_is_reported_as_diverged(report):
@@ -81,16 +113,16 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
                                                       "value": [3.5, 7.0e4]}}}},
     }  # fmt: skip
     alone = report.summarise([run], [])
-    assert alone["models"]["shaped advise, gelu"]["2000"]["mean"] is None
+    assert alone["depths"]["16"]["models"]["shaped advise, gelu"]["2000"]["mean"] is None
     assert "| diverged |" in report.markdown(alone)
     finished = {**run, "lr": 0.003, "horizons": {"2000": {"val_loss": 1.4, "diverged": False}}}
     summary = report.summarise([run, finished], [])
-    cells = summary["models"]["shaped advise, gelu"]
+    cells = summary["depths"]["16"]["models"]["shaped advise, gelu"]
     assert cells["2000"]["mean"] == 1.4 and cells["2000"]["diverged"] == 1
     assert cells["1000"]["mean"] == 1.5 and not cells["1000"]["bracketed"]
     assert "0.01: diverged" in report.markdown(summary)
     # the diverged run, and only it, is listed with its step and logits
-    assert summary["diverged"] == [
+    assert summary["depths"]["16"]["diverged"] == [
         {"model": "shaped advise, gelu", "lr": 0.01, "step": 1234, "logit_init": 3.5,
          "logit_last": 7.0e4, "logit_last_step": 1200}
     ]  # fmt: skip
@@ -116,7 +148,8 @@ def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
     assert "model advised: the shaped Transformer" in text
     free = next(c for c in trained_checks(64, 16) if c["preset"] == "shaped_free")
     assert f"shaped_free at gamma 0.15, tau0 0.25: lr {free['lr']:g}" in text
-    best = summary["models"][free["best_baseline"]][str(free["horizon"])]["mean"]
+    at = summary["depths"]["16"]["models"]
+    best = at[free["best_baseline"]][str(free["horizon"])]["mean"]
     assert free["best_baseline_loss"] == best and free["best_baseline"] == "pre-LN depth-muP"
     assert (  # which baseline each ratio is against
         f"vs GPT-2 pre-LN {free['gpt2_pre_ln_loss']:.3f} ({100 * free['vs_gpt2_pre_ln']:+.1f}%), "

@@ -440,7 +440,8 @@ def _completep() -> tuple[list, list]:
 
 def _ablation() -> tuple[list, list]:
     d = _json("examples/ablation/results.json")
-    models, h = d["models"], "2000"
+    depth, h = 16, "2000"
+    models = d["depths"][str(depth)]["models"]
     free, relu = models["shaped advise, slopes+attn"][h], models["shaped advise, relu"][h]
     shaped, gpt2 = models["shaped advise"][h], models["pre-LN (GPT-2)"][h]
     assert free["vs_gpt2"] < 0 < shaped["vs_gpt2"] and relu["vs_gpt2"] < 0  # leads / trails
@@ -451,16 +452,18 @@ def _ablation() -> tuple[list, list]:
 
     claim = [pct(free["vs_gpt2"]), f"{free['mean']:.3f}", f"{gpt2['mean']:.3f}"]
     claim += [pct(shaped["vs_gpt2"]), f"{shaped['mean']:.3f}", pct(relu["vs_gpt2"])]
-    scale = [int(h), *d["widths"], d["depth"], free["seeds"], *free["lr"], shaped["seeds"]]
+    scale = [int(h), *d["widths"], depth, free["seeds"], *free["lr"], shaped["seeds"]]
     return claim, scale
 
 
 def _ablation_long() -> tuple[list, list]:
     d = _json("examples/ablation/results.json")
-    h, models = "5000", _json("examples/ablation/results.json")["models"]
+    depth, h = 16, "5000"
+    at = d["depths"][str(depth)]
+    models = at["models"]
     free, shaped = models["shaped advise, slopes+attn"][h], models["shaped advise"][h]
     gpt2, mup = models["pre-LN (GPT-2)"][h], models["pre-LN depth-muP"]
-    shape = d["shape"]["shaped advise, slopes+attn"][h]
+    shape = at["shape"]["shaped advise, slopes+attn"][h]
     assert free["vs_gpt2"] < 0 < shaped["vs_gpt2"] and free["bracketed"]
     assert free["best_baseline"] == "pre-LN depth-muP" and free["vs_best"] > 0  # "ahead of it"
     assert gpt2["seeds"] == 3 and mup[h]["bracketed"]
@@ -473,7 +476,7 @@ def _ablation_long() -> tuple[list, list]:
     scale = [
         int(h),
         *d["widths"],
-        d["depth"],
+        depth,
         free["seeds"],
         *free["lr"],
         gpt2["seeds"],
