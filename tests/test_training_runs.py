@@ -480,6 +480,37 @@ def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(mon
     assert study.plan(setup, edge)[2:4] == [(m, 2, 1, 1, "wsd") for m in pair]
 
 
+def test_long_horizon_lrs_option_keeps_the_planned_runs_at_those_lrs(monkeypatch):
+    """``--lrs``: the plan's runs at those peak lrs only, in the plan's order (a best lr's
+    seeds before a grid edge the plan puts first); a bad value is a usage error."""
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    setup = replace(study.QUICK, depths=(2,))
+    shaped, pre_ln = setup.models
+
+    def run(model, k, seed=0):
+        loss = {"val_loss": 2.0 + abs(k), "diverged": False}
+        return {"model_name": model, "depth": 2, "k": k, "seed": seed, "schedule": "wsd",
+                "horizons": {"20": loss, "40": loss}}  # fmt: skip
+
+    results = [run(m, 0) for m in (shaped, pre_ln)]
+    whole = study.planned(setup, results)
+    assert whole == study.plan(setup, results) and {j[2] for j in whole} == {-1, 1}
+    up = study.lr_grid(setup, shaped, 2, 1)
+    at_up = [j for j in whole if study.lr_grid(setup, *j[:3]) == up]  # each model's own grid
+    assert (shaped, 2, 1, 0, "wsd") in at_up and len(at_up) < len(whole)
+    assert study.planned(setup, results, (up,)) == at_up
+    assert study.planned(setup, results, (up * (1 + 1e-4),)) == study.planned(
+        setup, results, (up,)
+    )  # the grid's 3 significant digits
+    assert study.planned(setup, results, (up * 1.1,)) == []
+    for bad in ("0", "-0.01", "inf"):
+        with pytest.raises(SystemExit) as exit_:
+            study.parse(["--lrs", bad])
+        assert exit_.value.code == 2
+    assert study.parse(["--lrs", "0.01", "0.03"]).lrs == [0.01, 0.03]
+
+
 def test_long_horizon_plan_seeds_the_next_model_when_the_best_ones_seed_diverges(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")

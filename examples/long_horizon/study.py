@@ -32,6 +32,8 @@ Usage::
 
     python examples/long_horizon/study.py --workers 1          # the CPU study (resumable)
     python examples/long_horizon/study.py --max-runs 2         # stop after 2 new runs
+    python examples/long_horizon/study.py --ablation-long --depths 64 --lrs 0.00333 0.01
+                                              # only the planned runs at these peak lrs
     python examples/long_horizon/study.py --quick --out /tmp/lh   # a few minutes
     python examples/long_horizon/study.py --report             # only the report
     python examples/long_horizon/study.py --gpu --device cuda --compile --workers 6
@@ -470,6 +472,23 @@ def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, i
     ]
 
 
+def planned(
+    setup: Setup,
+    results: list[dict[str, Any]],
+    lrs: tuple[float, ...] | None = None,
+    check: bool = False,
+) -> list[tuple[str, int, int, int, str]]:
+    """The runs of :func:`plan` (of :func:`check_plan` with ``check``), only those at the peak
+    lrs ``lrs`` (None: all; each compared at the grid's 3 significant digits): to spend a
+    session's compute on one lr of the plan, e.g. the seeds at a best lr before a grid edge
+    the plan puts first."""
+    todo = (check_plan if check else plan)(setup, results)
+    if lrs is None:
+        return todo
+    wanted = {lr_tag(lr) for lr in lrs}
+    return [job for job in todo if lr_tag(lr_grid(setup, *job[:3])) in wanted]
+
+
 def study(
     setup: Setup,
     out: Path,
@@ -478,16 +497,16 @@ def study(
     compile: bool = False,
     check: bool = False,
     data: str | None = None,
+    lrs: tuple[float, ...] | None = None,
 ) -> Study:
-    """The study for the shared runner (``simulations.studies``): the runs of :func:`plan`
-    (of :func:`check_plan` with ``check``) in ``out/runs/``, the report of ``report.py``.
-    ``data``: the corpus (``TrainingRun.data``; default: this Python's standard library)."""
-    planner = check_plan if check else plan
+    """The study for the shared runner (``simulations.studies``): the runs of :func:`planned`
+    in ``out/runs/``, the report of ``report.py``. ``data``: the corpus
+    (``TrainingRun.data``; default: this Python's standard library)."""
 
     def runs(results: list[dict[str, Any]]) -> list[TrainingRun]:
         return [
             make_run(setup, out, *job, device=device, compile=compile, data=data)
-            for job in planner(setup, results)
+            for job in planned(setup, results, lrs, check)
         ]
 
     def write_report(results: list[dict[str, Any]]) -> Any:
@@ -528,7 +547,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--check", action="store_true", help="only the WSD-vs-cosine check (first model, now)"
     )
-    return parse_study_args(p, argv)
+    p.add_argument(
+        "--lrs", type=float, nargs="+", default=None, metavar="LR",
+        help="run only the planned runs at these peak lrs, as --plan prints them "
+        "(default: all of them)",
+    )  # fmt: skip
+    args = parse_study_args(p, argv)
+    if args.lrs is not None and not all(0 < lr < math.inf for lr in args.lrs):
+        p.error(f"--lrs: must be positive finite learning rates, got {args.lrs}")
+    return args
 
 
 def setup_of(args: argparse.Namespace) -> Setup:
@@ -574,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         compile=args.compile,
         check=args.check,
         data=args.data,
+        lrs=None if args.lrs is None else tuple(args.lrs),
     )
     return study_main(the_study, args)
 
