@@ -3,10 +3,11 @@
 Generated from the runs, never edited by hand: ``results.json`` (every number), ``results.md``
 (the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``, the
 screen: ``../long_horizon/study.py --ablation``) and ``long/runs.jsonl`` (the screen's best
-two to 5,000 steps: ``--ablation-long``); the shaped model as it is, (a), and the
-baselines come from the long-horizon study's store (the same recipe: width 64, 4 heads with
-W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus, WSD with 50 warm-up steps and a
-20% cooldown branched at every horizon, seed 0 for the lr grid).
+two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``); the shaped
+model as it is, (a), and the baselines come from the long-horizon study's store (the same
+recipe: width 64, 4 heads with W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus,
+WSD with 50 warm-up steps and a 20% cooldown branched at every horizon, seed 0 for the lr
+grid).
 
 Usage::
 
@@ -47,7 +48,8 @@ BASELINES = (GPT2, "pre-LN depth-muP", "SAS-P")
 measured at a horizon (pre-LN with depth-muP where the long-horizon study has it)."""
 SHOWN = (SHAPED, *BASELINES, "SAS-P no norm")
 STAGES = (HERE, HERE / "long")
-"""The ablation's stores: the screen (2,000 steps) and its second stage (5,000 steps)."""
+"""The ablation's stores: the screen (depth 16, 2,000 steps) and its second stage (5,000 steps
+at depth 16, 2,000 at depth 64)."""
 
 
 def _loss(result: dict[str, Any], horizon: int) -> float:
