@@ -43,7 +43,8 @@ def test_every_ablation_run_is_stored_and_is_a_variant(report, runs):
     assert len(ablation) >= 2
     assert {r["model_name"] for r in ablation} <= set(report.VARIANTS)
     for r in ablation:
-        assert r["depth"] in (16, 64) and r["model_config"]["config.gamma"] == 0.15
+        gamma = {16: 0.15, 64: 0.05}[r["depth"]]  # advise's at each depth (long-horizon study)
+        assert r["model_config"]["config.gamma"] == gamma
         assert r["model_config"]["config.tau0"] == 0.25
 
 
@@ -98,7 +99,7 @@ def test_each_depth_is_compared_with_the_baselines_at_that_depth(report, runs):
     assert at["horizons"] == [2000] and summary["depths"]["16"]["horizons"][-1] == 5000
     text = report.markdown(summary)
     assert "## Depth 16" in text and "## Depth 64" in text and "Depths 16, 64" in text
-    checks = [c for c in report.trained_checks(summary, ablation) if c["depth"] == 64]
+    checks = [c for c in report.trained_checks(summary) if c["depth"] == 64]
     assert {c["preset"] for c in checks} == {"shaped", "shaped_free"}
     assert next(c for c in checks if c["preset"] == "shaped_free")["loss"] == 1.3
 
@@ -106,7 +107,8 @@ def test_each_depth_is_compared_with_the_baselines_at_that_depth(report, runs):
 def test_a_diverged_horizon_is_reported_as_diverged(report):
     run = {
         "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "seed": 0,
-        "schedule": "wsd", "model_config": {"config.width": 64},
+        "schedule": "wsd",
+        "model_config": {"config.width": 64, "config.gamma": 0.15, "config.tau0": 0.25},
         "horizons": {"1000": {"val_loss": 1.5, "diverged": False},
                      "2000": {"val_loss": None, "diverged": True, "diverged_step": 1234,
                               "max_logit": {"curve": {"step": [0, 1200],
@@ -139,7 +141,7 @@ def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
 
     ablation, long_horizon = runs
     summary = report.summarise(ablation, long_horizon)
-    assert trained_checks() == report.trained_checks(summary, ablation)
+    assert trained_checks() == report.trained_checks(summary)
     assert {c["preset"] for c in trained_checks(64, 16)} == {"shaped", "shaped_free"}
     assert trained_checks(128, 16) == []
     grid = {"gammas": (0.15,), "tau0s": (0.25,), "samples": 16, "screen_samples": 16, "steps": 5}
@@ -158,7 +160,8 @@ def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):
     ) in text
     assert a.to_dict()["trained_checks"] == trained_checks(64, 16)
     other = format_advice(replace(a, width=128))
-    assert "checked in training: not at this size (checked: width 64 depth 16)" in other
+    where = "width 64 depth 16, width 64 depth 64"
+    assert f"checked in training: not at this size (checked: {where})" in other
     assert "not checked" in format_advice(replace(a, mlp_ratio=1))
 
 

@@ -143,7 +143,14 @@ def at_depth(
     cells = {
         m: {h: cell([r for r in runs if r["model_name"] == m], h) for h in horizons} for m in models
     }
-    out: dict[str, Any] = {"horizons": horizons, "models": {}}
+    config = ablation[0]["model_config"]  # every variant runs at advise's gamma and tau0
+    out: dict[str, Any] = {
+        "gamma": config["config.gamma"],
+        "tau0": config["config.tau0"],
+        "width": config["config.width"],
+        "horizons": horizons,
+        "models": {},
+    }
     for m in models:
         rows = {}
         for h in horizons:
@@ -286,7 +293,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{depths}, width {', '.join(map(str, summary['widths']))}, seed 0 for the lr grid"
         " (3x spacing); validation",
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
-        "model is changed in one part at a time, at `advise`'s gamma 0.15 and tau0 0.25.",
+        "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth.",
         f"Ablation runs so far: {summary['runs']}.",
         *_repeated(summary["repeated_max_diff"]),
         "",
@@ -303,7 +310,8 @@ def markdown(summary: dict[str, Any]) -> str:
         "(docs/guide/monitor.md) at initialisation and at the last log before the step.",
     ]
     for depth, at in summary["depths"].items():
-        lines += ["", f"## Depth {depth}", "", *_depth_tables(at)]
+        lines += ["", f"## Depth {depth} (gamma {at['gamma']:g}, tau0 {at['tau0']:g})", ""]
+        lines += _depth_tables(at)
     lines += ["", "![loss against horizon](figures/loss_vs_horizon.png)", ""]
     return "\n".join(lines)
 
@@ -328,7 +336,8 @@ def _depth_tables(at: dict[str, Any]) -> list[str]:
             mark = "" if r["bracketed"] else "†"
             cells.append(f"{r['mean']:.3f}{sd}{mark} (lr {r['best_lr']:.3g})")
         lines.append(f"| {_label(m)} | " + " | ".join(cells) + " |")
-    lines += ["", "### Against the baselines and against (a)", "", *_absent_baselines(at)]
+    absent = _absent_baselines(at)
+    lines += ["", "### Against the baselines and against (a)", *(["", *absent] if absent else [])]
     lines += [
         "",
         "| model | horizon | vs GPT-2 pre-LN | vs best baseline (which, its sd) | minus (a) |",
@@ -432,11 +441,10 @@ CHECKED = {SHAPED: "shaped", "shaped advise, slopes+attn": "shaped_free"}
 """The models whose training ``advise`` quotes: study model -> preset."""
 
 
-def trained_checks(summary: dict[str, Any], ablation: list[dict[str, Any]]) -> list[dict]:
+def trained_checks(summary: dict[str, Any]) -> list[dict]:
     """At each depth's longest horizon, for the shaped model and ``shaped_free`` at advise's
     gamma and tau0: the best lr found (and whether a worse lr brackets it), the seeds, the
     loss and its ratio to GPT-2's pre-LN and to the best baseline."""
-    config = next(r["model_config"] for r in ablation)
     checks = []
     for depth, at in summary["depths"].items():
         h = str(max(at["horizons"]))
@@ -448,9 +456,9 @@ def trained_checks(summary: dict[str, Any], ablation: list[dict[str, Any]]) -> l
             checks.append(
                 {
                     "preset": name,
-                    "gamma": config["config.gamma"],
-                    "tau0": config["config.tau0"],
-                    "width": config["config.width"],
+                    "gamma": at["gamma"],
+                    "tau0": at["tau0"],
+                    "width": at["width"],
                     "depth": int(depth),
                     "horizon": int(h),
                     "lr": row["best_lr"],
@@ -480,7 +488,7 @@ def report(folder: Path = HERE) -> dict[str, Any]:
     ablation, long_horizon = load()
     summary = summarise(ablation, long_horizon)
     write_json(summary, folder / "results.json", indent=1)
-    write_json(trained_checks(summary, ablation), CHECKS, indent=1)
+    write_json(trained_checks(summary), CHECKS, indent=1)
     with atomic_path(folder / "results.md") as tmp:
         Path(tmp).write_text(markdown(summary))
     figure(summary, folder / "figures" / "loss_vs_horizon.png")
