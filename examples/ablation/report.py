@@ -405,13 +405,14 @@ def _depth_tables(at: dict[str, Any]) -> list[str]:
 
 
 def figure(summary: dict[str, Any], path: Path) -> Path:
-    """Best loss against horizon, one panel per depth, one line per model."""
+    """Best loss against horizon, one panel per depth, one line (one colour) per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     depths = summary["depths"]
+    colours = dict(zip((*SHOWN, *VARIANTS), plt.get_cmap("tab20").colors, strict=False))
     fig, axes = plt.subplots(1, len(depths), figsize=(7 * len(depths), 4.5), squeeze=False)
     for ax, (depth, at) in zip(axes[0], depths.items(), strict=True):
         for m, rows in at["models"].items():
@@ -419,7 +420,7 @@ def figure(summary: dict[str, Any], path: Path) -> Path:
             if pts:
                 x, y = zip(*sorted(pts), strict=True)
                 style = "--" if m in SHOWN else "-"
-                ax.plot(x, y, style, marker="o", label=_label(m))
+                ax.plot(x, y, style, marker="o", color=colours[m], label=_label(m))
         ax.set_xscale("log")
         ax.set_xlabel("training horizon (steps)")
         ax.set_ylabel("validation loss at the best lr (nats/byte)")
