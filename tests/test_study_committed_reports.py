@@ -29,6 +29,8 @@ def _study(folder: str, monkeypatch: pytest.MonkeyPatch, home: Path) -> tuple[An
     )
     monkeypatch.setattr(module, "HERE", home)
     monkeypatch.setattr(module, "import_beside", lambda folder, name: fake)
+    if hasattr(module, "rebuild_quoting_reports"):  # the reports quoting the committed store
+        monkeypatch.setattr(module, "rebuild_quoting_reports", lambda: written.append("quoting"))
     return module, written
 
 
@@ -49,8 +51,32 @@ def test_a_restricted_run_rewrites_the_committed_report_for_the_whole_study(
     assert part != module.DEFAULT
     module.study(part, home, device="cpu").report([])
     module.study(part, elsewhere, device="cpu").report([])
+    if folder == "long_horizon":  # rebuilt after the committed report only
+        assert written.pop(1) == "quoting" and "quoting" not in written
     (full, out_home, *drifts_home), (setup, out_else, *drifts_else) = written
     assert full == module.DEFAULT and out_home == home
     assert setup == part and out_else == elsewhere
     if folder == "transfer":  # the package data: from the committed study only
         assert drifts_home == [home / "drifts.json"] and drifts_else == [None]
+
+
+def test_a_long_horizon_report_rebuilds_the_committed_reports_quoting_its_store(
+    monkeypatch, tmp_path
+):
+    """The ablation's and the transfer study's reports quote the long-horizon store: the
+    long-horizon study rebuilds both (the transfer study's for its whole committed setup, from
+    its committed store) whenever it writes its committed report."""
+    module = load_script(EXAMPLES / "long_horizon" / "study.py", "study", monkeypatch)
+    calls: list = []
+    transfer_home = tmp_path / "transfer"
+    ablation = types.SimpleNamespace(report=lambda: calls.append("ablation"))
+
+    def transfer_study(setup, out):
+        calls.append(("transfer", setup, out))
+        return types.SimpleNamespace(report=lambda results: calls.append(("results", results)))
+
+    transfer = types.SimpleNamespace(HERE=transfer_home, DEFAULT="whole", study=transfer_study)
+    scripts = {("ablation", "report"): ablation, ("transfer", "study"): transfer}
+    monkeypatch.setattr(module, "import_beside", lambda folder, name: scripts[folder.name, name])
+    module.rebuild_quoting_reports()
+    assert calls == ["ablation", ("transfer", "whole", transfer_home), ("results", [])]

@@ -26,7 +26,9 @@ spaced by 3x, extended one point at a time, up to two per side, while the best l
 horizon is at an edge); then 3 seeds at the best lr of the longest horizon for the two best
 models per depth; then the check. Each phase covers every depth before the next (see
 ``plan``). ``--report`` writes ``results.md``, ``results.json``, ``tables.md`` and
-``figures/`` from ``runs.jsonl`` (``report.py``); none of them is edited by hand.
+``figures/`` from ``runs.jsonl`` (``report.py``); none of them is edited by hand. Writing the
+committed report also rebuilds the two committed reports that quote its store (the ablation's
+and the transfer study's: ``rebuild_quoting_reports``).
 
 Usage::
 
@@ -514,7 +516,10 @@ def study(
             return import_beside(HERE.parent / "ablation", "report").report()
         module = import_beside(HERE, "report")
         committed = {HERE / folder: full for folder, full in module.REPORTS.items()}
-        return module.report(report_setup(out, committed, setup), out, results)
+        written = module.report(report_setup(out, committed, setup), out, results)
+        if Path(out).resolve() == HERE.resolve():
+            rebuild_quoting_reports()
+        return written
 
     return Study(
         out,
@@ -522,6 +527,16 @@ def study(
         write_report,
         describe=lambda key, r: f"{r['model_name']} d{r['depth']} lr {r['lr']:.3g} s{r['seed']}",
     )
+
+
+def rebuild_quoting_reports() -> None:
+    """Rebuild the committed reports that quote this study's committed store, so that a run
+    stored here leaves none of them stale: the ablation's (its baselines and (a)) and the
+    transfer study's (its comparison with the long horizons)."""
+    import_beside(HERE.parent / "ablation", "report").report()
+    transfer = import_beside(HERE.parent / "transfer", "study")
+    home = transfer.HERE
+    transfer.study(transfer.DEFAULT, home).report(RunStore(home / STORE).finished())
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
