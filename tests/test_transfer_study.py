@@ -575,8 +575,63 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "`pre_ln_completep`'s on the same depths and lrs -1.00 (3-point -1.00); best measured "
         "loss at depths 2, 4 and 8: 2.000 / 2.000 / 2.006, against 2.000 / 2.025 / 2.000."
     ) in text
+    assert (
+        "**Was the drift the recipe?** From depth 2 to 4 (seed 0, the lrs above) "
+        "`pre_ln_completep`'s optimum moves -0.50 octaves and with its reference's whole recipe "
+        "+0.00: most of it was the recipe (0% of the drift is left). Each change alone, nearest "
+        "zero first: `completep_init` +0.00. The whole recipe's best losses are 2.000 / 2.000 "
+        "against 2.000 / 2.025; no change is lower than the baseline's at the two deepest "
+        "depths. Depth 4 is the deepest these runs reach: whether this holds to depth 8, the "
+        "depth axis's end, is open."
+    ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
     assert (tmp_path / "reference.png").stat().st_size > 0
     assert report.reference_summary(setup, others) is None
     assert report._reference_section(setup, {**summary, "completep_reference": None}) == []
+
+
+def _drift_cell(vertices: dict[int, float], best: dict[int, float], edge=None) -> dict:
+    """A reference-section cell: each depth's fitted optimum and lowest loss."""
+    shapes = {
+        f"w64_d{d}": {"fit": {"log2_lr": v, "edge": edge}, "best": {"val_loss": best[d]}}
+        for d, v in vertices.items()
+    }
+    return {"depth_drift": {"sizes": sorted(vertices)}, "shapes": shapes}
+
+
+@pytest.mark.parametrize(
+    ("whole_at_32", "said"),
+    [
+        (-7.5, "most of it was the recipe (25% of the drift is left)"),
+        (-8.0, "part of it was the recipe (50% of the drift is left)"),
+        (-9.0, "it holds with the recipe (100% of the drift is left)"),
+    ],
+)
+def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules, whole_at_32, said):
+    """The verdict compares the whole recipe's drift with the baseline's (the share left
+    decides the words), ranks each change alone by how near zero it leaves the drift, leaves
+    out a change whose optimum is at the grid's edge, and names the changes lower than the
+    baseline at the two deepest depths."""
+    study, report = modules
+    setup = replace(study.DEFAULT, width=64, depths=(4, 16, 32, 64))
+    base = _drift_cell({4: -7.0, 16: -8.0, 32: -9.0}, {4: 1.5, 16: 1.4, 32: 1.4})
+    per = {
+        "pre_ln_completep": base,
+        "pre_ln_completep_ref": _drift_cell({4: -7.0, 32: whole_at_32}, {4: 1.6, 32: 1.6}),
+        "completep_init": _drift_cell({4: -7.0, 32: -6.0}, {4: 1.6, 32: 1.3}),
+        "completep_beta2": _drift_cell({4: -7.0, 32: -7.5}, {4: 1.4, 32: 1.5}),
+        "completep_eps": _drift_cell({4: -7.0, 32: -7.0}, {4: 1.4, 32: 1.3}, edge="grid"),
+    }
+    (text,) = report._reference_verdict(per, setup)
+    assert "`pre_ln_completep`'s optimum moves -2.00 octaves and with its reference's " in text
+    assert f"recipe {whole_at_32 + 7:+.2f}: {said}." in text
+    assert "nearest zero first: `completep_beta2` -0.50, `completep_init` +1.00 (an optimum " \
+        "not inside the grid: `completep_eps`)." in text  # fmt: skip
+    assert "best losses are 1.600 / 1.600 against 1.500 / 1.400" in text
+    assert "lower than the baseline's at the two deepest depths: `completep_eps`." in text
+    assert "whether this holds to depth 64, the depth axis's end, is open." in text
+    deep = replace(setup, depths=(4, 16, 32))
+    assert "is open" not in report._reference_verdict(per, deep)[0]
+    no_whole = {k: v for k, v in per.items() if k != "pre_ln_completep_ref"}
+    assert report._reference_verdict(no_whole, setup) == []

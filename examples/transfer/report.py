@@ -1010,14 +1010,87 @@ _FITS = ("fit", "fit_3pt")
 """The report's and the 3-point fit of a shape (its summary keys)."""
 
 
+def _ends(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> list[dict] | None:
+    """A depth axis's optimum (``fit``) at the first and the last of ``depths`` (None: one of
+    them not located)."""
+    ends = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get(fit) for d in (depths[0], depths[-1])]
+    return None if any(e is None or e["log2_lr"] is None for e in ends) else ends
+
+
 def _moved(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> str:
     """How far a depth axis's optimum (``fit``) moves from the first of ``depths`` to the last,
     with the tables' marks of an optimum that is not a fit ("-": one of them not located)."""
-    ends = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get(fit) for d in (depths[0], depths[-1])]
-    if any(e is None or e["log2_lr"] is None for e in ends):
+    if (ends := _ends(cell, depths, width, fit)) is None:
         return "-"
     marks = "".join(sorted({_EDGE_MARK[e["edge"]] for e in ends}))
     return f"{ends[1]['log2_lr'] - ends[0]['log2_lr']:+.2f}{marks}"
+
+
+def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str]:
+    """Whether ``REFERENCE_BASELINE``'s depth drift was its recipe: the drift (report's fit)
+    of the whole recipe and of each change alone against the baseline's on the same depths and
+    lrs, the changes ranked by how near zero each leaves it, and whether the recipe trains as
+    well (best loss at each depth); only drifts fitted inside the grid at both ends count."""
+    width, base, whole = setup.width, per[REFERENCE_BASELINE], per.get("pre_ln_completep_ref")
+    if whole is None or whole["depth_drift"] is None:
+        return []
+    sizes = whole["depth_drift"]["sizes"]
+
+    def drift(cell: dict[str, Any]) -> float | None:
+        ends = _ends(cell, sizes, width, "fit")
+        if ends is None or any(e["edge"] is not None for e in ends):
+            return None
+        return ends[1]["log2_lr"] - ends[0]["log2_lr"]
+
+    d_base, d_whole = drift(base), drift(whole)
+    if d_base is None or d_whole is None:
+        return []
+    kept = abs(d_whole) / abs(d_base) if d_base else math.inf
+    said = (
+        "most of it was the recipe"
+        if kept < 0.5
+        else "part of it was the recipe"
+        if kept < 0.9
+        else "it holds with the recipe"
+    )
+    changes = [n for n in per if n not in (REFERENCE_BASELINE, "pre_ln_completep_ref")]
+    alone = {n: d for n in changes if (d := drift(per[n])) is not None}
+    ranked = sorted(alone, key=lambda n: abs(alone[n]))
+    unlocated = [f"`{n}`" for n in changes if n not in alone]
+    lower = [
+        n
+        for n in per
+        if n != REFERENCE_BASELINE
+        and all(
+            (mine := (per[n]["shapes"].get(f"w{width}_d{d}") or {}).get("best")) is not None
+            and (theirs := (base["shapes"].get(f"w{width}_d{d}") or {}).get("best")) is not None
+            and mine["val_loss"] < theirs["val_loss"]
+            for d in sizes[-2:]
+        )
+    ]
+    text = (
+        f"**Was the drift the recipe?** From depth {sizes[0]} to {sizes[-1]} (seed 0, the lrs "
+        f"above) `{REFERENCE_BASELINE}`'s optimum moves {d_base:+.2f} octaves and with its "
+        f"reference's whole recipe {d_whole:+.2f}: {said} ({100 * kept:.0f}% of the drift is "
+        "left). Each change alone, nearest zero first: "
+        + ", ".join(f"`{n}` {alone[n]:+.2f}" for n in ranked)
+        + (f" (an optimum not inside the grid: {_and(unlocated)})" if unlocated else "")
+        + f". The whole recipe's best losses are {_best_losses(whole, sizes, width)} against "
+        f"{_best_losses(base, sizes, width)}"
+    )
+    text += (
+        "; lower than the baseline's at the two deepest depths: "
+        + ", ".join(f"`{n}`" for n in lower)
+        + "."
+        if lower
+        else "; no change is lower than the baseline's at the two deepest depths."
+    )
+    if max(sizes) < max(setup.depths):
+        text += (
+            f" Depth {max(sizes)} is the deepest these runs reach: whether this holds to "
+            f"depth {max(setup.depths)}, the depth axis's end, is open."
+        )
+    return [text]
 
 
 def _best_losses(cell: dict[str, Any], depths: list[int], width: int) -> str:
@@ -1071,6 +1144,7 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
             f"{_and([str(d) for d in sizes])}: {_best_losses(cell, sizes, setup.width)}, "
             f"against {_best_losses(base, sizes, setup.width)}."
         )
+    bullets += _reference_verdict(per, setup)
     seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
     if seeds and seeds["sd"] is not None:
         bullets.append(
