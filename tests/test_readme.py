@@ -431,9 +431,16 @@ def _completep() -> tuple[list, list]:
     cells = [
         per[n] for n in ("pre_ln_completep_ref", "pre_ln_completep", "completep_attention_scale")
     ]
-    first, last = ref["depths"][0], ref["depths"][-1]
+
+    def located(c: dict, depth: int) -> dict | None:
+        fit = (c["shapes"].get(f"w64_d{depth}") or {}).get("fit_3pt") or {}
+        return fit if fit.get("log2_lr") is not None and fit["edge"] is None else None
+
+    # from the first depth to the deepest where all three optima lie inside their grids
+    first = ref["depths"][0]
+    last = max(d for d in ref["depths"] if all(located(c, d) for c in cells))
     claim += [first, last]
-    claim += [f"{c['depth_drift_3pt']['last_minus_first']:+.2f}" for c in cells]
+    claim += [f"{located(c, last)['log2_lr'] - located(c, first)['log2_lr']:+.2f}" for c in cells]
     claim += [f"{c['shapes'][f'w64_d{last}']['best']['val_loss']:.3f}" for c in cells]
     return [*claim, last], scale
 

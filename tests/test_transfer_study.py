@@ -581,8 +581,8 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "+0.00: most of it was the recipe (0% of the drift is left). Each change alone, nearest "
         "zero first: `completep_init` +0.00. The whole recipe's best losses are 2.000 / 2.000 "
         "against 2.000 / 2.025; no change is lower than the baseline's at the two deepest "
-        "depths. Depth 4 is the deepest these runs reach: whether this holds to depth 8, the "
-        "depth axis's end, is open."
+        "depths. Depth 4 is the deepest with a located optimum: whether this holds to depth 8, "
+        "the depth axis's end, is open."
     ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
@@ -633,5 +633,13 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
     assert "whether this holds to depth 64, the depth axis's end, is open." in text
     deep = replace(setup, depths=(4, 16, 32))
     assert "is open" not in report._reference_verdict(per, deep)[0]
+    # the recipe's optimum at a grid edge at depth 64: the verdict stops at depth 32
+    whole = _drift_cell({4: -7.0, 32: whole_at_32, 64: -8.0}, {4: 1.6, 32: 1.6, 64: 1.7})
+    whole["shapes"]["w64_d64"]["fit"]["edge"] = "grid"
+    whole["shapes"]["w64_d64"]["best"]["log2_lr"] = -8.0
+    (edged,) = report._reference_verdict({**per, "pre_ln_completep_ref": whole}, setup)
+    assert edged.startswith(text.split(" Depth 32 is")[0])
+    assert "At depth 64 the recipe's optimum is not inside its grid yet (best measured 2^-8: "  \
+        "1.700). Depth 32 is the deepest with a located optimum" in edged  # fmt: skip
     no_whole = {k: v for k, v in per.items() if k != "pre_ln_completep_ref"}
     assert report._reference_verdict(no_whole, setup) == []

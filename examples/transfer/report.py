@@ -1034,7 +1034,16 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     width, base, whole = setup.width, per[REFERENCE_BASELINE], per.get("pre_ln_completep_ref")
     if whole is None or whole["depth_drift"] is None:
         return []
-    sizes = whole["depth_drift"]["sizes"]
+
+    def shape(cell: dict[str, Any], depth: int) -> dict[str, Any]:
+        return cell["shapes"].get(f"w{width}_d{depth}") or {}
+
+    ran = whole["depth_drift"]["sizes"]  # up to the deepest located optimum of the recipe
+    fits = {d: shape(whole, d).get("fit") or {} for d in ran}
+    located = [d for d in ran if fits[d].get("log2_lr") is not None and fits[d]["edge"] is None]
+    if len(located) < 2:
+        return []
+    sizes = ran[: ran.index(located[-1]) + 1]
 
     def drift(cell: dict[str, Any]) -> float | None:
         ends = _ends(cell, sizes, width, "fit")
@@ -1062,8 +1071,8 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         for n in per
         if n != REFERENCE_BASELINE
         and all(
-            (mine := (per[n]["shapes"].get(f"w{width}_d{d}") or {}).get("best")) is not None
-            and (theirs := (base["shapes"].get(f"w{width}_d{d}") or {}).get("best")) is not None
+            (mine := shape(per[n], d).get("best")) is not None
+            and (theirs := shape(base, d).get("best")) is not None
             and mine["val_loss"] < theirs["val_loss"]
             for d in sizes[-2:]
         )
@@ -1085,10 +1094,16 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         if lower
         else "; no change is lower than the baseline's at the two deepest depths."
     )
+    for d in ran[len(sizes) :]:
+        best = shape(whole, d)["best"]
+        text += (
+            f" At depth {d} the recipe's optimum is not inside its grid yet (best measured "
+            f"2^{best['log2_lr']:g}: {best['val_loss']:.3f})."
+        )
     if max(sizes) < max(setup.depths):
         text += (
-            f" Depth {max(sizes)} is the deepest these runs reach: whether this holds to "
-            f"depth {max(setup.depths)}, the depth axis's end, is open."
+            f" Depth {max(sizes)} is the deepest with a located optimum: whether this holds "
+            f"to depth {max(setup.depths)}, the depth axis's end, is open."
         )
     return [text]
 
