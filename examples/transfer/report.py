@@ -1038,7 +1038,8 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     def shape(cell: dict[str, Any], depth: int) -> dict[str, Any]:
         return cell["shapes"].get(f"w{width}_d{depth}") or {}
 
-    ran = whole["depth_drift"]["sizes"]  # up to the deepest located optimum of the recipe
+    # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
+    ran = whole["depth_drift"]["sizes"]
     fits = {d: shape(whole, d).get("fit") or {} for d in ran}
     located = [d for d in ran if fits[d].get("log2_lr") is not None and fits[d]["edge"] is None]
     if len(located) < 2:
