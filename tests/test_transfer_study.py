@@ -581,8 +581,8 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "+0.00: most of it was the recipe (0% of the drift is left). Each change alone, nearest "
         "zero first: `completep_init` +0.00. The whole recipe's best losses are 2.000 / 2.000 "
         "against 2.000 / 2.025; no change is lower than the baseline's at the two deepest "
-        "depths. Depth 4 is the deepest with a located optimum: whether this holds to depth 8, "
-        "the depth axis's end, is open."
+        "depths each ran. Depth 4 is the deepest with a located optimum: whether this holds "
+        "to depth 8, the depth axis's end, is open."
     ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")
@@ -629,7 +629,7 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
     assert "nearest zero first: `completep_beta2` -0.50, `completep_init` +1.00 (an optimum " \
         "not inside the grid: `completep_eps`)." in text  # fmt: skip
     assert "best losses are 1.600 / 1.600 against 1.500 / 1.400" in text
-    assert "lower than the baseline's at the two deepest depths: `completep_eps`." in text
+    assert "lower than the baseline's at the two deepest depths each ran: `completep_eps`." in text
     assert "whether this holds to depth 64, the depth axis's end, is open." in text
     deep = replace(setup, depths=(4, 16, 32))
     assert "is open" not in report._reference_verdict(per, deep)[0]
@@ -638,6 +638,14 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
     whole["shapes"]["w64_d64"]["fit"]["edge"] = "grid"
     whole["shapes"]["w64_d64"]["best"]["log2_lr"] = -8.0
     (edged,) = report._reference_verdict({**per, "pre_ln_completep_ref": whole}, setup)
+    # located at depth 64: compared to 64, each change over the depths it ran
+    whole["shapes"]["w64_d64"]["fit"]["edge"] = None
+    deep_base = _drift_cell(
+        {4: -7.0, 16: -8.0, 32: -9.0, 64: -9.0}, {4: 1.5, 16: 1.4, 32: 1.4, 64: 1.3}
+    )
+    deep_per = {**per, "pre_ln_completep": deep_base, "pre_ln_completep_ref": whole}
+    (deeper,) = report._reference_verdict(deep_per, setup)
+    assert "From depth 4 to 64" in deeper and "`completep_beta2` -0.50 (to depth 32)" in deeper
     assert edged.startswith(text.split(" Depth 32 is")[0])
     assert "At depth 64 the recipe's optimum is not inside its grid yet (best measured 2^-8: "  \
         "1.700). Depth 32 is the deepest with a located optimum" in edged  # fmt: skip

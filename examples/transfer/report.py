@@ -1046,8 +1046,8 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         return []
     sizes = ran[: ran.index(located[-1]) + 1]
 
-    def drift(cell: dict[str, Any]) -> float | None:
-        ends = _ends(cell, sizes, width, "fit")
+    def drift(cell: dict[str, Any], depths: list[int] = sizes) -> float | None:
+        ends = _ends(cell, depths, width, "fit")
         if ends is None or any(e["edge"] is not None for e in ends):
             return None
         return ends[1]["log2_lr"] - ends[0]["log2_lr"]
@@ -1063,37 +1063,51 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         if kept < 0.9
         else "it holds with the recipe"
     )
+
+    def own(cell: dict[str, Any]) -> list[int]:  # the compared depths a model ran
+        return [d for d in sizes if shape(cell, d).get("best") is not None]
+
     changes = [n for n in per if n not in (REFERENCE_BASELINE, "pre_ln_completep_ref")]
-    alone = {n: d for n in changes if (d := drift(per[n])) is not None}
-    ranked = sorted(alone, key=lambda n: abs(alone[n]))
-    unlocated = [f"`{n}`" for n in changes if n not in alone]
+    alone = {
+        n: (d, own(per[n])[-1])
+        for n in changes
+        if len(own(per[n])) > 1 and (d := drift(per[n], own(per[n]))) is not None
+    }
+    ranked = sorted(alone, key=lambda n: abs(alone[n][0]))
+    unlocated = [f"`{n}`" for n in changes if n not in alone and len(own(per[n])) > 1]
     lower = [
         n
         for n in per
         if n != REFERENCE_BASELINE
+        and len(own(per[n])) > 1
         and all(
-            (mine := shape(per[n], d).get("best")) is not None
-            and (theirs := shape(base, d).get("best")) is not None
-            and mine["val_loss"] < theirs["val_loss"]
-            for d in sizes[-2:]
+            (theirs := shape(base, d).get("best")) is not None
+            and shape(per[n], d)["best"]["val_loss"] < theirs["val_loss"]
+            for d in own(per[n])[-2:]
         )
+    ]
+    each = [
+        f"`{n}` {alone[n][0]:+.2f}"
+        + ("" if alone[n][1] == sizes[-1] else f" (to depth {alone[n][1]})")
+        for n in ranked
     ]
     text = (
         f"**Was the drift the recipe?** From depth {sizes[0]} to {sizes[-1]} (seed 0, the lrs "
         f"above) `{REFERENCE_BASELINE}`'s optimum moves {d_base:+.2f} octaves and with its "
         f"reference's whole recipe {d_whole:+.2f}: {said} ({100 * kept:.0f}% of the drift is "
-        "left). Each change alone, nearest zero first: "
-        + ", ".join(f"`{n}` {alone[n]:+.2f}" for n in ranked)
+        "left)."
+        + (" Each change alone, nearest zero first: " + ", ".join(each) if each else "")
         + (f" (an optimum not inside the grid: {_and(unlocated)})" if unlocated else "")
-        + f". The whole recipe's best losses are {_best_losses(whole, sizes, width)} against "
+        + ("." if each or unlocated else "")
+        + f" The whole recipe's best losses are {_best_losses(whole, sizes, width)} against "
         f"{_best_losses(base, sizes, width)}"
     )
     text += (
-        "; lower than the baseline's at the two deepest depths: "
+        "; lower than the baseline's at the two deepest depths each ran: "
         + ", ".join(f"`{n}`" for n in lower)
         + "."
         if lower
-        else "; no change is lower than the baseline's at the two deepest depths."
+        else "; no change is lower than the baseline's at the two deepest depths each ran."
     )
     for d in ran[len(sizes) :]:
         best = shape(whole, d)["best"]
