@@ -1010,10 +1010,15 @@ _FITS = ("fit", "fit_3pt")
 """The report's and the 3-point fit of a shape (its summary keys)."""
 
 
+def _at_depth(cell: dict[str, Any], width: int, depth: int) -> dict[str, Any]:
+    """One depth of a depth-axis cell at ``width`` ({} where it has not run; ``_shape`` raises)."""
+    return cell["shapes"].get(f"w{width}_d{depth}") or {}
+
+
 def _ends(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> list[dict] | None:
     """A depth axis's optimum (``fit``) at the first and the last of ``depths`` (None: one of
     them not located)."""
-    ends = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get(fit) for d in (depths[0], depths[-1])]
+    ends = [_at_depth(cell, width, d).get(fit) for d in (depths[0], depths[-1])]
     return None if any(e is None or e["log2_lr"] is None for e in ends) else ends
 
 
@@ -1035,12 +1040,9 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     if whole is None or whole["depth_drift"] is None:
         return []
 
-    def shape(cell: dict[str, Any], depth: int) -> dict[str, Any]:
-        return cell["shapes"].get(f"w{width}_d{depth}") or {}
-
     # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
     ran = whole["depth_drift"]["sizes"]
-    fits = {d: shape(whole, d).get("fit") or {} for d in ran}
+    fits = {d: _at_depth(whole, width, d).get("fit") or {} for d in ran}
     located = [d for d in ran if fits[d].get("log2_lr") is not None and fits[d]["edge"] is None]
     if len(located) < 2:
         return []
@@ -1065,7 +1067,7 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     )
 
     def own(cell: dict[str, Any]) -> list[int]:  # the compared depths a model ran
-        return [d for d in sizes if shape(cell, d).get("best") is not None]
+        return [d for d in sizes if _at_depth(cell, width, d).get("best") is not None]
 
     changes = [n for n in per if n not in (REFERENCE_BASELINE, "pre_ln_completep_ref")]
     alone = {
@@ -1081,8 +1083,8 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         if n != REFERENCE_BASELINE
         and len(own(per[n])) > 1
         and all(
-            (theirs := shape(base, d).get("best")) is not None
-            and shape(per[n], d)["best"]["val_loss"] < theirs["val_loss"]
+            (theirs := _at_depth(base, width, d).get("best")) is not None
+            and _at_depth(per[n], width, d)["best"]["val_loss"] < theirs["val_loss"]
             for d in own(per[n])[-2:]
         )
     ]
@@ -1110,7 +1112,7 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         else "; no change is lower than the baseline's at the two deepest depths each ran."
     )
     for d in ran[len(sizes) :]:
-        best = shape(whole, d)["best"]
+        best = _at_depth(whole, width, d)["best"]
         text += (
             f" At depth {d} the recipe's optimum is not inside its grid yet (best measured "
             f"2^{best['log2_lr']:g}: {best['val_loss']:.3f})."
@@ -1125,7 +1127,7 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
 
 def _best_losses(cell: dict[str, Any], depths: list[int], width: int) -> str:
     """The lowest loss run at each of ``depths`` ("-": none there), "a / b / c"."""
-    best = [(cell["shapes"].get(f"w{width}_d{d}") or {}).get("best") for d in depths]
+    best = [_at_depth(cell, width, d).get("best") for d in depths]
     return " / ".join("-" if b is None else f"{b['val_loss']:.3f}" for b in best)
 
 
