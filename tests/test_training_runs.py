@@ -480,6 +480,38 @@ def test_long_horizon_plan_gives_every_depth_its_centres_before_refining_any(mon
     assert study.plan(setup, edge)[2:4] == [(m, 2, 1, 1, "wsd") for m in pair]
 
 
+def test_long_horizon_plan_skips_the_edge_beyond_a_centre_worse_at_every_horizon(monkeypatch):
+    """The base grid's lower edge is not run when the upper edge beats the centre at every
+    horizon (the centre brackets every optimum from below); the grid extends upwards instead."""
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    model = study.QUICK.models[0]
+    setup = replace(study.QUICK, depths=(2,), models=(model,), max_extensions=1, check=False)
+
+    def run(k, short, long):
+        horizons = {str(h): {"val_loss": v, "diverged": v is None}
+                    for h, v in zip((20, 40), (short, long), strict=True)}  # fmt: skip
+        return {"model_name": model, "depth": 2, "k": k, "seed": 0, "schedule": "wsd",
+                "horizons": horizons}  # fmt: skip
+
+    def todo(results):
+        return [j[2:4] for j in study.plan(setup, results)]
+
+    upward = [run(0, 2.2, 2.0), run(1, 2.1, 1.9)]
+    assert todo(upward) == [(2, 0)]  # not k = -1: the grid extends past the best edge
+    assert study._beyond_a_worse_centre(upward, (20, 40)) == {-1}
+    # the centre still wins one horizon: both its neighbours are needed
+    assert todo([run(0, 2.2, 2.0), run(1, 2.3, 1.9)]) == [(-1, 0)]
+    # a diverged upper edge is worse, never a reason to skip
+    assert todo([run(0, 2.2, 2.0), run(1, None, None)]) == [(-1, 0)]
+    # mirrored: the lower edge beats the centre everywhere, the upper one is not run
+    downward = [run(0, 2.2, 2.0), run(-1, 2.1, 1.9)]
+    assert todo(downward) == [(-2, 0)]
+    # once bracketed, the best lr's seeds follow, still without the skipped edge
+    done = [*upward, run(2, 2.3, 2.1)]
+    assert todo(done) == [(1, 1)]
+
+
 def test_long_horizon_lrs_option_keeps_the_planned_runs_at_those_lrs(monkeypatch):
     """``--lrs``: the plan's runs at those peak lrs only, in the plan's order (a best lr's
     seeds before a grid edge the plan puts first); a bad value is a usage error."""

@@ -378,14 +378,34 @@ def best_k(runs: list[dict[str, Any]], horizon: int) -> int | None:
     return min(ok, key=lambda r: horizon_loss(r, horizon))["k"] if ok else None
 
 
+def _beyond_a_worse_centre(runs: list[dict[str, Any]], horizons: tuple[int, ...]) -> set[int]:
+    """The base grid's edges (-1, 1) not needed: the one beyond the centre (k = 0) when the
+    other edge is lower than the centre at every horizon (seed 0, WSD; a diverged horizon is
+    worse), so every horizon's optimum lies on the other side with the centre as its bracket."""
+    loss = {
+        r["k"]: [horizon_loss(r, h) for h in horizons]
+        for r in runs
+        if r["seed"] == 0 and r["schedule"] == "wsd" and r["k"] in (-1, 0, 1)
+    }
+    if 0 not in loss:
+        return set()
+    return {
+        -edge
+        for edge in (-1, 1)
+        if edge in loss and all(e < c for e, c in zip(loss[edge], loss[0], strict=True))
+    }
+
+
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
     """(model, depth, k, seed, schedule) still needed, in priority order, each phase over every
     depth (in ``setup.depths`` order) before the next: the grid centres of every model; the
     seeds of each ``setup.compared`` model already tuned (at its best lr of the longest
-    horizon); the grid edges and extensions; seeds at the best lr of the longest horizon for
-    the best models of each complete depth (ranked by seed 0; a model with a diverged seed at
-    that lr is not among them, so the next one gets the seeds); then the check. So each depth
-    has a first answer for every model before any depth's grid is refined."""
+    horizon); the grid edges and extensions (not the base grid's edge beyond a centre that
+    is worse than the other edge at every horizon: :func:`_beyond_a_worse_centre`); seeds at
+    the best lr of the longest horizon for the best models of each complete depth (ranked by
+    seed 0; a model with a diverged seed at that lr is not among them, so the next one gets
+    the seeds); then the check. So each depth has a first answer for every model before any
+    depth's grid is refined."""
     done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
     models = available_models(setup)
     centres: list[tuple[str, int, int, int, str]] = []
@@ -397,7 +417,8 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
         edges_before = len(grid)
         for m in models:
             runs = [r for r in results if (r["model_name"], r["depth"]) == (m, depth)]
-            ks = sorted({-1, 0, 1} | {r["k"] for r in runs if r["seed"] == 0})
+            base = {-1, 0, 1} - _beyond_a_worse_centre(runs, setup.horizons[depth])
+            ks = sorted(base | {r["k"] for r in runs if r["seed"] == 0})
             missing = [(m, depth, k, 0, "wsd") for k in ks if (m, depth, k, 0, "wsd") not in done]
             if missing:
                 grid += [j for j in missing if j not in centres]
