@@ -419,30 +419,48 @@ def _transfer(rows: list[tuple[str, str, str]]) -> tuple[list, list]:
 
 
 def _completep() -> tuple[list, list]:
-    """CompleteP's drift across depth and GPT-2 pre-LN's across width, and CompleteP run with
-    its reference's recipe, and with its attention scale alone, beside the library's on the
-    same depths and lrs (3-point fits; the best measured loss at the deepest of them)."""
+    """CompleteP's drift across depth and GPT-2 pre-LN's across width; CompleteP run with its
+    reference's recipe over the same depths (the share of the drift it leaves, the best losses
+    at the last depth), and with its attention scale alone beside the library's from the first
+    depth to the deepest where both optima lie inside their grids (3-point fits)."""
     claim, scale = _transfer(
         [("pre_ln_completep", "depth_drift_3pt", "depth"), ("pre_ln", "width_drift", "width")]
     )
-    ref = _json("examples/transfer/results.json")["completep_reference"]
+    d = _json("examples/transfer/results.json")
+    ref = d["completep_reference"]
     per = {name: p["1000"] for name, p in ref["parametrisations"].items()}
-    # the recipe, the library's CompleteP, the reference's 1/d_head attention scale alone
-    cells = [
-        per[n] for n in ("pre_ln_completep_ref", "pre_ln_completep", "completep_attention_scale")
-    ]
+    library = per["pre_ln_completep"]
 
     def located(c: dict, depth: int) -> dict | None:
         fit = (c["shapes"].get(f"w64_d{depth}") or {}).get("fit_3pt") or {}
         return fit if fit.get("log2_lr") is not None and fit["edge"] is None else None
 
-    # from the first depth to the deepest where all three optima lie inside their grids
-    first = ref["depths"][0]
-    last = max(d for d in ref["depths"] if all(located(c, d) for c in cells))
-    claim += [first, last]
-    claim += [f"{located(c, last)['log2_lr'] - located(c, first)['log2_lr']:+.2f}" for c in cells]
-    claim += [f"{c['shapes'][f'w64_d{last}']['best']['val_loss']:.3f}" for c in cells]
-    return [*claim, last], scale
+    def moved(c: dict, last: int) -> float:
+        return located(c, last)["log2_lr"] - located(c, ref["depths"][0])["log2_lr"]
+
+    def best(c: dict, last: int) -> str:
+        return f"{c['shapes'][f'w64_d{last}']['best']['val_loss']:.3f}"
+
+    def deepest(c: dict) -> int:
+        return max(d for d in ref["depths"] if located(c, d) and located(library, d))
+
+    # the whole recipe over the headline's depths: its drift against the headline's
+    whole = per["pre_ln_completep_ref"]
+    headline = d["parametrisations"]["pre_ln_completep"]["1000"]["depth_drift_3pt"]
+    last = deepest(whole)
+    assert [ref["depths"][0], last] == [headline["sizes"][0], headline["sizes"][-1]]
+    assert moved(library, last) == pytest.approx(headline["last_minus_first"])
+    claim += [
+        f"{moved(whole, last):+.2f}",
+        f"{100 * moved(whole, last) / moved(library, last):.0f}",
+    ]
+    claim += [best(whole, last), best(library, last), last]
+    # the attention scale alone, beside the library's on its own depths
+    alone = per["completep_attention_scale"]
+    last = deepest(alone)
+    claim += [ref["depths"][0], last, last, f"{moved(alone, last):+.2f}"]
+    claim += [f"{moved(library, last):+.2f}", best(alone, last), best(library, last)]
+    return claim, scale
 
 
 def _ablation() -> tuple[list, list]:

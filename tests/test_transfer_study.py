@@ -576,7 +576,7 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "loss at depths 2, 4 and 8: 2.000 / 2.000 / 2.006, against 2.000 / 2.025 / 2.000."
     ) in text
     assert (
-        "**Was the drift the recipe?** From depth 2 to 4 (seed 0, the lrs above) "
+        "**Was the drift the recipe?** From depth 2 to 4 (seed 0, 3-point fits) "
         "`pre_ln_completep`'s optimum moves -0.50 octaves and with its reference's whole recipe "
         "+0.00: most of it was the recipe (0% of the drift is left). Each change alone, nearest "
         "zero first: `completep_init` +0.00. The whole recipe's best losses are 2.000 / 2.000 "
@@ -592,9 +592,14 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
 
 
 def _drift_cell(vertices: dict[int, float], best: dict[int, float], edge=None) -> dict:
-    """A reference-section cell: each depth's fitted optimum and lowest loss."""
+    """A reference-section cell: each depth's 3-point optimum and lowest loss (and a wider
+    fit elsewhere, which the verdict must not read)."""
     shapes = {
-        f"w64_d{d}": {"fit": {"log2_lr": v, "edge": edge}, "best": {"val_loss": best[d]}}
+        f"w64_d{d}": {
+            "fit_3pt": {"log2_lr": v, "edge": edge},
+            "fit": {"log2_lr": v - d / 16, "edge": None},
+            "best": {"val_loss": best[d]},
+        }
         for d, v in vertices.items()
     }
     return {"depth_drift": {"sizes": sorted(vertices)}, "shapes": shapes}
@@ -635,11 +640,11 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
     assert "is open" not in report._reference_verdict(per, deep)[0]
     # the recipe's optimum at a grid edge at depth 64: the verdict stops at depth 32
     whole = _drift_cell({4: -7.0, 32: whole_at_32, 64: -8.0}, {4: 1.6, 32: 1.6, 64: 1.7})
-    whole["shapes"]["w64_d64"]["fit"]["edge"] = "grid"
+    whole["shapes"]["w64_d64"]["fit_3pt"]["edge"] = "grid"
     whole["shapes"]["w64_d64"]["best"]["log2_lr"] = -8.0
     (edged,) = report._reference_verdict({**per, "pre_ln_completep_ref": whole}, setup)
     # located at depth 64: compared to 64, each change over the depths it ran
-    whole["shapes"]["w64_d64"]["fit"]["edge"] = None
+    whole["shapes"]["w64_d64"]["fit_3pt"]["edge"] = None
     deep_base = _drift_cell(
         {4: -7.0, 16: -8.0, 32: -9.0, 64: -9.0}, {4: 1.5, 16: 1.4, 32: 1.4, 64: 1.3}
     )

@@ -1032,24 +1032,25 @@ def _moved(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> str
 
 
 def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str]:
-    """Whether ``REFERENCE_BASELINE``'s depth drift was its recipe: the drift (report's fit)
-    of the whole recipe and of each change alone against the baseline's on the same depths and
-    lrs, the changes ranked by how near zero each leaves it, and whether the recipe trains as
-    well (best loss at each depth); only drifts fitted inside the grid at both ends count."""
+    """Whether ``REFERENCE_BASELINE``'s depth drift was its recipe: the drift (3-point fits, the
+    window of the headline drift and the only one a variant's 3 lrs allow) of the whole recipe
+    and of each change alone against the baseline's on the same depths, the changes ranked by
+    how near zero each leaves it, and whether the recipe trains as well (best loss at each
+    depth); only drifts fitted inside the grid at both ends count."""
     width, base, whole = setup.width, per[REFERENCE_BASELINE], per.get("pre_ln_completep_ref")
     if whole is None or whole["depth_drift"] is None:
         return []
 
     # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
     ran = whole["depth_drift"]["sizes"]
-    fits = {d: _at_depth(whole, width, d).get("fit") or {} for d in ran}
+    fits = {d: _at_depth(whole, width, d).get("fit_3pt") or {} for d in ran}
     located = [d for d in ran if fits[d].get("log2_lr") is not None and fits[d]["edge"] is None]
     if len(located) < 2:
         return []
     sizes = ran[: ran.index(located[-1]) + 1]
 
     def drift(cell: dict[str, Any], depths: list[int] = sizes) -> float | None:
-        ends = _ends(cell, depths, width, "fit")
+        ends = _ends(cell, depths, width, "fit_3pt")
         if ends is None or any(e["edge"] is not None for e in ends):
             return None
         return ends[1]["log2_lr"] - ends[0]["log2_lr"]
@@ -1094,8 +1095,8 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         for n in ranked
     ]
     text = (
-        f"**Was the drift the recipe?** From depth {sizes[0]} to {sizes[-1]} (seed 0, the lrs "
-        f"above) `{REFERENCE_BASELINE}`'s optimum moves {d_base:+.2f} octaves and with its "
+        f"**Was the drift the recipe?** From depth {sizes[0]} to {sizes[-1]} (seed 0, 3-point "
+        f"fits) `{REFERENCE_BASELINE}`'s optimum moves {d_base:+.2f} octaves and with its "
         f"reference's whole recipe {d_whole:+.2f}: {said} ({100 * kept:.0f}% of the drift is "
         "left)."
         + (" Each change alone, nearest zero first: " + ", ".join(each) if each else "")
