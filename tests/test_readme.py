@@ -507,6 +507,12 @@ def _ablation_long() -> tuple[list, list]:
     assert free64["loss"][-1] is None and mup64["loss"][-1] is not None  # "diverges for"
     claim += [64, 2000, f"{100 * free64['vs_best']:.1f}", f"{free64['mean']:.3f}"]
     claim += [f"{mup64['mean']:.3f}", f"{abs(100 * free64['vs_gpt2']):.1f}"]
+    # and (f), with a trainable temperature too: 3 seeds on the same grid
+    tau64 = deep["shaped advise, slopes+attn+tau"]["2000"]
+    assert tau64["best_baseline"] == "pre-LN depth-muP" and tau64["vs_best"] > 0  # "behind"
+    assert tau64["bracketed"] and tau64["lr"] == free64["lr"] and tau64["seeds"] == 3
+    assert tau64["best_lr"] == free64["best_lr"]  # "all at"
+    claim += [f"{100 * tau64['vs_best']:.1f}", f"{tau64['mean']:.3f}"]
     scale = [
         int(h),
         *d["widths"],
