@@ -1041,19 +1041,20 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     if whole is None or whole["depth_drift"] is None:
         return []
 
+    def located(cell: dict[str, Any], d: int) -> dict[str, Any] | None:  # inside its grid
+        fit = _at_depth(cell, width, d).get("fit_3pt")
+        return fit if fit and fit["log2_lr"] is not None and fit["edge"] is None else None
+
     # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
     ran = whole["depth_drift"]["sizes"]
-    fits = {d: _at_depth(whole, width, d).get("fit_3pt") or {} for d in ran}
-    located = [d for d in ran if fits[d].get("log2_lr") is not None and fits[d]["edge"] is None]
-    if len(located) < 2:
+    inside = [d for d in ran if located(whole, d)]
+    if len(inside) < 2:
         return []
-    sizes = ran[: ran.index(located[-1]) + 1]
+    sizes = ran[: ran.index(inside[-1]) + 1]
 
     def drift(cell: dict[str, Any], depths: list[int] = sizes) -> float | None:
-        ends = _ends(cell, depths, width, "fit_3pt")
-        if ends is None or any(e["edge"] is not None for e in ends):
-            return None
-        return ends[1]["log2_lr"] - ends[0]["log2_lr"]
+        first, last = located(cell, depths[0]), located(cell, depths[-1])
+        return None if first is None or last is None else last["log2_lr"] - first["log2_lr"]
 
     d_base, d_whole = drift(base), drift(whole)
     if d_base is None or d_whole is None:
@@ -1067,26 +1068,23 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         else "it holds with the recipe"
     )
 
-    def own(cell: dict[str, Any]) -> list[int]:  # the compared depths a model ran
-        return [d for d in sizes if _at_depth(cell, width, d).get("best") is not None]
-
-    changes = [n for n in per if n not in (REFERENCE_BASELINE, "pre_ln_completep_ref")]
-    alone = {
-        n: (d, own(per[n])[-1])
-        for n in changes
-        if len(own(per[n])) > 1 and (d := drift(per[n], own(per[n]))) is not None
+    # the compared depths each model ran; the models with two or more of them
+    own = {
+        n: [d for d in sizes if _at_depth(c, width, d).get("best") is not None]
+        for n, c in per.items()
     }
+    compared = [n for n in per if n != REFERENCE_BASELINE and len(own[n]) > 1]
+    changes = [n for n in compared if n != "pre_ln_completep_ref"]
+    alone = {n: (d, own[n][-1]) for n in changes if (d := drift(per[n], own[n])) is not None}
     ranked = sorted(alone, key=lambda n: abs(alone[n][0]))
-    unlocated = [f"`{n}`" for n in changes if n not in alone and len(own(per[n])) > 1]
+    unlocated = [f"`{n}`" for n in changes if n not in alone]
     lower = [
         n
-        for n in per
-        if n != REFERENCE_BASELINE
-        and len(own(per[n])) > 1
-        and all(
+        for n in compared
+        if all(
             (theirs := _at_depth(base, width, d).get("best")) is not None
             and _at_depth(per[n], width, d)["best"]["val_loss"] < theirs["val_loss"]
-            for d in own(per[n])[-2:]
+            for d in own[n][-2:]
         )
     ]
     each = [
