@@ -40,6 +40,7 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn+res": "(g) (e) + trainable residual weights",
     "shaped advise, slopes+attn+final LN": "(h) (e) + final LayerNorm",
     "shaped advise, slopes+attn, muP lr": "(i) (e), matrices at 1/4 of the base lr",
+    "shaped g=0.1, slopes+attn+tau": "(j) (f) at gamma 0.1 (depth 64's depth * gamma^2)",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"

@@ -124,6 +124,18 @@ MODELS: dict[str, dict[str, Any]] = {
         "lr_proxy": (16, 16),
         "lr_centre": 3e-2,
     },
+    # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
+    # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
+    # 64, where (f) is level with depth-muP pre-LN; this is (f) with depth 64's 0.16 at depth
+    # 16 (gamma 0.1; at depth 64 it would be (f) itself)
+    "shaped g=0.1, slopes+attn+tau": {
+        "name": "shaped",
+        "gamma": 0.1,
+        "tau0": 0.25,
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
