@@ -656,3 +656,38 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
         "1.700). Depth 32 is the deepest with a located optimum" in edged  # fmt: skip
     no_whole = {k: v for k, v in per.items() if k != "pre_ln_completep_ref"}
     assert report._reference_verdict(no_whole, setup) == []
+
+
+def test_a_variants_grid_starts_at_the_bracketed_optimum_of_the_model_it_changes(modules):
+    """A CompleteP variant at a depth where pre_ln_completep's optimum is bracketed starts at
+    that optimum and its two neighbours (then extends at an edge as any grid); without a
+    bracketed optimum, or for a model that is not a variant, the grid is the centred one."""
+    study, _ = modules
+    variant = "completep_beta2"
+    setup = replace(
+        study.QUICK, parametrisations=(variant,), half_grid=3, depths=(2,), widths=(16,),
+        width=16, seed_depths=(),
+    )  # fmt: skip
+    centre = study.LOG2_LR_CENTRE[variant] + setup.log2_lr_offset
+    wide = [(variant, 16, 2, j, 0) for j in range(centre - 3, centre + 4)]
+    assert study.plan(setup, []) == wide
+
+    def run(name: str, j: int, loss: float) -> dict:
+        return {
+            "parametrisation": name, "width": 16, "depth": 2, "log2_lr": j, "seed": 0,
+            "horizons": {"40": {"diverged": False, "val_loss": loss}},
+        }  # fmt: skip
+
+    anchor = centre - 2
+    around = (anchor - 1, anchor, anchor + 1)
+    library = [run(study.REFERENCE_BASELINE, j, abs(j - anchor) + 1.0) for j in around]
+    narrow = [(variant, 16, 2, j, 0) for j in around]
+    assert study.plan(setup, library) == narrow
+    # the library's optimum at its grid's edge is not bracketed: the centred grid
+    assert study.plan(setup, library[1:]) == wide
+    # the variant's own optimum at the narrow grid's lower edge: one lr below it
+    mine = [run(variant, j, 2.0 + j - anchor) for j in around]
+    assert study.plan(setup, library + mine) == [(variant, 16, 2, anchor - 2, 0)]
+    # another model at the same shape keeps the centred grid
+    other = replace(setup, parametrisations=(study.REFERENCE_BASELINE,))
+    assert len(study.plan(other, [])) == 7

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from study import SAME_AT_PROXY_DEPTH, VARIANTS, Setup
+from study import REFERENCE_BASELINE, SAME_AT_PROXY_DEPTH, VARIANTS, Setup
 
 from shapedtx.files import atomic_path, write_json
 from simulations.training_runs import horizon_loss, one_corpus
@@ -936,8 +936,6 @@ def _device_check(setup: Setup, out: Path, summary: dict, results: list[dict]) -
     return text
 
 
-REFERENCE_BASELINE = "pre_ln_completep"
-"""The model CompleteP's reference variants (``study.VARIANTS``) are changes of."""
 REFERENCE_FIGURE = "figures/completep_reference.png"
 """The figure of :func:`reference_summary` (in the study's folder)."""
 

@@ -122,6 +122,9 @@ VARIANTS: dict[str, Variant] = {
 one at a time from ``pre_ln_completep``: which of them moves CompleteP's depth drift. Not in
 the default study; ``--completep-ref`` plans them all (depth axis only)."""
 
+REFERENCE_BASELINE = "pre_ln_completep"
+"""The model each :data:`VARIANTS` entry is compared with (the library's CompleteP)."""
+
 for _name in VARIANTS:
     LOG2_LR_CENTRE[_name] = -7  # CompleteP's measured best at depths 4-16 (results.md)
 
@@ -314,10 +317,30 @@ def _bracketed(runs: list[dict[str, Any]], best: int | None) -> bool:
     return best is not None and {best - 1, best + 1} <= js
 
 
+def _base_grid(
+    setup: Setup, results: list[dict[str, Any]], name: str, width: int, depth: int, centre: int
+) -> set[int]:
+    """The log2 lrs first planned for ``name`` at (width, depth): the centred grid, except for
+    a :data:`VARIANTS` entry at a shape where :data:`REFERENCE_BASELINE` has its optimum of the
+    longest horizon bracketed (seed 0): that optimum and its two neighbours, the grid then
+    extended at an edge as any other (a single change is expected near the model it
+    changes; a 3-lr start instead of 7 halves a new depth's runs)."""
+    wide = set(range(centre - setup.half_grid, centre + setup.half_grid + 1))
+    if name not in VARIANTS:
+        return wide
+    shape = (REFERENCE_BASELINE, width, depth)
+    changed = [r for r in results if (r["parametrisation"], r["width"], r["depth"]) == shape]
+    anchor = best_j(changed, max(setup.horizons))
+    if anchor is None or not _bracketed(changed, anchor):
+        return wide
+    return {anchor - 1, anchor, anchor + 1}
+
+
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
-    """Runs still needed, in priority order: per parametrisation and shape the grid (then its
-    extensions while the best lr at the longest horizon is at an edge, or downwards while every
-    lr diverged; no width axis for ``SAME_AT_PROXY_DEPTH`` and :data:`VARIANTS`), then the
+    """Runs still needed, in priority order: per parametrisation and shape the grid
+    (:func:`_base_grid`; then its extensions while the best lr at the longest horizon is at an
+    edge, or downwards while every lr diverged; no width axis for ``SAME_AT_PROXY_DEPTH`` and
+    :data:`VARIANTS`), then the
     seeds at the best lr of ``seed_depths`` once it is bracketed: its grid complete and not
     extended, or both its neighbours run (so the seeds need not wait for the grid's outer
     lrs)."""
@@ -340,7 +363,7 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[Job]:
                 for r in results
                 if (r["parametrisation"], r["width"], r["depth"]) == (name, width, depth)
             ]
-            js = set(range(centre - setup.half_grid, centre + setup.half_grid + 1))
+            js = _base_grid(setup, results, name, width, depth, centre)
             js |= {r["log2_lr"] for r in runs if r["seed"] == 0}
             missing = [(name, width, depth, j, 0) for j in sorted(js)]
             missing = [job for job in missing if job not in done]
