@@ -41,6 +41,8 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn+final LN": "(h) (e) + final LayerNorm",
     "shaped advise, slopes+attn, muP lr": "(i) (e), matrices at 1/4 of the base lr",
     "shaped g=0.1, slopes+attn+tau": "(j) (f) at gamma 0.1 (depth 64's depth * gamma^2)",
+    "shaped advise, slopes+attn+tau, pre-RMSNorm": "(k) (f) + RMSNorm before each branch "
+    "and the readout",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"

@@ -136,6 +136,20 @@ MODELS: dict[str, dict[str, Any]] = {
         "attention_gains": "trainable",
         "temperature": "trainable",
     },
+    # every model that leads (f) at depth 16 and 5,000 steps normalises each branch's input
+    # and the readout's, and no normalisation-free model measured comes within 2% of them;
+    # (f) with the pre-norm placement (RMSNorm: no centring, so the attention's centring
+    # stays the shape's) is no longer the shaped Transformer at initialisation
+    "shaped advise, slopes+attn+tau, pre-RMSNorm": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "norm": "pre",
+        "norm_kind": "rms",
+        "final_norm": True,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
