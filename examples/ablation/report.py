@@ -3,7 +3,8 @@
 Generated from the runs, never edited by hand: ``results.json`` (every number), ``results.md``
 (the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``, the
 screen: ``../long_horizon/study.py --ablation``) and ``long/runs.jsonl`` (the screen's best
-two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``); the shaped
+two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``; and (j), (k),
+questions that stage raised, at depth 16 to 5,000 steps without a screen); the shaped
 model as it is, (a), and the baselines come from the long-horizon study's store (the same
 recipe: width 64, 4 heads with W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus,
 WSD with 50 warm-up steps and a 20% cooldown branched at every horizon, seed 0 for the lr
@@ -296,7 +297,8 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{depths}, width {', '.join(map(str, summary['widths']))}, seed 0 for the lr grid"
         " (3x spacing); validation",
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
-        "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth.",
+        "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth;",
+        "(j) and (k), questions the 5,000-step stage raised, ran at depth 16 without a screen.",
         f"Ablation runs so far: {summary['runs']}.",
         *_repeated(summary["repeated_max_diff"]),
         "",
