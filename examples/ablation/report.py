@@ -3,7 +3,7 @@
 Generated from the runs, never edited by hand: ``results.json`` (every number), ``results.md``
 (the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``, the
 screen: ``../long_horizon/study.py --ablation``) and ``long/runs.jsonl`` (the screen's best
-two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``; and (j), (k),
+two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``; and (j)-(l),
 questions that stage raised, at depth 16 to 5,000 steps without a screen); the shaped
 model as it is, (a), and the baselines come from the long-horizon study's store (the same
 recipe: width 64, 4 heads with W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus,
@@ -44,6 +44,7 @@ VARIANTS: dict[str, str] = {
     "shaped g=0.1, slopes+attn+tau": "(j) (f) at gamma 0.1 (depth 64's depth * gamma^2)",
     "shaped advise, slopes+attn+tau, pre-RMSNorm": "(k) (f) + RMSNorm before each branch "
     "and the readout",
+    "shaped advise, slopes+attn+tau, biases": "(l) (f) + biases (zero at initialisation)",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"
@@ -298,7 +299,7 @@ def markdown(summary: dict[str, Any]) -> str:
         " (3x spacing); validation",
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
         "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth;",
-        "(j) and (k), questions the 5,000-step stage raised, ran at depth 16 without a screen.",
+        "(j)-(l), questions the 5,000-step stage raised, ran at depth 16 without a screen.",
         f"Ablation runs so far: {summary['runs']}.",
         *_repeated(summary["repeated_max_diff"]),
         "",

@@ -124,7 +124,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "lr_proxy": (16, 16),
         "lr_centre": 3e-2,
     },
-    # (j) and (k): questions the second stage raised, run at depth 16 to 5,000 steps directly
+    # (j)-(l): questions the second stage raised, run at depth 16 to 5,000 steps directly
     # (--ablation-long --depths 16 --models ...), not screened.
     # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
     # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
@@ -152,6 +152,16 @@ MODELS: dict[str, dict[str, Any]] = {
         "norm_kind": "rms",
         "final_norm": True,
     },
+    # depth-muP pre-LN's linear maps carry biases, the shaped model's none: zero at
+    # initialisation, so (l) is the shaped Transformer at initialisation (in law)
+    "shaped advise, slopes+attn+tau, biases": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "bias": True,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
@@ -162,7 +172,7 @@ _STUDY_KEYS = ("lr_proxy", "lr_centre")
 """Keys of a :data:`MODELS` entry that set its training, not its ``ModelConfig``."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
-ABLATION_MODELS = tuple(MODELS)[8:16]  # (j) and (k) were not screened: see MODELS
+ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(l) were not screened: see MODELS
 BASELINES = ("pre-LN (GPT-2)", "pre-LN depth-muP", "SAS-P")
 """The baselines a model is measured against: at each horizon the lowest of these (its mean
 over seeds at its best lr) is the best baseline."""
