@@ -44,6 +44,8 @@ def test_every_ablation_run_is_stored_and_is_a_variant(report, runs):
     assert {r["model_name"] for r in ablation} <= set(report.VARIANTS)
     for r in ablation:
         gamma = {16: 0.15, 64: 0.05}[r["depth"]]  # advise's at each depth (long-horizon study)
+        if r["model_name"] == "shaped g=0.1, slopes+attn+tau":  # (j): depth 64's d gamma^2
+            gamma = 0.1
         assert r["model_config"]["config.gamma"] == gamma
         assert r["model_config"]["config.tau0"] == 0.25
 
@@ -181,3 +183,34 @@ def test_a_repeated_run_keeps_its_longest_record_and_states_the_difference(repor
     assert report.merge([screen, run({"250": 2.0, "2000": 1.25, "5000": 1.0})])[1] == 0.0
     assert "the same losses" in "".join(report._repeated(0.0))
     assert "within 0.25" in "".join(report._repeated(0.25)) and report._repeated(None) == []
+
+
+def test_the_cooldown_table_reads_each_best_run_at_the_cooldowns_first_step(report):
+    """Per model its seed-0 run at the best lr of the longest horizon: the validation loss at
+    the cooldown's first step (steps * (1 - cooldown_fraction)) and after it, each against
+    the best baseline's; another lr's or seed's curve is not read."""
+    config = {"config.width": 64, "config.gamma": 0.15, "config.tau0": 0.25}
+
+    def run(model: str, lr: float, seed: int, before: float, after: float) -> dict:
+        curve = {"step": [0, 2000, 4000, 5000], "loss": [5.0, 2.0, before, after]}
+        return {
+            "model_name": model, "depth": 16, "lr": lr, "seed": seed, "schedule": "wsd",
+            "model_config": config, "train_config": {"train.cooldown_fraction": 0.2},
+            "horizons": {"5000": {"val_loss": after, "diverged": False, "val_curve": curve}},
+        }  # fmt: skip
+
+    variant, baseline = "shaped advise, slopes+attn+tau", "pre-LN depth-muP"
+    runs = [
+        run(variant, 0.01, 0, 1.30, 1.15),
+        run(variant, 0.01, 1, 9.0, 1.16),  # another seed: in the mean, not in the table
+        run(variant, 0.03, 0, 1.20, 1.25),  # a worse lr at 5,000 steps
+        run(baseline, 0.01, 0, 1.25, 1.10),
+    ]
+    at = report.summarise(runs[:3], runs[3:])["depths"]["16"]
+    entry = at["cooldown"][variant]
+    assert (entry["lr"], entry["step"], entry["before"], entry["after"]) == (0.01, 4000, 1.30, 1.15)
+    assert entry["vs_best_before"] == pytest.approx(1.30 / 1.25 - 1)
+    assert entry["vs_best_after"] == pytest.approx(1.15 / 1.10 - 1)
+    assert at["cooldown"][baseline]["vs_best_after"] == 0.0
+    line = "| (f) (e) + trainable temperature | 0.01 | 1.300 (4000) | 1.150 | -0.150 | +4.0%, +4.5%"
+    assert line in report.markdown(report.summarise(runs[:3], runs[3:]))

@@ -148,7 +148,8 @@ def at_depth(
     cells = {
         m: {h: cell([r for r in runs if r["model_name"] == m], h) for h in horizons} for m in models
     }
-    config = ablation[0]["model_config"]  # every variant runs at advise's gamma and tau0
+    # advise's gamma and tau0: (a)'s, as every variant's but (j)'s
+    config = next((r for r in runs if r["model_name"] == SHAPED), ablation[0])["model_config"]
     out: dict[str, Any] = {
         "gamma": config["config.gamma"],
         "tau0": config["config.tau0"],
@@ -178,7 +179,47 @@ def at_depth(
             rows[str(h)] = row
         out["models"][m] = rows
     out["shape"] = shape_moves(ablation, out)
+    out["cooldown"] = cooldown(runs, out)
     out["diverged"] = diverged_runs(ablation)
+    return out
+
+
+def cooldown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+    """Where the gap to the best baseline opens at the longest horizon: per model, its seed-0
+    run at its best lr, the validation loss at the end of the constant-lr phase (the WSD
+    cooldown's first step) and after the cooldown, each against the best baseline's seed-0
+    run at its best lr; only models whose run records its validation curve."""
+    horizon = str(max(summary["horizons"]))
+    best = {m: rows[horizon] for m, rows in summary["models"].items() if horizon in rows}
+    out: dict[str, Any] = {}
+    for m, row in best.items():
+        run = next(
+            (
+                r
+                for r in runs
+                if (r["model_name"], r["seed"], r["lr"]) == (m, 0, row["best_lr"])
+                and "val_curve" in r["horizons"][horizon]
+            ),
+            None,
+        )
+        if run is None:
+            continue
+        curve = run["horizons"][horizon]["val_curve"]
+        fraction = run["train_config"]["train.cooldown_fraction"]
+        start = int(horizon) - round(fraction * int(horizon))
+        if start not in curve["step"]:
+            continue
+        out[m] = {
+            "lr": row["best_lr"],
+            "step": start,
+            "before": curve["loss"][curve["step"].index(start)],
+            "after": _loss(run, int(horizon)),
+        }
+    baseline = {row.get("best_baseline") for row in best.values()} - {None}
+    if len(baseline) == 1 and (ref := out.get(baseline.pop())) is not None:
+        for entry in out.values():
+            entry["vs_best_before"] = entry["before"] / ref["before"] - 1
+            entry["vs_best_after"] = entry["after"] / ref["after"] - 1
     return out
 
 
@@ -392,6 +433,21 @@ def _depth_tables(at: dict[str, Any]) -> list[str]:
                     f"| {_label(m)} | {h} | {e['kappa_init']:.4f} -> {e['kappa_final']:.4f} "
                     f"| {gains or '-'} |"
                 )
+    lines += ["", f"### Before and after the cooldown ({max(horizons)} steps, seed 0)", ""]
+    if not at["cooldown"]:
+        lines.append("No run logged its validation loss at the cooldown's first step.")
+    else:
+        lines += [
+            "| model | lr | loss at the cooldown's start (step) | after it | the cooldown's gain "
+            "| vs best baseline: before, after |",
+            "|---|---|---|---|---|---|",
+        ]
+    for m, e in at["cooldown"].items():
+        lines.append(
+            f"| {_label(m)} | {e['lr']:.3g} | {e['before']:.3f} ({e['step']}) | {e['after']:.3f}"
+            f" | {e['after'] - e['before']:+.3f} | {_pct(e.get('vs_best_before'))}, "
+            f"{_pct(e.get('vs_best_after'))} |"
+        )
     lines += ["", "### Diverged runs", ""]
     if not at["diverged"]:
         lines.append("None.")

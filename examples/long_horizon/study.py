@@ -129,7 +129,7 @@ MODELS: dict[str, dict[str, Any]] = {
     # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
     # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
     # 64, where (f) is level with depth-muP pre-LN; this is (f) with depth 64's 0.16 at depth
-    # 16 (gamma 0.1; at depth 64 it would be (f) itself)
+    # 16 (gamma 0.1, for depth 16 only: at depth 64 advise gives (f) this depth * gamma^2)
     "shaped g=0.1, slopes+attn+tau": {
         "name": "shaped",
         "gamma": 0.1,
