@@ -506,6 +506,28 @@ def _ablation_long() -> tuple[list, list]:
     assert tau64["bracketed"] and tau64["lr"] == free64["lr"] and tau64["seeds"] == 3
     assert tau64["best_lr"] == free64["best_lr"]  # "all at"
     claim += [f"{100 * tau64['vs_best']:.1f}", f"{tau64['mean']:.3f}"]
+    # depth 16, 5,000 steps, the follow-ups (seed 0): none within 1% of the best baseline
+    follow = [
+        at["models"][m][h]
+        for m in (
+            "shaped g=0.1, slopes+attn+tau",
+            "shaped advise, slopes+attn+tau, pre-RMSNorm",
+            "shaped advise, slopes+attn+tau, biases",
+        )
+    ]
+    for c in follow:
+        assert c["best_baseline"] == "pre-LN depth-muP" and c["vs_best"] > 0.01
+        assert c["seeds"] == 1 and c["best_lr"] == 0.01
+    lines = (ROOT / "examples/ablation/long/runs.jsonl").read_text().splitlines()
+    store = [json.loads(line)["result"] for line in lines]
+    gamma = {
+        r["model_config"]["config.gamma"] for r in store if r["model_name"].startswith("shaped g")
+    }
+    assert len(gamma) == 1
+    claim += [depth, *gamma, *(f"{c['mean']:.3f}" for c in follow), 1, 0, follow[0]["best_lr"]]
+    closest = min(follow, key=lambda c: c["vs_best"])
+    assert closest is follow[-1]  # "biases ..., the closest"
+    claim.append(f"{100 * closest['vs_best']:.1f}")
     scale = [
         int(h),
         *d["widths"],
