@@ -195,7 +195,8 @@ def test_the_cooldown_table_reads_each_best_run_at_the_cooldowns_first_step(repo
         curve = {"step": [0, 2000, 4000, 5000], "loss": [5.0, 2.0, before, after]}
         return {
             "model_name": model, "depth": 16, "lr": lr, "seed": seed, "schedule": "wsd",
-            "model_config": config, "train_config": {"train.cooldown_fraction": 0.2},
+            "model_config": config,
+            "train_config": {"train.schedule": "wsd", "train.cooldown_fraction": 0.2},
             "horizons": {"5000": {"val_loss": after, "diverged": False, "val_curve": curve}},
         }  # fmt: skip
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from child_cpu import run_code
 
+from simulations.studies import RunStore
+
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 TEXT = README.read_text()
@@ -518,8 +520,7 @@ def _ablation_long() -> tuple[list, list]:
     for c in follow:
         assert c["best_baseline"] == "pre-LN depth-muP" and c["vs_best"] > 0.01
         assert c["seeds"] == 1 and c["best_lr"] == 0.01
-    lines = (ROOT / "examples/ablation/long/runs.jsonl").read_text().splitlines()
-    store = [json.loads(line)["result"] for line in lines]
+    store = RunStore(ROOT / "examples/ablation/long/runs.jsonl").results()
     gamma = {
         r["model_config"]["config.gamma"] for r in store if r["model_name"].startswith("shaped g")
     }

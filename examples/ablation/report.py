@@ -25,7 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from sde import kernel_nonlinearity
+from shapedtx.config import shaped_relu_slope
 from shapedtx.files import atomic_path, write_json
+from shapedtx.training import TrainConfig
 from simulations.studies import STORE, RunStore
 
 HERE = Path(__file__).parent
@@ -205,8 +208,8 @@ def cooldown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, A
         if run is None:
             continue
         curve = run["horizons"][horizon]["val_curve"]
-        fraction = run["train_config"]["train.cooldown_fraction"]
-        start = int(horizon) - round(fraction * int(horizon))
+        config = TrainConfig.from_attrs(run["train_config"]).replace(steps=int(horizon))
+        start = config.cooldown_start
         if start not in curve["step"]:
             continue
         out[m] = {
@@ -274,11 +277,12 @@ def shape_moves(ablation: list[dict[str, Any]], summary: dict[str, Any]) -> dict
                 continue
             kappa = np.asarray(record["mlp_kappa"]["value"], dtype=float)
             config = run["model_config"]  # kappa at initialisation: the configured slopes
-            root = math.sqrt(config["config.width"])
-            s_plus = 1 + config["config.c_plus"] / root
-            s_minus = 1 + config["config.c_minus"] / root
+            width = config["config.width"]
+            slopes = (
+                shaped_relu_slope(config[f"config.{c}"], width) for c in ("c_plus", "c_minus")
+            )
             entry: dict[str, Any] = {
-                "kappa_init": (s_plus - s_minus) ** 2 / (2 * (s_plus**2 + s_minus**2)),
+                "kappa_init": kernel_nonlinearity(*slopes),
                 "kappa_final": float(np.nanmean(kappa[-1])),
             }
             if "shape_gain" in record:
