@@ -215,3 +215,41 @@ def test_the_cooldown_table_reads_each_best_run_at_the_cooldowns_first_step(repo
     assert at["cooldown"][baseline]["vs_best_after"] == 0.0
     line = "| (f) (e) + trainable temperature | 0.01 | 1.300 (4000) | 1.150 | -0.150 | +4.0%, +4.5%"
     assert line in report.markdown(report.summarise(runs[:3], runs[3:]))
+
+
+def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report):
+    """At the longest horizon: the ratio of the means (its standard error from both seed
+    spreads), the seed-paired ratio over the seeds both ran, whether the SDE describes the
+    model at initialisation, and the verdict (met: 3 seeds each within 1%; open: fewer)."""
+    shaped = {"config.width": 64, "config.depth": 16, "config.gamma": 0.15, "config.tau0": 0.25}
+
+    def run(model: str, seed: int, loss: float, config: dict | None = None) -> dict:
+        return {
+            "model_name": model, "depth": 16, "lr": 0.01, "seed": seed, "schedule": "wsd",
+            "model_config": config or shaped,
+            "horizons": {"5000": {"val_loss": loss, "diverged": False}},
+        }  # fmt: skip
+
+    base = [run("pre-LN depth-muP", s, v) for s, v in enumerate((1.10, 1.12, 1.14))]
+    near = [run("shaped advise, slopes+attn+tau", s, v) for s, v in enumerate((1.11, 1.13, 1.15))]
+    far = [run("shaped advise, slopes+attn", s, v) for s, v in enumerate((1.14, 1.15, 1.20))]
+    normed = {**shaped, "config.norm": "pre", "config.norm_kind": "rms"}
+    one = [run("shaped advise, slopes+attn+tau, pre-RMSNorm", 0, 1.125, normed)]
+    goal = report.summarise(near + far + one, base)["depths"]["16"]["goal"]
+    g = goal["shaped advise, slopes+attn+tau"]
+    assert g["ratio"] == pytest.approx(1.13 / 1.12 - 1) and g["verdict"] == "met"
+    se = 1.13 / 1.12 * math.sqrt((0.02 / 1.13) ** 2 / 3 + (0.02 / 1.12) ** 2 / 3)  # both sd 0.02
+    assert g["ratio_se"] == pytest.approx(se)
+    paired = [1.11 / 1.10 - 1, 1.13 / 1.12 - 1, 1.15 / 1.14 - 1]
+    assert g["paired"] == pytest.approx(sum(paired) / 3) and g["pairs"] == 3
+    sd = math.sqrt(sum((p - sum(paired) / 3) ** 2 for p in paired) / 2)
+    assert g["paired_se"] == pytest.approx(sd / math.sqrt(3))
+    assert g["sde_at_init"] and g["baseline"] == "pre-LN depth-muP" and g["baseline_seeds"] == 3
+    assert goal["shaped advise, slopes+attn"]["verdict"] == "not met"  # +2.7%
+    o = goal["shaped advise, slopes+attn+tau, pre-RMSNorm"]
+    assert o["verdict"] == "open" and not o["sde_at_init"] and o["ratio_se"] is None
+    assert o["pairs"] == 1 and o["paired"] == pytest.approx(1.125 / 1.10 - 1)  # seed 0's
+    text = report.markdown(report.summarise(near + far + one, base))
+    assert "### The goal: within 1% of the best baseline at 5000 steps, 3 seeds each" in text
+    assert "| (f) (e) + trainable temperature | yes | 3 | +0.9% ± " in text
+    assert "| no | 1 | +0.4% (pre-LN depth-muP, 3) | +2.3% (1) | open |" in text
