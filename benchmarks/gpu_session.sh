@@ -20,6 +20,10 @@
 #       GPU, $WORKERS workers (default 8; uncompiled: a run of 1,150 steps would spend much of
 #       its time compiling); its finished runs come back in transfer_runs.tgz the same way.
 #       TRANSFER_PHASES="ARGS|ARGS..." runs study.py once per argument set, in turn.
+#       Depth 64 (H200, 2026-11-30): one run alone takes 0.13 s a step uncompiled (width 64,
+#       batch 32 x 64: launch-bound), about 2.5 min for 1,150 steps; 16 runs at once (under
+#       CUDA MPS) finished none within 480 s, and the runs of 2026-11-26 took 5.7 min each
+#       12 to 15 at a time: 17 depth-64 runs need more than one 10-minute call.
 #   STUDY=depth64 bash benchmarks/gpu_session.sh
 #       the depth-64 runs the CPU studies have not finished (about 5 h each on one CPU core):
 #       the ablation's best two variants (study.py --ablation-long --depths 64, into
