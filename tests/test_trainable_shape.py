@@ -264,3 +264,24 @@ def test_residual_gains_multiply_lambda_and_gamma() -> None:
     torch.testing.assert_close(got, expected)
     fixed = torch.add(config.lam * X, branch, alpha=config.gamma)
     assert torch.equal(residual(X, branch, config), fixed)  # gain=None: at initialisation
+
+
+def test_zero_biases_leave_the_function_at_initialisation_unchanged() -> None:
+    """The ablation's (l): (f) with biases, zero at initialisation. Their initialisation draws
+    from the RNG (so the same seed gives other weights: the shaped model in law); given (f)'s
+    weights, the model is (f)'s function bit for bit, and its biases receive gradients."""
+    config = BASE.replace(
+        mlp_slopes="channel", attention_gains="trainable", temperature="trainable"
+    )
+    torch.manual_seed(3)
+    plain = LanguageModel(config, 24)
+    biased = LanguageModel(config.replace(bias=True), 24)
+    biases = {n: p for n, p in biased.named_parameters() if n not in dict(plain.named_parameters())}
+    assert biases and all(n.endswith(".bias") for n in biases)
+    assert all(torch.count_nonzero(p) == 0 for p in biases.values())
+    missing = biased.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert set(missing) == set(biases)
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(biased(tokens[:, :-1]), plain(tokens[:, :-1]))
+    biased.loss(tokens).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in biases.values())
