@@ -551,7 +551,8 @@ def _goal_table(goal: dict[str, Any]) -> list[str]:
         "baseline's, ± the standard error from both seed spreads (where both ran two or more);",
         "paired: seed by seed over the seeds both ran (the same data order), ± its standard",
         f"error. Met: {GOAL_SEEDS} seeds each and the ratio at most +{GOAL_MARGIN:.0%}; open: "
-        "fewer seeds; the goal asks for a model the SDE describes at initialisation.",
+        "fewer seeds;",
+        "the goal asks for a model the SDE describes at initialisation.",
         "",
         "| model | SDE at init | seeds | vs best baseline (which, seeds) | paired (pairs) | goal |",
         "|---|---|---|---|---|---|",
