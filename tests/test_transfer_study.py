@@ -651,6 +651,11 @@ def test_reference_verdict_says_how_much_of_the_drift_the_recipe_leaves(modules,
     deep_per = {**per, "pre_ln_completep": deep_base, "pre_ln_completep_ref": whole}
     (deeper,) = report._reference_verdict(deep_per, setup)
     assert "From depth 4 to 64" in deeper and "`completep_beta2` -0.50 (to depth 32)" in deeper
+    # a change whose optimum at depth 64 is at its grid's edge: its drift to depth 32
+    edge64 = _drift_cell({4: -7.0, 32: -7.5, 64: -9.0}, {4: 1.4, 32: 1.5, 64: 1.5}, edge=None)
+    edge64["shapes"]["w64_d64"]["fit_3pt"]["edge"] = "grid"
+    (partial,) = report._reference_verdict({**deep_per, "completep_beta2": edge64}, setup)
+    assert "`completep_beta2` -0.50 (to depth 32)" in partial
     assert edged.startswith(text.split(" Depth 32 is")[0])
     assert "At depth 64 the recipe's optimum is not inside its grid yet (best measured 2^-8: "  \
         "1.700). Depth 32 is the deepest with a located optimum" in edged  # fmt: skip

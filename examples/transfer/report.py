@@ -1066,14 +1066,20 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
         else "it holds with the recipe"
     )
 
-    # the compared depths each model ran; the models with two or more of them
+    # the compared depths each model ran; the models with two or more of them; each change's
+    # drift up to the deepest of them where its optimum is inside its grid (as the recipe's)
     own = {
         n: [d for d in sizes if _at_depth(c, width, d).get("best") is not None]
         for n, c in per.items()
     }
     compared = [n for n in per if n != REFERENCE_BASELINE and len(own[n]) > 1]
     changes = [n for n in compared if n != "pre_ln_completep_ref"]
-    alone = {n: (d, own[n][-1]) for n in changes if (d := drift(per[n], own[n])) is not None}
+    inside_own = {n: [d for d in own[n] if located(per[n], d)] for n in changes}
+    alone = {
+        n: (d, inside_own[n][-1])
+        for n in changes
+        if len(inside_own[n]) > 1 and (d := drift(per[n], inside_own[n])) is not None
+    }
     ranked = sorted(alone, key=lambda n: abs(alone[n][0]))
     unlocated = [f"`{n}`" for n in changes if n not in alone]
     lower = [
