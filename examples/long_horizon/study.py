@@ -25,8 +25,10 @@ ratio the report states with its spread, once each is tuned; the rest of the lr 
 spaced by 3x, extended one point at a time, up to two per side, while the best lr of any
 horizon is at an edge); then 3 seeds at the best lr of the longest horizon for the two best
 models per depth; then the check. Each phase covers every depth before the next (see
-``plan``). ``--report`` writes ``results.md``, ``results.json``, ``tables.md`` and
-``figures/`` from ``runs.jsonl`` (``report.py``); none of them is edited by hand. Writing the
+``plan``). ``--refine`` adds the lrs half a step (3^(1/2)) on each side of a tuned model's best
+lr at the longest horizon before its seeds (where a goal margin is finer than the 3x grid).
+``--report`` writes ``results.md``, ``results.json``, ``tables.md`` and ``figures/`` from
+``runs.jsonl`` (``report.py``); none of them is edited by hand. Writing the
 committed report also rebuilds the two committed reports that quote its store (the ablation's
 and the transfer study's: ``rebuild_quoting_reports``).
 
@@ -36,6 +38,8 @@ Usage::
     python examples/long_horizon/study.py --max-runs 2         # stop after 2 new runs
     python examples/long_horizon/study.py --ablation-long --depths 64 --lrs 0.00333 0.01
                                               # only the planned runs at these peak lrs
+    python examples/long_horizon/study.py --models "pre-LN depth-muP" --depths 16 --refine
+                                              # half steps around its best lr, then seeds
     python examples/long_horizon/study.py --quick --out /tmp/lh   # a few minutes
     python examples/long_horizon/study.py --report             # only the report
     python examples/long_horizon/study.py --gpu --device cuda --compile --workers 6
@@ -218,6 +222,9 @@ class Setup:
     lr_scale: float = 1.0  # the lr grid's centre is LR_CENTRE * lr_scale
     checkpoint_interval: int | None = None  # default: eval_interval
     check: bool = True  # plan the WSD-vs-cosine check once the first depth is complete
+    # once a model's 3x grid is tuned, its half steps (lr x 3^(+-1/2)) around the best lr of
+    # the longest horizon: the 3x grid places an optimum only within a factor 3^(1/2)
+    refine: bool = False
     ablation: bool = False  # report with ``examples/ablation/report.py``
 
 
@@ -434,12 +441,23 @@ def _beyond_a_worse_centre(runs: list[dict[str, Any]], horizons: tuple[int, ...]
     }
 
 
+def half_steps(runs: list[dict[str, Any]], ks: list[float], horizon: int) -> list[float]:
+    """The grid indices half a step (an lr factor 3^(1/2)) on each side of the best seed-0 lr
+    at ``horizon`` not run yet (``ks``: the indices run), inside the grid's ends; none once
+    the best lr has a neighbour half a step away on each side."""
+    k = best_k(runs, horizon)
+    if k is None:
+        return []
+    return [k + d for d in (-0.5, 0.5) if ks[0] <= k + d <= ks[-1] and k + d not in ks]
+
+
 def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, int, int, str]]:
     """(model, depth, k, seed, schedule) still needed, in priority order, each phase over every
     depth (in ``setup.depths`` order) before the next: the grid centres of every model; the
     seeds of each ``setup.compared`` model already tuned (at its best lr of the longest
     horizon); the grid edges and extensions (not the base grid's edge beyond a centre that
-    is worse than the other edge at every horizon: :func:`_beyond_a_worse_centre`); seeds at
+    is worse than the other edge at every horizon: :func:`_beyond_a_worse_centre`; with
+    ``setup.refine``, then the :func:`half_steps` around the best lr); seeds at
     the best lr of the longest horizon for the best models of each complete depth (ranked by
     seed 0; a model with a diverged seed at that lr is not among them, so the next one gets
     the seeds); then the check. So each depth has a first answer for every model before any
@@ -468,6 +486,11 @@ def plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, int, in
                 edges.append((m, depth, lo - 1, 0, "wsd"))
             if hi in bests and hi < 1 + setup.max_extensions:
                 edges.append((m, depth, hi + 1, 0, "wsd"))
+            if not edges and setup.refine:
+                edges = [
+                    (m, depth, j, 0, "wsd")
+                    for j in half_steps(runs, ks, max(setup.horizons[depth]))
+                ]
             grid += edges
             k = best_k(runs, max(setup.horizons[depth]))
             if not edges and m in setup.compared and k is not None:
@@ -619,6 +642,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=None)
     p.add_argument(
+        "--refine", action="store_true",
+        help="once a model's 3x grid is tuned, add the lrs half a step (x 3^(1/2)) on each "
+        "side of its best lr at the longest horizon (its seeds follow the best)",
+    )  # fmt: skip
+    p.add_argument(
         "--check", action="store_true", help="only the WSD-vs-cosine check (first model, now)"
     )
     p.add_argument(
@@ -650,8 +678,11 @@ def setup_of(args: argparse.Namespace) -> Setup:
         setup = replace(setup, depths=tuple(args.depths), horizons=horizons)
     if args.horizons:
         setup = replace(setup, horizons={d: tuple(sorted(args.horizons)) for d in setup.depths})
-    if args.models:
-        setup = replace(setup, models=tuple(args.models))
+    if args.models:  # the WSD-vs-cosine check is the study's first model's
+        check = setup.check and args.models[0] == setup.models[0]
+        setup = replace(setup, models=tuple(args.models), check=check)
+    if args.refine:
+        setup = replace(setup, refine=True)
     return setup
 
 
