@@ -512,6 +512,41 @@ def test_long_horizon_plan_skips_the_edge_beyond_a_centre_worse_at_every_horizon
     assert todo(done) == [(1, 1)]
 
 
+def test_long_horizon_refine_plans_half_steps_around_the_best_lr_before_its_seeds(monkeypatch):
+    """``--refine``: once the 3x grid brackets the best lr of the longest horizon, the lrs
+    3^(1/2) away on both sides come next; the seeds follow whichever is best; a half step is
+    never planned beyond the grid's ends, and the grid's own points stop the refinement."""
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    model = study.QUICK.models[0]
+    setup = replace(study.QUICK, depths=(2,), models=(model,), check=False, refine=True)
+
+    def run(k, long, seed=0):
+        horizons = {"20": {"val_loss": 2.0 + abs(k), "diverged": False},
+                    "40": {"val_loss": long, "diverged": long is None}}  # fmt: skip
+        return {"model_name": model, "depth": 2, "k": k, "seed": seed, "schedule": "wsd",
+                "horizons": horizons}  # fmt: skip
+
+    def todo(results):
+        return [j[2:4] for j in study.plan(setup, results)]
+
+    grid = [run(-1, 2.3), run(0, 2.0), run(1, None)]  # a diverged edge still brackets
+    assert todo(grid) == [(-0.5, 0), (0.5, 0)]
+    assert todo(grid[:2]) == [(1, 0)]  # the grid's edge first: no half step without it
+    assert study.lr_grid(setup, model, 2, -0.5) == pytest.approx(
+        study.lr_grid(setup, model, 2, 0) / 3**0.5, rel=2e-3
+    )
+    assert todo([*grid, run(-0.5, 1.9), run(0.5, 2.1)]) == [(-0.5, 1)]  # seeds at the winner
+    assert todo([*grid, run(-0.5, 2.1), run(0.5, 2.2)]) == [(0, 1)]
+    # the best lr at the grid's end (no extension left): only the half step inside the grid
+    assert todo([run(-1, 2.3), run(0, 2.0), run(1, 1.8)]) == [(0.5, 0)]
+    assert study.plan(replace(setup, refine=False), grid) == [(model, 2, 0, 1, "wsd")]
+    # --models keeps the WSD-vs-cosine check only for the study's own first model
+    assert study.setup_of(study.parse(["--models", "pre-LN depth-muP", "--refine"])).check is False
+    kept = study.setup_of(study.parse(["--models", *study.DEFAULT.models[:2]]))
+    assert kept.check and not kept.refine and study.setup_of(study.parse([])).check
+
+
 def test_long_horizon_lrs_option_keeps_the_planned_runs_at_those_lrs(monkeypatch):
     """``--lrs``: the plan's runs at those peak lrs only, in the plan's order (a best lr's
     seeds before a grid edge the plan puts first); a bad value is a usage error."""
