@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -226,6 +227,30 @@ def test_run_replanned_gives_a_free_thread_the_next_job_while_another_runs(tmp_p
             run_replanned(_signal, lambda: simple("dd"), client=client)
         with pytest.raises(ValueError, match="poll"):
             run_replanned(_signal, lambda: simple("e"), client=client, poll=0)
+
+
+def test_run_replanned_logs_each_jobs_start_and_end_unless_progress_is_off(tmp_path, capsys):
+    """A study's log (stderr, no terminal: the bar is off) gets a line per job as it starts
+    and as it ends, with its wall time and its description or error; none with
+    ``progress=False``."""
+    folder = str(tmp_path)
+    with distributed.Client(
+        processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0"
+    ) as client:
+        capsys.readouterr()
+        run_replanned(_signal, lambda: [("a", (folder, "a", None))], client=client,
+                      progress=False)  # fmt: skip
+        assert capsys.readouterr().err == ""
+        summary = run_replanned(
+            _fail, lambda: [(k, x) for k, x in (("one", 1), ("two", 2))], client=client,
+            describe=lambda key, result: f"{key} gave {result}", poll=0.5,
+        )  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert summary.results == {"one": 10} and "two" in summary.failed
+    lines = [line.split("] ", 1)[1] for line in err if line.startswith("[")]
+    assert [line for line in lines if line.startswith("start")] == ["start one", "start two"]
+    assert [line for line in lines if re.fullmatch(r"end one after \d+\.\d min: one gave 10", line)]
+    assert [line for line in lines if re.fullmatch(r"failed two after .* RuntimeError: two", line)]
 
 
 def _fail(x: int) -> int:

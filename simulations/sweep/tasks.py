@@ -15,6 +15,8 @@ thread is free.
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -167,7 +169,9 @@ def run_replanned(
             is called while jobs run and must read the finished ones from wherever ``fn``
             writes them; a running job it lists again is not started twice.
         client, workers, threads_per_worker, threads, progress, desc, describe: as for
-            :func:`run_tasks`.
+            :func:`run_tasks`; unless ``progress`` is False, a line on stderr as each job
+            starts and ends (its wall time, its ``describe`` or error), also where the bar is
+            off (a study's log: a slow job is told from a stuck one by its start time).
         max_jobs: start at most this many jobs (None: no limit).
         poll: seconds between looks for free threads while jobs run.
 
@@ -194,6 +198,11 @@ def run_replanned(
         tqdm(total=0, desc=desc, unit="job", disable=_disable(progress)) as bar,
     ):
         per_job = own if client is None else threads
+        began: dict[str, float] = {}
+
+        def note(text: str) -> None:
+            if progress is not False:
+                bar.write(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr)
 
         def start() -> None:
             # with no worker yet (or one restarting), one job waits in the scheduler's queue
@@ -214,6 +223,8 @@ def run_replanned(
                 )
                 running[future] = key
                 started.add(key)
+                began[key] = time.monotonic()
+                note(f"start {key}")
             bar.total = len(started) + len(new) - len(take)
             bar.refresh()
 
@@ -226,7 +237,14 @@ def run_replanned(
                     with contextlib.suppress(TimeoutError):  # no job ended: look for threads
                         wait(list(running), timeout=poll, return_when="FIRST_COMPLETED")
                     for future in [f for f in running if f.done()]:
-                        _collect(future, running.pop(future), summary, bar, describe)
+                        key = running.pop(future)
+                        _collect(future, key, summary, bar, describe)
+                        minutes = (time.monotonic() - began[key]) / 60
+                        if key in summary.failed:
+                            note(f"failed {key} after {minutes:.1f} min: {summary.failed[key]}")
+                        else:
+                            what = describe(key, summary.results[key]) if describe else ""
+                            note(f"end {key} after {minutes:.1f} min{': ' * bool(what)}{what}")
                     start()
         finally:
             if running:  # interrupted: release what has not started
