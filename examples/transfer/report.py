@@ -1029,6 +1029,19 @@ def _moved(cell: dict[str, Any], depths: list[int], width: int, fit: str) -> str
     return f"{ends[1]['log2_lr'] - ends[0]['log2_lr']:+.2f}{marks}"
 
 
+def _located(cell: dict[str, Any], width: int, depth: int) -> dict[str, Any] | None:
+    """The 3-point fit of ``cell``'s optimum at ``depth`` if it lies inside its grid."""
+    fit = _at_depth(cell, width, depth).get("fit_3pt")
+    return fit if fit and fit["log2_lr"] is not None and fit["edge"] is None else None
+
+
+def _up_to_located(cell: dict[str, Any], depths: list[int], width: int) -> list[int]:
+    """``depths`` up to the deepest where ``cell``'s optimum is inside its grid (all of them
+    if none is: a drift between edges is then reported with its marks)."""
+    inside = [d for d in depths if _located(cell, width, d)]
+    return depths[: depths.index(inside[-1]) + 1] if len(inside) > 1 else depths
+
+
 def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str]:
     """Whether ``REFERENCE_BASELINE``'s depth drift was its recipe: the drift (3-point fits, the
     window of the headline drift and the only one a variant's 3 lrs allow) of the whole recipe
@@ -1039,16 +1052,14 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     if whole is None or whole["depth_drift"] is None:
         return []
 
-    def located(cell: dict[str, Any], d: int) -> dict[str, Any] | None:  # inside its grid
-        fit = _at_depth(cell, width, d).get("fit_3pt")
-        return fit if fit and fit["log2_lr"] is not None and fit["edge"] is None else None
+    def located(cell: dict[str, Any], d: int) -> dict[str, Any] | None:
+        return _located(cell, width, d)
 
     # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
     ran = whole["depth_drift"]["sizes"]
-    inside = [d for d in ran if located(whole, d)]
-    if len(inside) < 2:
+    if sum(1 for d in ran if located(whole, d)) < 2:
         return []
-    sizes = ran[: ran.index(inside[-1]) + 1]
+    sizes = _up_to_located(whole, ran, width)
 
     def drift(cell: dict[str, Any], depths: list[int] = sizes) -> float | None:
         first, last = located(cell, depths[0]), located(cell, depths[-1])
@@ -1170,14 +1181,23 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
         drift = cell["depth_drift"]
         if drift is None:
             continue
-        sizes = drift["sizes"]
+        ran = drift["sizes"]  # the drift up to the deepest depth with its optimum located
+        sizes = _up_to_located(cell, ran, setup.width)
         moves = [_moved(c, sizes, setup.width, fit) for c in (cell, base) for fit in _FITS]
+        beyond = ran[len(sizes) :]
         bullets.append(
             f"`{name}`: the optimum moves {moves[0]} from depth {sizes[0]} to {sizes[-1]} "
             f"(3-point fits {moves[1]}), `{REFERENCE_BASELINE}`'s on the same depths and lrs "
-            f"{moves[2]} (3-point {moves[3]}); best measured loss at depths "
-            f"{_and([str(d) for d in sizes])}: {_best_losses(cell, sizes, setup.width)}, "
-            f"against {_best_losses(base, sizes, setup.width)}."
+            f"{moves[2]} (3-point {moves[3]})"
+            + (
+                f" (at depth {_and([str(d) for d in beyond])} its optimum is not inside the "
+                "lrs run so far)"
+                if beyond
+                else ""
+            )
+            + f"; best measured loss at depths {_and([str(d) for d in ran])}: "
+            f"{_best_losses(cell, ran, setup.width)}, against "
+            f"{_best_losses(base, ran, setup.width)}."
         )
     bullets += _reference_verdict(per, setup)
     seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
