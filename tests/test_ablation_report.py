@@ -108,7 +108,7 @@ def test_each_depth_is_compared_with_the_baselines_at_that_depth(report, runs):
 
 def test_a_diverged_horizon_is_reported_as_diverged(report):
     run = {
-        "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "seed": 0,
+        "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "k": 0, "seed": 0,
         "schedule": "wsd",
         "model_config": {"config.width": 64, "config.gamma": 0.15, "config.tau0": 0.25},
         "horizons": {"1000": {"val_loss": 1.5, "diverged": False},
@@ -194,7 +194,7 @@ def test_the_cooldown_table_reads_each_best_run_at_the_cooldowns_first_step(repo
     def run(model: str, lr: float, seed: int, before: float, after: float) -> dict:
         curve = {"step": [0, 2000, 4000, 5000], "loss": [5.0, 2.0, before, after]}
         return {
-            "model_name": model, "depth": 16, "lr": lr, "seed": seed, "schedule": "wsd",
+            "model_name": model, "depth": 16, "lr": lr, "k": 0, "seed": seed, "schedule": "wsd",
             "model_config": config,
             "train_config": {"train.schedule": "wsd", "train.cooldown_fraction": 0.2},
             "horizons": {"5000": {"val_loss": after, "diverged": False, "val_curve": curve}},
@@ -225,7 +225,8 @@ def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report
 
     def run(model: str, seed: int, loss: float, config: dict | None = None) -> dict:
         return {
-            "model_name": model, "depth": 16, "lr": 0.01, "seed": seed, "schedule": "wsd",
+            "model_name": model, "depth": 16, "lr": 0.01, "k": 0, "seed": seed,
+            "schedule": "wsd",
             "model_config": config or shaped,
             "horizons": {"5000": {"val_loss": loss, "diverged": False}},
         }  # fmt: skip
@@ -257,3 +258,21 @@ def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report
         "| no | 1 | +0.4% (pre-LN depth-muP, 3) | +2.3% (1) | not shaped at initialisation |"
         in text
     )
+
+
+def test_a_grid_with_half_steps_is_named_in_the_reports_first_paragraph(report, runs):
+    """A run half a grid step away (``study.py --refine``) joins its model's grid (its lr
+    sorted among the others) and the first paragraph names the refined grids."""
+    ablation, long_horizon = runs
+    free = "shaped advise, slopes+attn+tau, biases"
+    base = next(r for r in ablation if r["model_name"] == free and r["k"] == 0 and not r["seed"])
+    half = {**base, "k": -0.5, "lr": 0.00577,
+            "horizons": {"5000": {"val_loss": 0.5, "diverged": False}}}  # fmt: skip
+    summary = report.summarise([*ablation, half], long_horizon)
+    assert [free, 16] in map(list, summary["refined"])
+    cell = summary["depths"]["16"]["models"][free]["5000"]
+    assert cell["best_lr"] == 0.00577 and cell["mean"] == 0.5
+    text = report.markdown(summary)
+    assert "half steps, x 3^(1/2), on each side of the best lr" in text
+    assert f"{report._label(free)} at depth 16" in text.replace("\n", " ")
+    assert report._refined([]) == ""

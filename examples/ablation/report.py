@@ -136,6 +136,14 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
         "depths": {str(d): at_depth(ablation, long_horizon, d) for d in depths},
         "runs": stored,
         "repeated_max_diff": repeated,
+        # (model, depth) whose grid has half steps (``study.py --refine``)
+        "refined": sorted(
+            {
+                (r["model_name"], r["depth"])
+                for r in ablation + long_horizon
+                if r["k"] % 1 and r["depth"] in depths
+            }
+        ),
         "fingerprints": sorted(
             {
                 r.get("corpus_fingerprint", "")
@@ -372,6 +380,17 @@ def _label(m: str) -> str:
     return VARIANTS.get(m, "(a) shaped ReLU" if m == SHAPED else m)
 
 
+def _refined(refined: list[tuple[str, int]]) -> str:
+    """The grids with half steps, as the report's first paragraph names them."""
+    if not refined:
+        return ""
+    named = ", ".join(f"{_label(m)} at depth {d}" for m, d in refined)
+    return (
+        "; half steps, x 3^(1/2), on each side of the best lr at the longest horizon where "
+        f"a goal margin asked for them: {named}"
+    )
+
+
 def _absent_baselines(at: dict[str, Any]) -> list[str]:
     """Which baselines no horizon of one depth has yet, and which horizons each present one
     lacks."""
@@ -406,7 +425,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "the long-horizon study's runs; do not edit.*",
         "",
         f"{depths}, width {', '.join(map(str, summary['widths']))}, seed 0 for the lr grid"
-        " (3x spacing); validation",
+        f" (3x spacing{_refined(summary['refined'])}); validation",
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
         "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth;",
         "(j)-(l), questions the 5,000-step stage raised, ran at depth 16 without a screen.",
