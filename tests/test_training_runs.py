@@ -562,6 +562,8 @@ def test_long_horizon_refine_plans_half_steps_around_the_best_lr_before_its_seed
         study.lr_grid(setup, model, 2, 0) / 3**0.5, rel=2e-3
     )
     assert todo([*grid, run(-0.5, 1.9), run(0.5, 2.1)]) == [(-0.5, 1)]  # seeds at the winner
+    # a half step that wins before the other ran: bracketed by the grid, the other is not needed
+    assert todo([*grid, run(-0.5, 1.9)]) == [(-0.5, 1)]
     assert todo([*grid, run(-0.5, 2.1), run(0.5, 2.2)]) == [(0, 1)]
     # the best lr at the grid's end (no extension left): only the half step inside the grid
     assert todo([run(-1, 2.3), run(0, 2.0), run(1, 1.8)]) == [(0.5, 0)]
