@@ -263,15 +263,16 @@ def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report
 def test_a_grid_with_half_steps_is_named_in_the_reports_first_paragraph(report, runs):
     """A run half a grid step away (``study.py --refine``) joins its model's grid (its lr
     sorted among the others) and the first paragraph names the refined grids."""
-    ablation, long_horizon = runs
+    ablation, long_horizon = ([r for r in stage if not r["k"] % 1] for stage in runs)
+    assert report.summarise(ablation, long_horizon)["refined"] == []
     free = "shaped advise, slopes+attn+tau, biases"
     base = next(r for r in ablation if r["model_name"] == free and r["k"] == 0 and not r["seed"])
-    half = {**base, "k": -0.5, "lr": 0.00577,
+    half = {**base, "k": 1.5, "lr": 0.052,
             "horizons": {"5000": {"val_loss": 0.5, "diverged": False}}}  # fmt: skip
     summary = report.summarise([*ablation, half], long_horizon)
-    assert [free, 16] in map(list, summary["refined"])
+    assert summary["refined"] == [[free, 16]]
     cell = summary["depths"]["16"]["models"][free]["5000"]
-    assert cell["best_lr"] == 0.00577 and cell["mean"] == 0.5
+    assert cell["best_lr"] == 0.052 and cell["mean"] == 0.5
     text = report.markdown(summary)
     assert "half steps, x 3^(1/2), on each side of the best lr" in text
     assert f"{report._label(free)} at depth 16" in text.replace("\n", " ")

@@ -487,7 +487,9 @@ def _ablation_long() -> tuple[list, list]:
     assert free["vs_gpt2"] < 0 < shaped["vs_gpt2"] and free["bracketed"]
     assert free["best_baseline"] == "pre-LN depth-muP" and free["vs_best"] > 0  # "ahead of it"
     assert gpt2["seeds"] == 3 and mup[h]["bracketed"]
-    assert mup[h]["lr"] == free["lr"]  # "the same lr grid"
+    halves = [lr for lr in mup[h]["lr"] if lr not in free["lr"]]  # "refined by half steps"
+    assert sorted(free["lr"] + halves) == mup[h]["lr"] and len(halves) == 2  # "the same grid"
+    assert mup[h]["best_lr"] == free["best_lr"]  # the half steps did not move its best lr
     at_2000 = models["shaped advise, slopes+attn"]["2000"]["vs_best"]
     claim = [int(h), f"{abs(100 * free['vs_gpt2']):.1f}", f"{free['mean']:.3f}"]
     claim += [f"{gpt2['mean']:.3f}", f"{100 * shaped['vs_gpt2']:.1f}", f"{shape['kappa_init']:.3f}"]
@@ -540,6 +542,7 @@ def _ablation_long() -> tuple[list, list]:
         *free["lr"],
         gpt2["seeds"],
         mup[h]["seeds"],
+        *halves,
         64,
         free64["seeds"],
         mup64["seeds"],

@@ -137,13 +137,16 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
         "runs": stored,
         "repeated_max_diff": repeated,
         # (model, depth) whose grid has half steps (``study.py --refine``)
-        "refined": sorted(
-            {
-                (r["model_name"], r["depth"])
-                for r in ablation + long_horizon
-                if r["k"] % 1 and r["depth"] in depths
-            }
-        ),
+        "refined": [
+            [m, d]
+            for m, d in sorted(
+                {
+                    (r["model_name"], r["depth"])
+                    for r in ablation + long_horizon
+                    if r["k"] % 1 and r["depth"] in depths
+                }
+            )
+        ],
         "fingerprints": sorted(
             {
                 r.get("corpus_fingerprint", "")
@@ -380,7 +383,7 @@ def _label(m: str) -> str:
     return VARIANTS.get(m, "(a) shaped ReLU" if m == SHAPED else m)
 
 
-def _refined(refined: list[tuple[str, int]]) -> str:
+def _refined(refined: list[list[Any]]) -> str:
     """The grids with half steps, as the report's first paragraph names them."""
     if not refined:
         return ""
