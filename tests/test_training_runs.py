@@ -22,6 +22,7 @@ from shapedtx import ModelConfig, TrainConfig
 from simulations.sweep.tasks import run_replanned, run_tasks
 from simulations.training_runs import (
     TrainingRun,
+    _losses_text,
     check_run_options,
     horizon_loss,
     one_corpus,
@@ -152,7 +153,7 @@ def test_a_run_on_an_exported_corpus_trains_on_the_default_corpus_bytes(tmp_path
         one_corpus([here, there, other])
 
 
-def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
+def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path, capsys):
     """A study whose next runs depend on finished ones: ``b`` is planned only once ``a`` has
     finished (read from disk), ``max_runs`` caps the new runs, a failed run ends the study (it
     would be planned again), and an empty plan starts nothing. One worker thread: one run at a
@@ -168,8 +169,17 @@ def test_run_planned_replans_until_nothing_is_left(cluster, tmp_path):
         calls.append([Path(r.folder).name for r in todo])
         return todo
 
-    first = run_planned(plan, client=cluster.scheduler_address, max_runs=1, progress=False)
+    capsys.readouterr()
+    first = run_planned(plan, client=cluster.scheduler_address, max_runs=1)
     assert list(first.results) == [str(tmp_path / "a")] and first.ok
+    # the log's end line: the run's validation loss at each horizon
+    h = first.results[str(tmp_path / "a")]["horizons"]
+    expected = f"val loss {h['8']['val_loss']:.3f} (8), {h['16']['val_loss']:.3f} (16)"
+    ends = [line for line in capsys.readouterr().err.splitlines() if "] end " in line]
+    assert len(ends) == 1 and ends[0].endswith(expected)
+    assert _losses_text({"horizons": {
+        "1000": {"val_loss": None, "diverged": True}, "250": {"val_loss": 2.1824, "diverged": False}
+    }}) == "val loss 2.182 (250), diverged (1000)"  # fmt: skip
     assert calls == [["a"], ["a"]]  # the check, then the start; the cap asks no more
     calls.clear()
     broken = TrainingRun(MODEL, TRAIN, (8,), str(tmp_path / "broken"), max_bytes=20_000,
