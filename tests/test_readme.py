@@ -4,6 +4,7 @@ the main job's printed table) and every number of its findings table is the link
 data (results.json, monitor.json), not prose."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -534,6 +535,11 @@ def _ablation_long() -> tuple[list, list]:
     assert closest is follow[-1]  # "biases, the closest"
     claim += [f"{closest['sd']:.3f}", f"{100 * closest['vs_best']:.1f}", closest["seeds"]]
     claim.append(closest["best_lr"])
+    # "bracketed by 0.00577 and 0.0173 too": its half steps (x 3^(-1/2), x 3^(1/2)), both worse
+    lrs = dict(zip(closest["lr"], closest["loss"], strict=True))
+    halves = [lr for lr in lrs if abs(abs(math.log(lr / closest["best_lr"], 3)) - 0.5) < 1e-2]
+    assert len(halves) == 2 and all(lrs[lr] > closest["mean"] for lr in halves)
+    claim += halves
     scale = [
         int(h),
         *d["widths"],
