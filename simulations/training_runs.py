@@ -181,11 +181,12 @@ def horizon_loss(result: dict[str, Any], horizon: int) -> float:
 def _losses_text(result: dict[str, Any]) -> str:
     """A :func:`run_training` result's validation loss at each horizon, one line (a study's
     log): ``"val loss 2.182 (250), 1.135 (5000)"``, ``diverged`` for a diverged horizon."""
-    horizons = sorted(result["horizons"], key=int)
-    return "val loss " + ", ".join(
-        f"{'diverged' if math.isinf(loss := horizon_loss(result, int(h))) else f'{loss:.3f}'} ({h})"
-        for h in horizons
-    )
+
+    def one(horizon: int) -> str:
+        loss = horizon_loss(result, horizon)
+        return f"{'diverged' if math.isinf(loss) else f'{loss:.3f}'} ({horizon})"
+
+    return "val loss " + ", ".join(one(h) for h in sorted(map(int, result["horizons"])))
 
 
 def run_training(run: TrainingRun, progress: bool = False) -> dict[str, Any]:

@@ -138,14 +138,11 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
         "repeated_max_diff": repeated,
         # (model, depth) whose grid has half steps (``study.py --refine``)
         "refined": [
-            [m, d]
-            for m, d in sorted(
-                {
-                    (r["model_name"], r["depth"])
-                    for r in ablation + long_horizon
-                    if r["k"] % 1 and r["depth"] in depths
-                }
+            list(md)  # as JSON reads it back
+            for md in sorted(
+                {(r["model_name"], r["depth"]) for r in ablation + long_horizon if r["k"] % 1}
             )
+            if md[1] in depths
         ],
         "fingerprints": sorted(
             {

@@ -1035,11 +1035,11 @@ def _located(cell: dict[str, Any], width: int, depth: int) -> dict[str, Any] | N
     return fit if fit and fit["log2_lr"] is not None and fit["edge"] is None else None
 
 
-def _up_to_located(cell: dict[str, Any], depths: list[int], width: int) -> list[int]:
-    """``depths`` up to the deepest where ``cell``'s optimum is inside its grid (all of them
-    if none is: a drift between edges is then reported with its marks)."""
+def _up_to_located(cell: dict[str, Any], depths: list[int], width: int) -> list[int] | None:
+    """``depths`` up to the deepest where ``cell``'s optimum is inside its grid; None where
+    fewer than two are (no drift between located optima)."""
     inside = [d for d in depths if _located(cell, width, d)]
-    return depths[: depths.index(inside[-1]) + 1] if len(inside) > 1 else depths
+    return depths[: depths.index(inside[-1]) + 1] if len(inside) > 1 else None
 
 
 def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str]:
@@ -1052,17 +1052,14 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     if whole is None or whole["depth_drift"] is None:
         return []
 
-    def located(cell: dict[str, Any], d: int) -> dict[str, Any] | None:
-        return _located(cell, width, d)
-
     # the depths the recipe ran, compared up to the deepest where its optimum is inside the grid
     ran = whole["depth_drift"]["sizes"]
-    if sum(1 for d in ran if located(whole, d)) < 2:
-        return []
     sizes = _up_to_located(whole, ran, width)
+    if sizes is None:
+        return []
 
     def drift(cell: dict[str, Any], depths: list[int] = sizes) -> float | None:
-        first, last = located(cell, depths[0]), located(cell, depths[-1])
+        first, last = _located(cell, width, depths[0]), _located(cell, width, depths[-1])
         return None if first is None or last is None else last["log2_lr"] - first["log2_lr"]
 
     d_base, d_whole = drift(base), drift(whole)
@@ -1085,11 +1082,11 @@ def _reference_verdict(per: dict[str, dict[str, Any]], setup: Setup) -> list[str
     }
     compared = [n for n in per if n != REFERENCE_BASELINE and len(own[n]) > 1]
     changes = [n for n in compared if n != "pre_ln_completep_ref"]
-    inside_own = {n: [d for d in own[n] if located(per[n], d)] for n in changes}
+    spans = {n: _up_to_located(per[n], own[n], width) for n in changes}
     alone = {
-        n: (d, inside_own[n][-1])
-        for n in changes
-        if len(inside_own[n]) > 1 and (d := drift(per[n], inside_own[n])) is not None
+        n: (d, span[-1])
+        for n, span in spans.items()
+        if span is not None and (d := drift(per[n], span)) is not None
     }
     ranked = sorted(alone, key=lambda n: abs(alone[n][0]))
     unlocated = [f"`{n}`" for n in changes if n not in alone]
@@ -1182,7 +1179,7 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
         if drift is None:
             continue
         ran = drift["sizes"]  # the drift up to the deepest depth with its optimum located
-        sizes = _up_to_located(cell, ran, setup.width)
+        sizes = _up_to_located(cell, ran, setup.width) or ran  # else between marked edges
         moves = [_moved(c, sizes, setup.width, fit) for c in (cell, base) for fit in _FITS]
         beyond = ran[len(sizes) :]
         bullets.append(

@@ -127,19 +127,23 @@ def _collect(
     summary: TaskSummary[T],
     bar: Any,
     describe: Callable[[str, T], str] | None,
-) -> None:
-    """Put a finished future's result (or its error, as text) into ``summary``."""
+) -> str:
+    """Put a finished future's result (or its error, as text) into ``summary``; return what
+    the bar shows of it (its ``describe``, its error, or "")."""
+    shown = ""
     try:
         result = future.result()
     except Exception as err:  # e.g. KilledWorker after repeated deaths
-        summary.failed[key] = f"{type(err).__name__}: {err}"
+        summary.failed[key] = shown = f"{type(err).__name__}: {err}"
         bar.set_postfix(failed=len(summary.failed))
     else:
         summary.results[key] = result
         if describe is not None:
-            bar.set_postfix_str(describe(key, result))
+            shown = describe(key, result)
+            bar.set_postfix_str(shown)
     future.release()
     bar.update()
+    return shown
 
 
 def run_replanned(
@@ -238,13 +242,10 @@ def run_replanned(
                         wait(list(running), timeout=poll, return_when="FIRST_COMPLETED")
                     for future in [f for f in running if f.done()]:
                         key = running.pop(future)
-                        _collect(future, key, summary, bar, describe)
+                        shown = _collect(future, key, summary, bar, describe)
                         minutes = (time.monotonic() - began[key]) / 60
-                        if key in summary.failed:
-                            note(f"failed {key} after {minutes:.1f} min: {summary.failed[key]}")
-                        else:
-                            what = describe(key, summary.results[key]) if describe else ""
-                            note(f"end {key} after {minutes:.1f} min{': ' * bool(what)}{what}")
+                        ended = "failed" if key in summary.failed else "end"
+                        note(f"{ended} {key} after {minutes:.1f} min{': ' * bool(shown)}{shown}")
                     start()
         finally:
             if running:  # interrupted: release what has not started
