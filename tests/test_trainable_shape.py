@@ -120,6 +120,25 @@ def test_new_parameters_are_block_vectors_without_weight_decay(name: str) -> Non
     assert sorted(decay_of.values())[-1] == 0.1  # the matrices are decayed
 
 
+@pytest.mark.parametrize("proxy", [0, 16])
+def test_vector_lr_factor_scales_the_block_vectors_lr_alone(proxy: int) -> None:
+    """``vector_lr_factor`` multiplies the lr of the block vectors (the gains and slopes, the
+    biases) and of nothing else, on top of the transfer rule's factor where there is one."""
+    _, free = _models({**VARIANTS["all"], "bias": True})
+    base = TrainConfig(steps=10, lr=1e-2, lr_proxy_width=proxy, lr_proxy_depth=proxy and 2)
+    lrs = [
+        {id(p): g["lr"] for g in _make_optimizer(free, c).param_groups for p in g["params"]}
+        for c in (base, base.replace(vector_lr_factor=0.1))
+    ]
+    groups = {free.parameter_group(n) for n, _ in free.named_parameters()}
+    assert "block_vector" in groups and len(groups) > 1
+    for name, p in free.named_parameters():
+        factor = 0.1 if free.parameter_group(name) == "block_vector" else 1.0
+        assert lrs[1][id(p)] == pytest.approx(factor * lrs[0][id(p)], rel=1e-12), name
+    with pytest.raises(ValueError, match="vector_lr_factor"):
+        base.replace(vector_lr_factor=0.0)
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_moving_the_new_parameters_changes_the_function(name: str) -> None:
     fixed, free = _models(VARIANTS[name])

@@ -49,6 +49,10 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn+tau, pre-RMSNorm": "(k) (f) + RMSNorm before each branch "
     "and the readout",
     "shaped advise, slopes+attn+tau, biases": "(l) (f) + biases (zero at initialisation)",
+    "shaped advise, slopes+attn+tau, biases, vectors lr/3": "(m) (l), gains, slopes and "
+    "biases at 1/3 of the base lr",
+    "shaped advise, slopes+attn+tau, biases, vectors lr/10": "(n) (l), gains, slopes and "
+    "biases at 1/10 of the base lr",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 GPT2 = "pre-LN (GPT-2)"

@@ -128,7 +128,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "lr_proxy": (16, 16),
         "lr_centre": 3e-2,
     },
-    # (j)-(l): questions the second stage raised, run at depth 16 to 5,000 steps directly
+    # (j)-(n): questions the second stage raised, run at depth 16 to 5,000 steps directly
     # (--ablation-long --depths 16 --models ...), not screened.
     # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
     # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
@@ -166,17 +166,41 @@ MODELS: dict[str, dict[str, Any]] = {
         "temperature": "trainable",
         "bias": True,
     },
+    # (m), (n): (l) before its cooldown is 3-6% behind depth-muP pre-LN at every seed, 0.8-2.1%
+    # after it, and its trainable gains and slopes shrink to 0.14-0.2 (depth-muP's LayerNorm
+    # gains stay near 1; so do (k)'s, 1.4% behind before its cooldown): Adam moves each by
+    # about its lr per step, 5-7% of itself at lr 0.01, a noise only the cooldown removes.
+    # (l) with its block vectors (gains, slopes, biases) at 1/3 and 1/10 of the base lr: the
+    # same network at initialisation, trained otherwise alike
+    "shaped advise, slopes+attn+tau, biases, vectors lr/3": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "bias": True,
+        "vector_lr_factor": 1 / 3,
+    },
+    "shaped advise, slopes+attn+tau, biases, vectors lr/10": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "bias": True,
+        "vector_lr_factor": 0.1,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
 ``lr_proxy_width`` and ``lr_proxy_depth``; ``lr_centre``: the lr grid's centre at depth 16 if
-not the preset's), in the order their runs are planned."""
+not the preset's; ``vector_lr_factor``: ``TrainConfig``'s), in the order their runs are planned."""
 
-_STUDY_KEYS = ("lr_proxy", "lr_centre")
+_STUDY_KEYS = ("lr_proxy", "lr_centre", "vector_lr_factor")
 """Keys of a :data:`MODELS` entry that set its training, not its ``ModelConfig``."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
-ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(l) were not screened: see MODELS
+ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(n) were not screened: see MODELS
 BASELINES = ("pre-LN (GPT-2)", "pre-LN depth-muP", "SAS-P")
 """The baselines a model is measured against: at each horizon the lowest of these (its mean
 over seeds at its best lr) is the best baseline."""
@@ -338,7 +362,12 @@ def model_config(setup: Setup, model: str, depth: int, out: Path) -> ModelConfig
 
 
 def train_config(
-    setup: Setup, lr: float, seed: int, schedule: str = "wsd", lr_proxy: tuple[int, int] = (0, 0)
+    setup: Setup,
+    lr: float,
+    seed: int,
+    schedule: str = "wsd",
+    lr_proxy: tuple[int, int] = (0, 0),
+    vector_lr_factor: float = 1.0,
 ) -> TrainConfig:
     return TrainConfig(
         steps=max(max(h) for h in setup.horizons.values()),
@@ -357,6 +386,7 @@ def train_config(
         seed=seed,
         lr_proxy_width=lr_proxy[0],
         lr_proxy_depth=lr_proxy[1],
+        vector_lr_factor=vector_lr_factor,
     )
 
 
@@ -389,7 +419,14 @@ def make_run(
     tag = "" if schedule == "wsd" else f"_{trained}{setup.check_horizon}"
     return TrainingRun(
         model=model_config(setup, model, depth, out),
-        train=train_config(setup, lr, seed, trained, MODELS[model].get("lr_proxy", (0, 0))),
+        train=train_config(
+            setup,
+            lr,
+            seed,
+            trained,
+            MODELS[model].get("lr_proxy", (0, 0)),
+            MODELS[model].get("vector_lr_factor", 1.0),
+        ),
         horizons=tuple(horizons),
         folder=str(out / "runs" / slug(model) / f"d{depth}" / f"{lr_tag(lr)}_s{seed}{tag}"),
         max_bytes=setup.max_bytes,

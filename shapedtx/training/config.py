@@ -57,6 +57,12 @@ class TrainConfig:
             set, each parameter group trains at ``lr`` times the factor its parametrisation's
             transfer rule gives from the proxy to the model (:func:`shapedtx.lr_multipliers`,
             docs/guide/transfer.md). ``0`` (default, both): ``lr`` for every parameter.
+        vector_lr_factor: the blocks' vectors (biases, norm gains and the shaped model's
+            trainable gains and slopes: the ``block_vector`` group of
+            :meth:`shapedtx.training.LanguageModel.parameter_groups`) train at ``lr`` times this
+            factor, times their transfer factor if any (default 1). Adam moves a parameter by
+            about its lr per step whatever its size, so a gain that has shrunk to 0.15 moves
+            by a larger share of itself than a matrix entry does (docs/guide/training.md).
         eps_scaling: ``"constant"`` (default: AdamW's epsilon is ``eps``) or ``"completep"``:
             ``eps`` times CompleteP's ``m_N^-1 m_L^-a`` from the proxy (``lr_proxy_width``,
             ``lr_proxy_depth``, which must be set) to the model, for every parameter group as
@@ -68,8 +74,9 @@ class TrainConfig:
     beta2=0.99, eps=1e-8, grad_clip=1.0,
     log_interval=10, eval_interval=50, eval_batches=4, metrics_batch=4,
     checkpoint_interval=100, seed=0, lr_proxy_width=0, lr_proxy_depth=0, autocast="none",
-    eps_scaling="constant"``. :func:`completep_reference_train` gives CompleteP's reference
-    settings (beta2 0.95, epsilon 1e-12 scaled by ``eps_scaling="completep"``).
+    eps_scaling="constant", vector_lr_factor=1.0``. :func:`completep_reference_train` gives
+    CompleteP's reference settings (beta2 0.95, epsilon 1e-12 scaled by
+    ``eps_scaling="completep"``).
 
     The architecture, the readout LayerNorm included (``ModelConfig.final_norm``), is the
     ``ModelConfig``.
@@ -99,6 +106,7 @@ class TrainConfig:
     lr_proxy_depth: int = 0
     autocast: Autocast = "none"
     eps_scaling: EpsScaling = "constant"
+    vector_lr_factor: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, 1)
@@ -129,6 +137,7 @@ class TrainConfig:
             ("eps", 0.0, 1.0, True),
             ("grad_clip", 0.0, 1e6, False),
             ("cooldown_fraction", 0.0, 1.0, True),
+            ("vector_lr_factor", 0.0, 1e3, True),
         ):
             value = check_number(name, getattr(self, name), low, high, low_open=low_open)
             object.__setattr__(self, name, value)

@@ -37,7 +37,7 @@ from .data import VOCAB, ByteCorpus, WindowSampler, fixed_windows
 from .log import log_dataset
 from .model import LanguageModel
 from .step import CompiledStep, autocast_context
-from .transfer import eps_multiplier, lr_multipliers, proxy_config
+from .transfer import GROUPS, eps_multiplier, lr_multipliers, proxy_config
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.nc"
@@ -154,11 +154,16 @@ def _eps(model_config: ModelConfig, config: TrainConfig) -> float:
 
 def _lr_factors(model_config: ModelConfig, config: TrainConfig) -> dict[str, float | None]:
     """Parameter group -> lr factor (:func:`shapedtx.lr_multipliers` from the proxy of
-    ``config.lr_proxy_width``/``lr_proxy_depth``); ``{"all": None}`` without a proxy."""
-    if not config.lr_proxy_width:
+    ``config.lr_proxy_width``/``lr_proxy_depth``, the block vectors' times
+    ``config.vector_lr_factor``); ``{"all": None}`` without a proxy or a vector factor."""
+    if not config.lr_proxy_width and config.vector_lr_factor == 1.0:
         return {"all": None}
-    proxy = proxy_config(model_config, config.lr_proxy_width, config.lr_proxy_depth)
-    return dict(lr_multipliers(model_config, proxy))
+    factors: dict[str, float | None] = dict.fromkeys(GROUPS, 1.0)
+    if config.lr_proxy_width:
+        proxy = proxy_config(model_config, config.lr_proxy_width, config.lr_proxy_depth)
+        factors.update(lr_multipliers(model_config, proxy))
+    factors["block_vector"] *= config.vector_lr_factor
+    return dict(factors)
 
 
 def _device_memory(device: torch.device) -> int | None:
