@@ -138,6 +138,13 @@ class ModelConfig:
             trainable multipliers g_l, g_g initialised to 1 (the fixed residual at
             initialisation; multipliers, so that Adam moves the weights relative to their
             size; docs/theory.md#trainable-shape).
+        log_gains: the trainable shape's gains and slopes (``attention_gains``,
+            ``temperature``, ``mlp_slopes``, ``residual_gains``) are each stored as a
+            parameter theta initialised to 0 and used as ``initial * exp(theta)``: the same
+            network at initialisation, and Adam, which moves theta by about its lr per step,
+            moves each gain by a share of itself however far it has shrunk (default False:
+            the parameter is the gain; docs/theory.md#trainable-shape). Requires one of them
+            trainable and nonzero initial slopes.
         gamma_t: the shaped model's depth rule (``residual="scaled"``): if > 0, ``gamma`` is
             derived as ``sqrt(gamma_t * width / depth)``, so that ``gamma^2 d / n = gamma_t``
             at every depth and width (the law of the covariance SDE at the network's end
@@ -193,6 +200,7 @@ class ModelConfig:
     attention_gains: Trainable = "fixed"
     temperature: Trainable = "fixed"
     residual_gains: Trainable = "fixed"
+    log_gains: bool = False
     gamma_t: float = 0.0
     depth_alpha: float = 0.0
     base_depth: int = 1
@@ -223,7 +231,15 @@ class ModelConfig:
         if self.key_dim is None:
             object.__setattr__(self, "key_dim", self.head_dim)
         check_int("key_dim", self.key_dim, 1)
-        for name in ("out_proj", "causal", "bias", "final_norm", "query_bias", "output_multiplier"):
+        for name in (
+            "out_proj",
+            "causal",
+            "bias",
+            "final_norm",
+            "query_bias",
+            "output_multiplier",
+            "log_gains",
+        ):
             check_bool(name, getattr(self, name))
         check_int("base_width", self.base_width, 1)
         if self.attention_scale != "inverse_sqrt" and self.attention != "softmax":
@@ -275,6 +291,12 @@ class ModelConfig:
                     f"c_plus and c_minus must not both be -sqrt(width) = {-root:.4g}: both "
                     "slopes 0 make the MLP identically zero (its normaliser 2 / (s_+^2 + s_-^2) "
                     "is undefined)",
+                )
+            if self.log_gains and self.mlp_slopes != "fixed" and not all(slopes.values()):
+                raise ParameterError(
+                    "log_gains",
+                    f"log_gains=True requires nonzero initial slopes (0 * exp(theta) stays 0), "
+                    f"got c_plus={self.c_plus}, c_minus={self.c_minus} (a slope 0)",
                 )
 
     def _check_depth_rules(self) -> None:
@@ -330,6 +352,17 @@ class ModelConfig:
                     f"{name}='trainable' requires attention='shaped', got "
                     f"attention={self.attention!r}",
                 )
+        trainable = [
+            name
+            for name in ("mlp_slopes", "attention_gains", "temperature", "residual_gains")
+            if getattr(self, name) != "fixed"
+        ]
+        if self.log_gains and not trainable:
+            raise ParameterError(
+                "log_gains",
+                "log_gains=True requires a trainable shape (mlp_slopes, attention_gains, "
+                "temperature or residual_gains not 'fixed'), got none",
+            )
 
     def _check_simplified(self) -> None:
         """The rules of the simplified (He & Hofmann) attention, residual and layout."""

@@ -48,6 +48,33 @@ def _linear(config: ModelConfig, name: str, fan_in: int, fan_out: int, bias: boo
     return init_linear(fan_in, fan_out, bias=bias, std=weight_std(config, name, fan_in))
 
 
+class _Gains(nn.Module):
+    """A module with trainable gains: parameters in ``gains``, read through :meth:`gain`.
+
+    A gain added with ``log=True`` (``ModelConfig.log_gains``) is stored as theta, initialised
+    to 0, and read as ``initial * exp(theta)`` (docs/theory.md#trainable-shape); any other is
+    the parameter itself, initialised to ``initial``.
+    """
+
+    gains: nn.ParameterDict
+    _log_initial: dict[str, float]
+
+    def _new_gains(self) -> None:
+        self.gains, self._log_initial = nn.ParameterDict(), {}
+
+    def _add_gain(
+        self, name: str, initial: float, shape: tuple[int, ...] = (), *, log: bool = False
+    ) -> None:
+        self.gains[name] = nn.Parameter(torch.full(shape, 0.0 if log else initial))
+        if log:
+            self._log_initial[name] = initial
+
+    def gain(self, name: str) -> Tensor:
+        """The gain ``name`` (``shapedtx.blocks.Gain``): its value, whatever its storage."""
+        p = self.gains[name]
+        return self._log_initial[name] * p.exp() if name in self._log_initial else p
+
+
 class _Projected(nn.Module):
     """A module whose weights are named linear layers handed to the functional core."""
 
@@ -57,7 +84,7 @@ class _Projected(nn.Module):
         return self.layers[name](x)
 
 
-class Attention(_Projected):
+class Attention(_Projected, _Gains):
     """Multi-head attention branch ``A X W^V`` (+ ``W^O``), kind given by ``config.attention``.
 
     Supports a causal mask, ``out_proj`` and a fixed head size (``head_dim`` independent of
@@ -89,7 +116,7 @@ class Attention(_Projected):
         n, keys, values = config.width, config.heads * config.key_dim, config.value_dim
         query = _linear(config, "query", n, keys, bias or config.query_bias)
         self.layers = nn.ModuleDict({"query": query, "key": _linear(config, "key", n, keys, bias)})
-        self.gains = nn.ParameterDict()
+        self._new_gains()
         if config.attention == "simplified":
             nn.init.zeros_(query.weight)
             if first and config.first_value == "reparametrised":
@@ -99,7 +126,7 @@ class Attention(_Projected):
                 with torch.no_grad():
                     value.weight.copy_(torch.eye(n))
             for name in ("attn_alpha", "attn_beta", "attn_gamma"):
-                self.gains[name] = nn.Parameter(torch.ones(config.heads))
+                self._add_gain(name, 1.0, (config.heads,))
             return
         self.layers["value"] = _linear(config, "value", n, values, bias)
         if config.out_proj:
@@ -110,11 +137,7 @@ class Attention(_Projected):
             if config.temperature != "fixed":
                 trainable += ("attn_temperature",)
             for name in trainable:
-                self.gains[name] = nn.Parameter(torch.ones(config.heads))
-
-    def gain(self, name: str) -> Tensor:
-        """The trainable gain ``name`` (``shapedtx.blocks.Gain``)."""
-        return self.gains[name]
+                self._add_gain(name, 1.0, (config.heads,), log=config.log_gains)
 
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
@@ -128,17 +151,16 @@ class Attention(_Projected):
         q = split_heads(self.layers["query"](X), h)
         k = split_heads(self.layers["key"](X), h)
         if cfg.attention == "simplified":
-            g = self.gains
             Y = q @ k.transpose(-1, -2)
-            alpha, beta, gamma = g["attn_alpha"], g["attn_beta"], g["attn_gamma"]
+            alpha, beta, gamma = (self.gain(f"attn_{g}") for g in ("alpha", "beta", "gamma"))
             return simplified_attention_matrix(
                 Y, cfg.key_dim, alpha, beta, gamma, causal=cfg.causal
             )
         if trainable_attention(cfg):
             if "attn_temperature" in self.gains:
-                q = q * self.gains["attn_temperature"][:, None, None]
+                q = q * self.gain("attn_temperature")[:, None, None]
             gains = {
-                name: self.gains.get(name, 1.0)
+                name: self.gain(name) if name in self.gains else 1.0
                 for name in ("attn_alpha", "attn_beta", "attn_gamma")
             }
             Y = q @ k.transpose(-1, -2)
@@ -201,7 +223,7 @@ class ShapedReLU(nn.Module):
         return f"s_plus={self.s_plus:.6g}, s_minus={self.s_minus:.6g}"
 
 
-class MLP(_Projected):
+class MLP(_Projected, _Gains):
     """MLP branch ``g phi(X W_1) W_2`` (shaped or standard ReLU, or GELU), hidden width
     ``mlp_ratio * n`` (see :func:`shapedtx.mlp_branch`)."""
 
@@ -220,16 +242,12 @@ class MLP(_Projected):
                 "mlp_out": _linear(config, "mlp_out", k, n, bias),
             }
         )
-        self.gains = nn.ParameterDict()
+        self._new_gains()
         if config.mlp_slopes != "fixed":  # the shaped slopes, trainable
             shape = (k,) if config.mlp_slopes == "channel" else ()
             s_plus, s_minus, _ = relu_slopes(config)
-            self.gains["mlp_s_plus"] = nn.Parameter(torch.full(shape, s_plus))
-            self.gains["mlp_s_minus"] = nn.Parameter(torch.full(shape, s_minus))
-
-    def gain(self, name: str) -> Tensor:
-        """The trainable slope ``name`` (``shapedtx.blocks.Gain``)."""
-        return self.gains[name]
+            self._add_gain("mlp_s_plus", s_plus, shape, log=config.log_gains)
+            self._add_gain("mlp_s_minus", s_minus, shape, log=config.log_gains)
 
     def forward(self, X: Tensor) -> Tensor:
         """X: (B, m, n) -> (B, m, n)."""
@@ -250,7 +268,7 @@ def norm_module(config: ModelConfig) -> nn.Module:
     return layer_norm_module(config.width)
 
 
-class Block(nn.Module):
+class Block(_Gains):
     """Residual block: attention sub-block then MLP sub-block, each with the configured
     residual (scaled, unit or skipless) and normalisation (none, pre- or post-norm).
 
@@ -284,20 +302,20 @@ class Block(nn.Module):
                 self.norms["attn_norm"] = norm_module(config)
             if self.mlp is not None and not parallel:
                 self.norms["mlp_norm"] = norm_module(config)
-        self.gains = nn.ParameterDict()
+        self._new_gains()
         if config.residual == "skipless":
             if first and config.norm == "none":
                 self.norms["input_norm"] = layer_norm_module(config.width)
-            self.gains["attn_gain"] = nn.Parameter(torch.ones(()))
+            self._add_gain("attn_gain", 1.0)
             if self.mlp is not None:
-                self.gains["mlp_gain"] = nn.Parameter(torch.full((), config.mlp_gain))
+                self._add_gain("mlp_gain", config.mlp_gain)
                 if not parallel:
-                    self.gains["mlp_skip"] = nn.Parameter(torch.ones(()))
+                    self._add_gain("mlp_skip", 1.0)
         if config.residual_gains != "fixed":  # multipliers of each sub-block's lambda, gamma
             for name, sub in (("attn", self.attention), ("mlp", self.mlp)):
                 if sub is not None:
-                    self.gains[f"res_{name}_lambda"] = nn.Parameter(torch.ones(()))
-                    self.gains[f"res_{name}_gamma"] = nn.Parameter(torch.ones(()))
+                    self._add_gain(f"res_{name}_lambda", 1.0, log=config.log_gains)
+                    self._add_gain(f"res_{name}_gamma", 1.0, log=config.log_gains)
         self._layers: dict[str, nn.Module] = {}
         for part in (self.attention, self.mlp):
             if part is not None:
@@ -312,7 +330,7 @@ class Block(nn.Module):
     def _gain(self, name: str) -> Tensor:
         for part in (self, self.attention, self.mlp):
             if part is not None and name in part.gains:
-                return part.gains[name]
+                return part.gain(name)
         raise KeyError(f"block has no trainable gain {name!r}")
 
     def forward(self, X: Tensor) -> Tensor:

@@ -8,10 +8,12 @@ function once they move."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from shapedtx import ModelConfig, ParameterError, Transformer, preset
+from shapedtx import ModelConfig, Monitor, ParameterError, Transformer, preset
 from shapedtx.activation import shaped_relu, trainable_relu
 from shapedtx.training import LanguageModel, TrainConfig
 from shapedtx.training.trainer import _make_optimizer
@@ -30,6 +32,7 @@ VARIANTS = {
         "residual_gains": "trainable",
     },
 }
+VARIANTS["all, log gains"] = {**VARIANTS["all"], "log_gains": True}
 NEW_PARAMETERS = {
     "slopes per layer": {"mlp_s_plus": (), "mlp_s_minus": ()},
     "slopes per channel": {"mlp_s_plus": (128,), "mlp_s_minus": (128,)},
@@ -45,6 +48,7 @@ NEW_PARAMETERS["all"] = {
     **NEW_PARAMETERS["temperature"],
     **NEW_PARAMETERS["residual weights"],
 }
+NEW_PARAMETERS["all, log gains"] = NEW_PARAMETERS["all"]
 
 
 def _models(changes: dict[str, str]) -> tuple[LanguageModel, LanguageModel]:
@@ -100,7 +104,7 @@ def test_new_parameters_shapes_initial_values_and_gradients(name: str) -> None:
     for key, p in gains.items():
         short = key.rsplit(".", 1)[1]
         assert tuple(p.shape) == expected[short], key
-        value = initial.get(short, 1.0)
+        value = 0.0 if "log" in name else initial.get(short, 1.0)  # log gains store theta
         torch.testing.assert_close(p.detach(), torch.full_like(p, value), rtol=0, atol=1e-7)
     tokens = torch.randint(0, 256, (4, 25), generator=torch.Generator().manual_seed(1))
     free.loss(tokens).backward()
@@ -145,8 +149,41 @@ def test_moving_the_new_parameters_changes_the_function(name: str) -> None:
     tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         for p in _gains(free).values():
-            p.mul_(0.7)
+            p.sub_(0.3)
         assert not torch.allclose(free(tokens[:, :-1]), fixed(tokens[:, :-1]), atol=1e-4)
+
+
+def test_log_gains_are_their_initial_value_times_exp_theta() -> None:
+    """With log_gains each gain reads initial * exp(theta): moving theta by log(r) gives the
+    network whose gains are r times the initial ones, and every reader (the blocks, the
+    explicit attention matrix, the monitor) sees the gain, not theta."""
+    changes = {**VARIANTS["all"], "bias": True}
+    _, log = _models({**changes, "log_gains": True})
+    _, linear = _models(changes)
+    ratios = {"attn_beta": 0.5, "attn_temperature": 2.0, "mlp_s_minus": 0.25, "res_mlp_gamma": 3.0}
+    with torch.no_grad():
+        for key, p in _gains(log).items():
+            r = ratios.get(key.rsplit(".", 1)[1], 1.0)
+            p.fill_(math.log(r))
+            dict(linear.named_parameters())[key].mul_(r)
+    tokens = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(log(tokens[:, :-1]), linear(tokens[:, :-1]))
+    first = (log.body.blocks[0].attention, linear.body.blocks[0].attention)
+    X = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(first[0].attention_matrix(X), first[1].attention_matrix(X))
+    seen = [Monitor(m, tokens[:, :-1])(0) for m in (log, linear)]
+    for name in ("shape_gain", "mlp_kappa", "max_logit"):
+        torch.testing.assert_close(
+            torch.from_numpy(seen[0][name].values), torch.from_numpy(seen[1][name].values)
+        )
+    assert float(seen[0]["shape_gain"].sel(gain="attn_beta").mean()) == pytest.approx(0.5)
+
+
+def test_log_gains_need_a_trainable_shape_and_nonzero_slopes() -> None:
+    with pytest.raises(ParameterError, match=r"log_gains.*trainable shape"):
+        BASE.replace(log_gains=True)
+    with pytest.raises(ParameterError, match=r"log_gains.*nonzero initial slopes"):
+        BASE.replace(log_gains=True, mlp_slopes="layer", c_minus=-(32**0.5))
 
 
 def test_attention_gains_give_the_stated_matrix() -> None:

@@ -3,7 +3,7 @@
 Generated from the runs, never edited by hand: ``results.json`` (every number), ``results.md``
 (the report) and ``figures/``. The ablation's runs are this folder's store (``runs.jsonl``, the
 screen: ``../long_horizon/study.py --ablation``) and ``long/runs.jsonl`` (the screen's best
-two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``; and (j)-(l),
+two to 5,000 steps at depth 16 and to 2,000 at depth 64: ``--ablation-long``; and (j) on,
 questions that stage raised, at depth 16 to 5,000 steps without a screen); the shaped
 model as it is, (a), and the baselines come from the long-horizon study's store (the same
 recipe: width 64, 4 heads with W^O, MLP 4n, causal, batch 32 x 64 bytes, the default corpus,
@@ -53,8 +53,11 @@ VARIANTS: dict[str, str] = {
     "biases at 1/3 of the base lr",
     "shaped advise, slopes+attn+tau, biases, vectors lr/10": "(n) (l), gains, slopes and "
     "biases at 1/10 of the base lr",
+    "shaped advise, slopes+attn+tau, biases, log gains": "(o) (l), gains and slopes stored as logs",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
+_LAST = list(VARIANTS.values())[-1].split()[0]
+"""The last variant's letter, as "(n)"."""
 GPT2 = "pre-LN (GPT-2)"
 BASELINES = (GPT2, "pre-LN depth-muP", "SAS-P")
 """The baselines a ratio is taken against: GPT-2's pre-LN, and the best of these three
@@ -432,7 +435,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f" (3x spacing{_refined(summary['refined'])}); validation",
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
         "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth;",
-        "(j)-(l), questions the 5,000-step stage raised, ran at depth 16 without a screen.",
+        f"(j)-{_LAST}, questions the 5,000-step stage raised, ran at depth 16 without a screen.",
         f"Ablation runs so far: {summary['runs']}.",
         *_repeated(summary["repeated_max_diff"]),
         "",

@@ -128,7 +128,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "lr_proxy": (16, 16),
         "lr_centre": 3e-2,
     },
-    # (j)-(n): questions the second stage raised, run at depth 16 to 5,000 steps directly
+    # (j)-(o): questions the second stage raised, run at depth 16 to 5,000 steps directly
     # (--ablation-long --depths 16 --models ...), not screened.
     # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
     # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
@@ -190,6 +190,18 @@ MODELS: dict[str, dict[str, Any]] = {
         "bias": True,
         "vector_lr_factor": 0.1,
     },
+    # (o): the lower lr slows the gains' first descent, which is where (l) gains most (its MLP
+    # is a ReLU by step 1,000); log gains move by a share of themselves at every size: as fast
+    # as (l)'s at first, 1% of themselves per step at lr 0.01 once shrunk
+    "shaped advise, slopes+attn+tau, biases, log gains": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp_slopes": "channel",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "bias": True,
+        "log_gains": True,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
@@ -200,7 +212,7 @@ _STUDY_KEYS = ("lr_proxy", "lr_centre", "vector_lr_factor")
 """Keys of a :data:`MODELS` entry that set its training, not its ``ModelConfig``."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
-ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(n) were not screened: see MODELS
+ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(o) were not screened: see MODELS
 BASELINES = ("pre-LN (GPT-2)", "pre-LN depth-muP", "SAS-P")
 """The baselines a model is measured against: at each horizon the lowest of these (its mean
 over seeds at its best lr) is the best baseline."""

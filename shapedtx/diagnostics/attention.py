@@ -12,6 +12,7 @@ hooks (attached through :class:`shapedtx.diagnostics.BlockHooks`), for the libra
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -99,11 +100,11 @@ class _QueryKeyReader(Reader):
         heads: int,
         scale: float,
         causal: bool,
-        temperature: Tensor | None = None,
+        temperature: Callable[[], Tensor] | None = None,
     ) -> None:
         self.name, self.query, self.key = name, query, key
         self.heads, self.scale, self.causal = heads, scale, causal
-        self.temperature = temperature  # per-head inverse temperature (h,), trainable
+        self.temperature = temperature  # per-head inverse temperature (h,) now, trainable
         self.q: Tensor | None = None
         self.k: Tensor | None = None
 
@@ -126,7 +127,7 @@ class _QueryKeyReader(Reader):
         self.q = self.k = None
         Y = (q @ k.transpose(-1, -2)) * self.scale
         if self.temperature is not None:
-            Y = Y * as_float(self.temperature.detach())[:, None, None]
+            Y = Y * as_float(self.temperature().detach())[:, None, None]
         return _causal(Y) if self.causal else Y
 
 
@@ -259,7 +260,11 @@ def _reader(name: str, module: nn.Module) -> Reader | None:
         cfg = module.config
         scale = 1.0 / cfg.tau if cfg.attention == "shaped" else cfg.softmax_scale
         layers = module.layers
-        temperature = module.gains.get("attn_temperature")
+        temperature = (
+            functools.partial(module.gain, "attn_temperature")
+            if "attn_temperature" in module.gains
+            else None
+        )
         return _QueryKeyReader(
             name, layers["query"], layers["key"], cfg.heads, scale, bool(cfg.causal), temperature
         )

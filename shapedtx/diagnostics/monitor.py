@@ -18,9 +18,10 @@ metrics.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,20 +83,26 @@ def mlp_kappa(s_plus: Tensor | float, s_minus: Tensor | float) -> Tensor:
 # ---------------------------------------------------------------- measuring
 
 
-def _gains(blocks: NamedBlocks) -> tuple[list[str], list[tuple[int, int, Tensor]]]:
+def _gains(
+    blocks: NamedBlocks,
+) -> tuple[list[str], list[tuple[int, int, Callable[[], Tensor]]]]:
     """Names of the blocks' trainable gains (parameters ``...gains.<name>``: the simplified
     blocks' and the trainable shape's, docs/theory.md#trainable-shape), in order of first
-    appearance, and (block, name index, parameter) of each."""
+    appearance, and (block, name index, its value now) of each: the owning module's ``gain``
+    where it has one (the library's, which may store a gain as its log), else the parameter."""
     order: dict[str, None] = {}
-    found: list[tuple[int, str, Tensor]] = []
+    found: list[tuple[int, str, Callable[[], Tensor]]] = []
     for b, (_, block) in enumerate(blocks):
         for name, p in block.named_parameters():
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] == "gains":
+                owner = block.get_submodule(".".join(parts[:-2]))
+                read = getattr(owner, "gain", None)
+                value = functools.partial(read, parts[-1]) if callable(read) else lambda p=p: p
                 order[parts[-1]] = None
-                found.append((b, parts[-1], p))
+                found.append((b, parts[-1], value))
     names = list(order)
-    return names, [(b, names.index(n), p) for b, n, p in found]
+    return names, [(b, names.index(n), v) for b, n, v in found]
 
 
 def _slopes(block: nn.Module) -> tuple[Tensor | float, Tensor | float] | None:
@@ -105,7 +112,7 @@ def _slopes(block: nn.Module) -> tuple[Tensor | float, Tensor | float] | None:
     if not isinstance(mlp, MLP) or mlp.config.mlp not in ("shaped_relu", "relu"):
         return None
     if "mlp_s_plus" in mlp.gains:
-        return mlp.gains["mlp_s_plus"], mlp.gains["mlp_s_minus"]
+        return mlp.gain("mlp_s_plus"), mlp.gain("mlp_s_minus")
     s_plus, s_minus, _ = relu_slopes(mlp.config)
     return s_plus, s_minus
 
@@ -187,7 +194,7 @@ class Monitor:
         self._meter = UpdateMeter(self.blocks, matrix_name)
         self.weight_names: list[str] = self._meter.groups
         self.gain_names, self._gain_params = _gains(self.blocks)
-        self._slopes = [_slopes(block) for _, block in self.blocks]
+        self._has_slopes = any(_slopes(block) is not None for _, block in self.blocks)
         self.note = _note(self.blocks, self.readers)
         if self.note:
             warnings.warn(f"Monitor: {self.note}", RuntimeWarning, stacklevel=3)
@@ -238,16 +245,17 @@ class Monitor:
             gain = torch.full(
                 (len(self.blocks), len(self.gain_names)), math.nan, dtype=torch.float64
             )
-            for b, g, p in self._gain_params:
-                gain[b, g] = p.detach().double().mean().cpu()
+            for b, g, value in self._gain_params:
+                gain[b, g] = value().detach().double().mean().cpu()
             rows["shape_gain"] = gain
-        if any(s is not None for s in self._slopes):
+        if self._has_slopes:
+            slopes = [_slopes(block) for _, block in self.blocks]  # now: a gain may be a log
             rows["mlp_kappa"] = torch.stack(
                 [
                     mlp_kappa(*[x.detach().cpu() if isinstance(x, Tensor) else x for x in s])
                     if s is not None
                     else torch.tensor(math.nan, dtype=torch.float64)
-                    for s in self._slopes
+                    for s in slopes
                 ]
             )
         return rows
