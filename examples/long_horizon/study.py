@@ -72,6 +72,16 @@ from simulations.training_runs import TrainingRun, horizon_loss
 
 HERE = Path(__file__).parent
 
+_BIASES: dict[str, Any] = {
+    "name": "shaped",
+    "gamma": "advise",
+    "mlp_slopes": "channel",
+    "attention_gains": "trainable",
+    "temperature": "trainable",
+    "bias": True,
+}
+"""The ablation's (l), and the base of the variants (m)-(o) that change how it trains."""
+
 MODELS: dict[str, dict[str, Any]] = {
     "shaped advise": {"name": "shaped", "gamma": "advise"},
     "pre-LN (GPT-2)": {"name": "pre_ln"},
@@ -158,50 +168,19 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     # depth-muP pre-LN's linear maps carry biases, the shaped model's none: zero at
     # initialisation, so (l) is the shaped Transformer at initialisation (in law)
-    "shaped advise, slopes+attn+tau, biases": {
-        "name": "shaped",
-        "gamma": "advise",
-        "mlp_slopes": "channel",
-        "attention_gains": "trainable",
-        "temperature": "trainable",
-        "bias": True,
-    },
+    "shaped advise, slopes+attn+tau, biases": _BIASES,
     # (m), (n): (l) before its cooldown is 3-6% behind depth-muP pre-LN at every seed, 0.8-2.1%
     # after it, and its trainable gains and slopes shrink to 0.14-0.2 (depth-muP's LayerNorm
     # gains stay near 1; so do (k)'s, 1.4% behind before its cooldown): Adam moves each by
     # about its lr per step, 5-7% of itself at lr 0.01, a noise only the cooldown removes.
     # (l) with its block vectors (gains, slopes, biases) at 1/3 and 1/10 of the base lr: the
     # same network at initialisation, trained otherwise alike
-    "shaped advise, slopes+attn+tau, biases, vectors lr/3": {
-        "name": "shaped",
-        "gamma": "advise",
-        "mlp_slopes": "channel",
-        "attention_gains": "trainable",
-        "temperature": "trainable",
-        "bias": True,
-        "vector_lr_factor": 1 / 3,
-    },
-    "shaped advise, slopes+attn+tau, biases, vectors lr/10": {
-        "name": "shaped",
-        "gamma": "advise",
-        "mlp_slopes": "channel",
-        "attention_gains": "trainable",
-        "temperature": "trainable",
-        "bias": True,
-        "vector_lr_factor": 0.1,
-    },
+    "shaped advise, slopes+attn+tau, biases, vectors lr/3": {**_BIASES, "vector_lr_factor": 1 / 3},
+    "shaped advise, slopes+attn+tau, biases, vectors lr/10": {**_BIASES, "vector_lr_factor": 0.1},
     # (o): the lower lr slows the gains' first descent, which is where (l) gains most (its MLP
     # is a ReLU by step 1,000); log gains move by a share of themselves at every size: as fast
     # as (l)'s at first, 1% of themselves per step at lr 0.01 once shrunk
-    "shaped advise, slopes+attn+tau, biases, log gains": {
-        "name": "shaped",
-        "gamma": "advise",
-        "mlp_slopes": "channel",
-        "attention_gains": "trainable",
-        "temperature": "trainable",
-        "bias": True,
-        "log_gains": True,
-    },
+    "shaped advise, slopes+attn+tau, biases, log gains": {**_BIASES, "log_gains": True},
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
