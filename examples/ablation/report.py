@@ -51,9 +51,7 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn+tau, biases": "(l) (f) + biases (zero at initialisation)",
     "shaped advise, slopes+attn+tau, biases, vectors lr/3": "(m) (l), gains, slopes and "
     "biases at 1/3 of the base lr",
-    "shaped advise, slopes+attn+tau, biases, vectors lr/10": "(n) (l), gains, slopes and "
-    "biases at 1/10 of the base lr",
-    "shaped advise, slopes+attn+tau, biases, log gains": "(o) (l), gains and slopes stored as logs",
+    "shaped advise, slopes+attn+tau, biases, log gains": "(n) (l), gains and slopes stored as logs",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 _LAST = list(VARIANTS.values())[-1].split()[0]
