@@ -52,6 +52,9 @@ VARIANTS: dict[str, str] = {
     "shaped advise, slopes+attn+tau, biases, vectors lr/3": "(m) (l), gains, slopes and "
     "biases at 1/3 of the base lr",
     "shaped advise, slopes+attn+tau, biases, log gains": "(n) (l), gains and slopes stored as logs",
+    "shaped advise, softmax attention, slopes, biases": "(o) (l) with softmax attention "
+    "(not shaped)",
+    "shaped advise, attn+tau, GELU, biases": "(p) (l) with a GELU MLP (not shaped)",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 _LAST = list(VARIANTS.values())[-1].split()[0]

@@ -138,7 +138,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "lr_proxy": (16, 16),
         "lr_centre": 3e-2,
     },
-    # (j)-(n): questions the second stage raised, run at depth 16 to 5,000 steps directly
+    # (j)-(p): questions the second stage raised, run at depth 16 to 5,000 steps directly
     # (--ablation-long --depths 16 --models ...), not screened.
     # per block the covariance moves by O(gamma^2) (docs/theory.md#sde), so depth * gamma^2
     # is the whole network's shaping: advise's gamma gives 0.36 at depth 16 and 0.16 at depth
@@ -181,6 +181,26 @@ MODELS: dict[str, dict[str, Any]] = {
     # is a ReLU by step 1,000); log gains move by a share of themselves at every size: as fast
     # as (l)'s at first, 1% of themselves per step at lr 0.01 once shrunk
     "shaped advise, slopes+attn+tau, biases, log gains": {**_BIASES, "log_gains": True},
+    # (o), (p): neither removes (l)'s gap, so which part of the shape does it come from? (l)
+    # with standard softmax attention (logits q k^T / sqrt(n_k), no identity, no centring),
+    # and (l) with depth-muP pre-LN's GELU MLP in place of the trainable slopes (which
+    # training turns into a ReLU, kappa 0.55); neither is the shaped Transformer at
+    # initialisation any more
+    "shaped advise, softmax attention, slopes, biases": {
+        "name": "shaped",
+        "gamma": "advise",
+        "attention": "softmax",
+        "mlp_slopes": "channel",
+        "bias": True,
+    },
+    "shaped advise, attn+tau, GELU, biases": {
+        "name": "shaped",
+        "gamma": "advise",
+        "mlp": "gelu",
+        "attention_gains": "trainable",
+        "temperature": "trainable",
+        "bias": True,
+    },
 }
 """Study model -> preset and overrides ("advise": the gamma and tau0 of ``simulations.advise``
 for the depth; ``lr_proxy``: the (width, depth) at which the lr is tuned, ``TrainConfig``'s
@@ -191,7 +211,7 @@ _STUDY_KEYS = ("lr_proxy", "lr_centre", "vector_lr_factor")
 """Keys of a :data:`MODELS` entry that set its training, not its ``ModelConfig``."""
 
 LONG_HORIZON_MODELS = tuple(MODELS)[:8]
-ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(n) were not screened: see MODELS
+ABLATION_MODELS = tuple(MODELS)[8:16]  # (j)-(p) were not screened: see MODELS
 BASELINES = ("pre-LN (GPT-2)", "pre-LN depth-muP", "SAS-P")
 """The baselines a model is measured against: at each horizon the lowest of these (its mean
 over seeds at its best lr) is the best baseline."""
