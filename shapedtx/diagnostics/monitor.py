@@ -193,7 +193,7 @@ class Monitor:
         self.readers: list[Reader | None] = find_attention(self.model, self.blocks, attention)
         self._meter = UpdateMeter(self.blocks, matrix_name)
         self.weight_names: list[str] = self._meter.groups
-        self.gain_names, self._gain_params = _gains(self.blocks)
+        self.gain_names, self._gain_values = _gains(self.blocks)
         self._has_slopes = any(_slopes(block) is not None for _, block in self.blocks)
         self.note = _note(self.blocks, self.readers)
         if self.note:
@@ -241,11 +241,11 @@ class Monitor:
     def _shape_rows(self) -> dict[str, Tensor]:
         """{shape_gain: (L, G) means, mlp_kappa: (L,)}, each only where some block has it."""
         rows: dict[str, Tensor] = {}
-        if self._gain_params:
+        if self._gain_values:
             gain = torch.full(
                 (len(self.blocks), len(self.gain_names)), math.nan, dtype=torch.float64
             )
-            for b, g, value in self._gain_params:
+            for b, g, value in self._gain_values:
                 gain[b, g] = value().detach().double().mean().cpu()
             rows["shape_gain"] = gain
         if self._has_slopes:

@@ -189,8 +189,8 @@ class CovarianceProbe(Monitor):
         """None: the covariance metrics need no attention reader, weights, gains or slopes."""
         self.readers = [None] * len(self.blocks)
         self._meter = UpdateMeter(self.blocks, lambda name, parameter: None)
-        self.weight_names, self.gain_names, self._gain_params = [], [], []
-        self._slopes = [None] * len(self.blocks)
+        self.weight_names, self.gain_names, self._gain_values = [], [], []
+        self._has_slopes = False
         self.note = ""
 
     def __call__(self, step: int | None = None) -> bool:  # type: ignore[override]

@@ -158,12 +158,13 @@ def _lr_factors(model_config: ModelConfig, config: TrainConfig) -> dict[str, flo
     ``config.vector_lr_factor``); ``{"all": None}`` without a proxy or a vector factor."""
     if not config.lr_proxy_width and config.vector_lr_factor == 1.0:
         return {"all": None}
-    factors: dict[str, float | None] = dict.fromkeys(GROUPS, 1.0)
+    factors = dict.fromkeys(GROUPS, 1.0)
     if config.lr_proxy_width:
         proxy = proxy_config(model_config, config.lr_proxy_width, config.lr_proxy_depth)
         factors.update(lr_multipliers(model_config, proxy))
     factors["block_vector"] *= config.vector_lr_factor
-    return dict(factors)
+    out: dict[str, float | None] = dict(factors)
+    return out
 
 
 def _device_memory(device: torch.device) -> int | None:
