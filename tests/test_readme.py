@@ -570,6 +570,10 @@ def _ablation_long() -> tuple[list, list]:
     ]
     claim += [f"{soft['mean']:.3f}", below[-1], f"{at_lr[below[-1]][lr]:.3f}"]
     claim += [f"{mup[below[-1]]['mean']:.3f}", step]
+    # "at lr 0.00333 it ends at 1.136, level with biases" (within 1% of (l)'s mean)
+    (lower,) = [x for x in gelu[h]["lr"] if x < lr]
+    assert abs(at_lr[h][lower] / closest["mean"] - 1) < 0.01
+    claim += [lower, f"{at_lr[h][lower]:.3f}"]
     scale = [
         int(h),
         *d["widths"],
