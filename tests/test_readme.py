@@ -455,6 +455,12 @@ def _completep() -> tuple[list, list]:
     last = deepest(alone)
     claim += [ref["depths"][0], last, last, f"{moved(alone, last):+.2f}"]
     claim += [f"{moved(library, last):+.2f}", best(alone, last), best(library, last)]
+    # "its init alone (weights N(0, 0.02^2)) reverses it, +0.57, and trains worse (1.572)":
+    # over the same depths as the library's, at the deepest
+    init = per["completep_init"]
+    assert deepest(init) == last and moved(init, last) > 0 > moved(library, last)
+    assert best(init, last) > best(library, last)
+    claim += [0, 0.02, f"{moved(init, last):+.2f}", best(init, last)]
     return claim, scale
 
 
