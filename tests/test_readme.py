@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from child_cpu import run_code
 
-
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 TEXT = README.read_text()

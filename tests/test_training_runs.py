@@ -615,6 +615,47 @@ def test_long_horizon_lrs_option_keeps_the_planned_runs_at_those_lrs(monkeypatch
     assert study.parse(["--lrs", "0.01", "0.03"]).lrs == [0.01, 0.03]
 
 
+def test_long_horizon_add_lrs_runs_seed_0_at_a_grid_point_or_half_step_first(monkeypatch):
+    """``--add-lrs``: seed 0 of every model at that lr goes before the plan, planned or not
+    (a half step of a grid whose edges are not all run), once; its grid index is the half
+    step's, so the plan reads it as a point of the grid; an lr off the grid and its half
+    steps is a usage error naming it."""
+    monkeypatch.syspath_prepend(str(STUDY))
+    study = _load("study")
+    setup = replace(study.QUICK, depths=(2,), check=False)
+    shaped, pre_ln = setup.models
+
+    def run(model, k, seed=0):
+        loss = {"val_loss": 2.0 + abs(k), "diverged": False}
+        return {"model_name": model, "depth": 2, "k": k, "seed": seed, "schedule": "wsd",
+                "horizons": {"20": loss, "40": loss}}  # fmt: skip
+
+    results = [run(m, 0) for m in (shaped, pre_ln)]  # the edges are not run: no half step yet
+    assert all(j[2] in (-1, 1) for j in study.plan(setup, results))
+    half = study.lr_grid(setup, shaped, 2, -0.5)
+    assert study.grid_index(setup, shaped, 2, half) == -0.5
+    assert study.grid_index(setup, shaped, 2, study.lr_grid(setup, shaped, 2, 1)) == 1
+    # the same lr on each model's own grid (pre-LN's centre is another)
+    first = [(m, 2, study.grid_index(setup, m, 2, half), 0, "wsd") for m in (shaped, pre_ln)]
+    assert first[0][2] == -0.5 and first[1][2] % 0.5 == 0
+    added = study.planned(setup, results, add=(half,))
+    assert added == first + study.plan(setup, results)
+    assert study.planned(setup, [*results, run(shaped, -0.5)], add=(half,))[0] == first[1]
+    # with --lrs, the added runs still go first; the plan's are filtered
+    up = study.lr_grid(setup, shaped, 2, 1)
+    assert study.planned(setup, results, (up,), add=(half,)) == first + study.planned(
+        setup, results, (up,)
+    )
+    with pytest.raises(ValueError, match=r"lr must be on .* got 0\.005"):
+        study.grid_index(setup, shaped, 2, 0.005)
+    for bad in (["0.005"], ["-1"], ["inf"]):
+        with pytest.raises(SystemExit) as exit_:
+            study.parse(["--quick", "--depths", "2", "--add-lrs", *bad])
+        assert exit_.value.code == 2
+    args = study.parse(["--quick", "--depths", "2", "--add-lrs", f"{half:.3g}"])
+    assert args.add_lrs == [float(f"{half:.3g}")]
+
+
 def test_long_horizon_plan_seeds_the_next_model_when_the_best_ones_seed_diverges(monkeypatch):
     monkeypatch.syspath_prepend(str(STUDY))
     study = _load("study")

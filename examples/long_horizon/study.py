@@ -40,6 +40,8 @@ Usage::
                                               # only the planned runs at these peak lrs
     python examples/long_horizon/study.py --models "pre-LN depth-muP" --depths 16 --refine
                                               # half steps around its best lr, then seeds
+    python examples/long_horizon/study.py --ablation-long --models "..." --depths 16 \\
+        --add-lrs 0.00577                     # seed 0 at this half step first, planned or not
     python examples/long_horizon/study.py --quick --out /tmp/lh   # a few minutes
     python examples/long_horizon/study.py --report             # only the report
     python examples/long_horizon/study.py --gpu --device cuda --compile --workers 6
@@ -604,21 +606,47 @@ def check_plan(setup: Setup, results: list[dict[str, Any]]) -> list[tuple[str, i
     ]
 
 
+def grid_index(setup: Setup, model: str, depth: int, lr: float) -> float:
+    """The grid index k of the peak ``lr`` for ``model`` at ``depth`` (``lr_grid(setup, model,
+    depth, k)`` is ``lr`` at 3 significant digits): a whole number on the 3x grid, a half one
+    on its half steps (x 3^(1/2)); ValueError naming ``lr`` for any other lr."""
+    k = round(2 * math.log(lr / lr_grid(setup, model, depth, 0), 3)) / 2
+    if lr_tag(lr_grid(setup, model, depth, k)) != lr_tag(lr):
+        on = ", ".join(f"{lr_grid(setup, model, depth, j / 2):.3g}" for j in (-2, -1, 0, 1, 2))
+        raise ValueError(
+            f"lr must be on {model!r}'s lr grid at depth {depth} or half a step off it "
+            f"(..., {on}, ...), got {lr!r}"
+        )
+    return k
+
+
 def planned(
     setup: Setup,
     results: list[dict[str, Any]],
     lrs: tuple[float, ...] | None = None,
     check: bool = False,
+    add: tuple[float, ...] = (),
 ) -> list[tuple[str, int, int, int, str]]:
     """The runs of :func:`plan` (of :func:`check_plan` with ``check``), only those at the peak
     lrs ``lrs`` (None: all; each compared at the grid's 3 significant digits): to spend a
     session's compute on one lr of the plan, e.g. the seeds at a best lr before a grid edge
-    the plan puts first."""
+    the plan puts first. ``add``: peak lrs on the grid or its half steps (:func:`grid_index`)
+    whose seed-0 run of every model and depth goes first, planned or not: a point the plan
+    does not reach yet (e.g. a half step of a grid whose edges are not all run); the report
+    reads it as one more point of the grid."""
+    done = {(r["model_name"], r["depth"], r["k"], r["seed"], r["schedule"]) for r in results}
+    first = [
+        (m, depth, grid_index(setup, m, depth, lr), 0, "wsd")
+        for lr in add
+        for depth in setup.depths
+        for m in available_models(setup)
+    ]
+    first = [job for job in first if job not in done]
     todo = (check_plan if check else plan)(setup, results)
-    if lrs is None:
-        return todo
-    wanted = {lr_tag(lr) for lr in lrs}
-    return [job for job in todo if lr_tag(lr_grid(setup, *job[:3])) in wanted]
+    if lrs is not None:
+        wanted = {lr_tag(lr) for lr in lrs}
+        todo = [job for job in todo if lr_tag(lr_grid(setup, *job[:3])) in wanted]
+    return first + [job for job in todo if job not in first]
 
 
 def study(
@@ -630,6 +658,7 @@ def study(
     check: bool = False,
     data: str | None = None,
     lrs: tuple[float, ...] | None = None,
+    add: tuple[float, ...] = (),
 ) -> Study:
     """The study for the shared runner (``simulations.studies``): the runs of :func:`planned`
     in ``out/runs/``, the report of ``report.py``. ``data``: the corpus
@@ -638,7 +667,7 @@ def study(
     def runs(results: list[dict[str, Any]]) -> list[TrainingRun]:
         return [
             make_run(setup, out, *job, device=device, compile=compile, data=data)
-            for job in planned(setup, results, lrs, check)
+            for job in planned(setup, results, lrs, check, add)
         ]
 
     def write_report(results: list[dict[str, Any]]) -> Any:
@@ -702,9 +731,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="run only the planned runs at these peak lrs, as --plan prints them "
         "(default: all of them)",
     )  # fmt: skip
+    p.add_argument(
+        "--add-lrs", type=float, nargs="+", default=(), metavar="LR",
+        help="first run seed 0 of every model and depth at these peak lrs, planned or not "
+        "(each on the lr grid or half a step off it)",
+    )  # fmt: skip
     args = parse_study_args(p, argv)
-    if args.lrs is not None and not all(0 < lr < math.inf for lr in args.lrs):
-        p.error(f"--lrs: must be positive finite learning rates, got {args.lrs}")
+    for name in ("lrs", "add_lrs"):
+        given = getattr(args, name)
+        if given is not None and not all(0 < lr < math.inf for lr in given):
+            flag = name.replace("_", "-")
+            p.error(f"--{flag}: must be positive finite learning rates, got {given}")
+    setup = setup_of(args)
+    for lr in args.add_lrs:
+        for depth in setup.depths:
+            for m in available_models(setup):
+                try:
+                    grid_index(setup, m, depth, lr)
+                except ValueError as err:
+                    p.error(f"--add-lrs: {err}")
     return args
 
 
@@ -755,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         check=args.check,
         data=args.data,
         lrs=None if args.lrs is None else tuple(args.lrs),
+        add=tuple(args.add_lrs),
     )
     return study_main(the_study, args)
 
