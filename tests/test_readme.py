@@ -562,7 +562,9 @@ def _ablation_goal() -> tuple[list, list]:
     ends = [models[m][h]["mean"] for m in after]
     leave = sum(not goal[m]["sde_at_init"] for m in after)
     claim += [g["seeds"], len(after), int(h), 0, leave, f"{min(ends):.3f}", f"{max(ends):.3f}"]
-    scale = [int(h), *d["widths"], depth, c["seeds"], c["best_lr"], *halves, 0]
+    # "the others seed 0, each at the best of the 1 to 4 lrs it ran" (their lr not tuned)
+    ran = [len(models[m][h]["lr"]) for m in after]
+    scale = [int(h), *d["widths"], depth, c["seeds"], c["best_lr"], *halves, 0, min(ran), max(ran)]
     return claim, scale
 
 
