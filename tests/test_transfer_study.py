@@ -561,6 +561,9 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
     assert mine["depth_drift"]["last_minus_first"] == pytest.approx(0.0, abs=1e-9)
     assert ref["max_logit"]["pre_ln_completep_ref"]["d4"]["-3"] == 17.0
     assert ref["max_logit"]["pre_ln_completep"]["d4"]["-3"] is None
+    two = ref["seeds"]["pre_ln_completep"]["d2"]  # seeds 0 and 1 at 2^-5; not width 8's run
+    assert (two["n"], two["log2_lr"], two["mean"], two["sd"]) == (2, -5, 2.0, 0.0)
+    assert ref["seeds"]["completep_init"]["d2"] is None
     summary = {**report.summarise(setup, fake + others), "completep_reference": ref}
     text = "\n".join(report._reference_section(setup, summary))
     assert "| `pre_ln_completep_ref` | 4 | 2.400 (13) | 2.100 (14) |" in text
@@ -583,6 +586,10 @@ def test_reference_section_compares_each_variant_with_completep_on_its_points(mo
         "against 2.000 / 2.025; no change is lower than the baseline's at the two deepest "
         "depths each ran. Depth 4 is the deepest with a located optimum: whether this holds "
         "to depth 8, the depth axis's end, is open."
+    ) in text
+    assert (
+        "Seeds at one lr (mean ± sd): `pre_ln_completep` depth 2 2.000 ± 0.000 (2^-5, n=2). The "
+        "seed-to-seed sd runs from 0.000 to 0.000"
     ) in text
     assert "(figures/completep_reference.png)" in text
     report._reference_figure(setup, ref, tmp_path / "reference.png")

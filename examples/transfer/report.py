@@ -993,6 +993,20 @@ def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, 
         }
         for name in sub.parametrisations
     }
+    seeds = {
+        name: {
+            f"d{d}": seed_stats(runs, int(h))
+            for d in depths
+            if (
+                runs := [
+                    r
+                    for r in results
+                    if (r["parametrisation"], r["width"], r["depth"]) == (name, setup.width, d)
+                ]
+            )
+        }
+        for name in sub.parametrisations
+    }
     full = replace(setup, parametrisations=tuple(VARIANTS))
     return {
         "depths": depths,
@@ -1001,6 +1015,7 @@ def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, 
         "planned": len(plan(full, results)),
         "parametrisations": summarise(sub, base + ran)["parametrisations"],
         "max_logit": logits,
+        "seeds": seeds,
     }
 
 
@@ -1150,7 +1165,6 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
     h = str(max(setup.horizons))
     depths, lrs = ref["depths"], ref["log2_lrs"]
     per = {name: p[h] for name, p in ref["parametrisations"].items()}
-    whole = summary["parametrisations"].get(REFERENCE_BASELINE, {}).get(h, {"shapes": {}})
     rows = [
         "| model | depth | " + " | ".join(f"2^{j}" for j in lrs) + " | optimum (fit, 3-point) |",
         "|---|---|" + "---|" * len(lrs) + "---|",
@@ -1197,13 +1211,7 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
             f"{_best_losses(base, ran, setup.width)}."
         )
     bullets += _reference_verdict(per, setup)
-    seeds = whole["shapes"].get(f"w{setup.width}_d{depths[0]}", {}).get("seeds")
-    if seeds and seeds["sd"] is not None:
-        bullets.append(
-            f"One seed per run (no intervals): `{REFERENCE_BASELINE}`'s seed-to-seed sd at "
-            f"its best lr at depth {depths[0]} is {seeds['sd']:.3f} ({seeds['n']} seeds), the "
-            "scale against which to read these runs' loss differences."
-        )
+    bullets += _reference_seeds(ref["seeds"])
     return [
         "## CompleteP as its reference runs it",
         "",
@@ -1222,6 +1230,35 @@ def _reference_section(setup: Setup, summary: dict[str, Any]) -> list[str]:
         *[f"- {b}" for b in bullets],
         "",
         f"![CompleteP's reference variants: loss against lr per depth]({REFERENCE_FIGURE})",
+    ]
+
+
+def _reference_seeds(seeds: dict[str, dict[str, dict[str, Any] | None]]) -> list[str]:
+    """The section's bullet on the seeds run at one lr of a model and depth (mean ± sd, n),
+    the scale against which to read its single-seed cells (none: no model ran seeds)."""
+    parts = []
+    for name, per_depth in seeds.items():
+        cells = [
+            f"depth {d[1:]} {s['mean']:.3f} ± {_fmt(s['sd'], '.3f')} (2^{s['log2_lr']:g}, "
+            f"n={s['n']}" + (f", {s['diverged']} diverged" if s["diverged"] else "") + ")"
+            for d, s in per_depth.items()
+            if s is not None and s["mean"] is not None
+        ]
+        if cells:
+            parts.append(f"`{name}` {', '.join(cells)}")
+    if not parts:
+        return []
+    sds = [s["sd"] for p in seeds.values() for s in p.values() if s and s["sd"] is not None]
+    return [
+        "The cells above are one seed each (no intervals). Seeds at one lr (mean ± sd): "
+        + "; ".join(parts)
+        + (
+            f". The seed-to-seed sd runs from {min(sds):.3f} to {max(sds):.3f}: a difference "
+            "between two cells is resolved only where it is several times the larger sd of "
+            "the models it compares (unmeasured for a model without seeds)."
+            if sds
+            else "."
+        )
     ]
 
 
