@@ -993,17 +993,13 @@ def reference_summary(setup: Setup, results: list[dict[str, Any]]) -> dict[str, 
         }
         for name in sub.parametrisations
     }
+    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = {}  # every seed, at this width
+    for r in results:
+        if r["width"] == setup.width:
+            by_cell.setdefault((r["parametrisation"], r["depth"]), []).append(r)
     seeds = {
         name: {
-            f"d{d}": seed_stats(runs, int(h))
-            for d in depths
-            if (
-                runs := [
-                    r
-                    for r in results
-                    if (r["parametrisation"], r["width"], r["depth"]) == (name, setup.width, d)
-                ]
-            )
+            f"d{d}": seed_stats(by_cell[name, d], int(h)) for d in depths if (name, d) in by_cell
         }
         for name in sub.parametrisations
     }
