@@ -16,7 +16,7 @@ field overridden (width, depth, ...). On the command line: ``--model NAME``.
 | pre_ln_depth_mup | softmax | GELU 4n   | pre  | X + f / sqrt(d)  | fan_in | yes  | yes      |
 | pre_ln_completep | softmax | GELU 4n   | pre  | X + f / d        | fan_in | yes  | yes      |
 | pre_ln_completep_ref | softmax/d_k | GELU 4n | pre | X + f / (d/4) | mup, out 64/n | yes | yes |
-| shaped_free | shaped+gains | shaped ReLU 4n | none | lambda X + gamma f | fan_in | no | no |
+| shaped_free | shaped+gains, tau | shaped ReLU 4n | none | lambda X + gamma f | fan_in | no | no |
 
 All have 4 heads; the first four with W^O. ``pre_ln`` is the GPT-2 / nanoGPT block,
 ``post_ln`` the original Transformer's. ``sas`` and ``sas_p`` are He & Hofmann's simplified
@@ -48,10 +48,11 @@ depth 4 (override ``base_width`` and ``base_depth`` for another base). Train it 
 (docs/theory.md#trainable-shape): the shaped ReLU's slopes are trainable per hidden unit
 (``mlp_slopes="channel"``: every unit can become as nonlinear as it needs, at 2 x 4n
 parameters per block, 0.4% of its MLP weights at width 64) and the shaped attention's per-head
-gains alpha, beta, gamma_c (``attention_gains="trainable"``), all starting at the shaped
-values, so ``compare``, ``simulate`` and the SDE describe it at initialisation unchanged. The
-temperature stays fixed (``temperature="trainable"`` is the option; the ablation,
-examples/ablation, measures it). Take gamma and tau0 from ``shapedtx advise``, as for
+gains alpha, beta, gamma_c (``attention_gains="trainable"``) and temperature
+(``temperature="trainable"``), all starting at the shaped values, so ``compare``, ``simulate``
+and the SDE describe it at initialisation unchanged. It is the ablation's (f), the variant
+closest to the strongest baseline among those it ran with 3 seeds at both depths
+(examples/ablation/results.md). Take gamma and tau0 from ``shapedtx advise``, as for
 ``shaped``; its MLP is 4n wide, as in training.
 """
 
@@ -146,6 +147,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "out_proj": True,
         "mlp_slopes": "channel",
         "attention_gains": "trainable",
+        "temperature": "trainable",
     },
 }
 """Preset name -> the ModelConfig fields it sets (everything else keeps its default)."""
@@ -166,7 +168,7 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "pre_ln_completep_ref": "CompleteP as its reference runs it: pre-LN, branch multiplier "
     "base_depth/depth, logits / d_head, muP init (0.02), output multiplier base_width/width",
     "shaped_free": "shaped at initialisation, free to learn: shaped ReLU 4n with trainable "
-    "per-channel slopes, shaped attention with trainable per-head gains",
+    "per-channel slopes, shaped attention with trainable per-head gains and temperature",
 }
 
 

@@ -282,8 +282,8 @@ def _trained_lines(advice: Advice) -> list[str]:
     lines = [
         "",
         "model advised: the shaped Transformer at this gamma and tau0 at initialisation, the "
-        "preset shaped and shaped_free (the same network at initialisation, slopes and "
-        "attention gains trainable; docs/guide/models.md)",
+        "preset shaped and shaped_free (the same network at initialisation, slopes, "
+        "attention gains and temperature trainable; docs/guide/models.md)",
     ]
     if not advice.checked:
         note = "only shaped ReLU MLP 4n, 4 heads, causal (this advice's model: not checked)"

@@ -79,7 +79,7 @@ def test_each_depth_is_compared_with_the_baselines_at_that_depth(report, runs):
     """A variant run at depth 64 gets its own section, its ratios against the baselines at
     depth 64 (not 16's), and advise's checks at depth 64."""
     ablation, long_horizon = runs
-    free, h = "shaped advise, slopes+attn", "2000"
+    free, h = "shaped advise, slopes+attn+tau", "2000"
     deep = {**next(r for r in ablation if r["model_name"] == free and r["depth"] == 16),
             "depth": 64, "lr": 0.00333, "seed": 0,
             "horizons": {h: {"val_loss": 1.3, "diverged": False}}}  # fmt: skip
@@ -131,6 +131,23 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
          "logit_last": 7.0e4, "logit_last_step": 1200}
     ]  # fmt: skip
     assert "| (c) GELU MLP | 0.01 | 1234 | 3.5 -> 7e+04 (1200) |" in report.markdown(summary)
+
+
+def test_each_checked_model_is_its_preset_as_trained(report, runs):
+    """``advise`` quotes a study model's training under a preset's name (``CHECKED``): every
+    stored run of that model is the preset at the run's sizes, gamma and tau0, field by field
+    (a preset changed without its check, or the reverse, fails)."""
+    from shapedtx import ModelConfig, preset
+
+    ablation, long_horizon = runs
+    for model, name in report.CHECKED.items():
+        stored = [r for r in ablation + long_horizon if r["model_name"] == model]
+        assert stored, model
+        for r in stored:
+            trained = ModelConfig.from_attrs(r["model_config"])
+            sizes = ("width", "depth", "heads", "mlp_ratio", "causal", "gamma", "tau0")
+            built = preset(name, **{f: getattr(trained, f) for f in sizes})
+            assert built == trained, (model, r["depth"], r["lr"], r["seed"])
 
 
 def test_advise_quotes_the_packaged_checks_the_report_generates(report, runs):

@@ -343,8 +343,8 @@ def test_format_advice_in_full():
             "note: a note",
             "",
             "model advised: the shaped Transformer at this gamma and tau0 at initialisation, "
-            "the preset shaped and shaped_free (the same network at initialisation, slopes and "
-            "attention gains trainable; docs/guide/models.md)",
+            "the preset shaped and shaped_free (the same network at initialisation, slopes, "
+            "attention gains and temperature trainable; docs/guide/models.md)",
             "checked in training: only shaped ReLU MLP 4n, 4 heads, causal (this advice's "
             "model: not checked)",
         ]

@@ -296,9 +296,9 @@ def test_shaped_free_preset_is_simulated_as_the_shaped_model() -> None:
 
     free = preset("shaped_free", width=16, depth=4, causal=True, tau0=0.25, gamma=0.3)
     assert (free.mlp_slopes, free.attention_gains, free.temperature) == (
-        "channel", "trainable", "fixed"
+        "channel", "trainable", "trainable"
     )  # fmt: skip
-    fixed = free.replace(mlp_slopes="fixed", attention_gains="fixed")
+    fixed = free.replace(mlp_slopes="fixed", attention_gains="fixed", temperature="fixed")
     X0 = equicorrelated(4, 0.2)
     a = simulate(free, X0, 64, seed=3)
     b = simulate(fixed, X0, 64, seed=3)

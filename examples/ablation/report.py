@@ -631,7 +631,7 @@ def figure(summary: dict[str, Any], path: Path) -> Path:
 CHECKS = HERE.parents[1] / "simulations" / "data" / "trained_checks.json"
 """Package data for ``shapedtx advise`` (``simulations.advise.trained_checks``): what training
 found for the advised models, generated here (the library reads no study file)."""
-CHECKED = {SHAPED: "shaped", "shaped advise, slopes+attn": "shaped_free"}
+CHECKED = {SHAPED: "shaped", "shaped advise, slopes+attn+tau": "shaped_free"}
 """The models whose training ``advise`` quotes: study model -> preset."""
 
 
