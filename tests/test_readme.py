@@ -584,7 +584,14 @@ def _ablation_goal() -> tuple[list, list]:
     claim += [len(after), int(h), 0, leave, f"{min(ends):.3f}", f"{max(ends):.3f}"]
     # "the others seed 0, each at the best of the 1 to 4 lrs it ran" (their lr not tuned)
     ran = [len(models[m][h]["lr"]) for m in after]
-    return claim, [*scale, 0, min(ran), max(ran)]
+    # "at depth 64 the two closest end A% (a third) and B% behind": seed 0 at one lr each,
+    # 2,000 steps, against the same baseline
+    deep = d["depths"]["64"]["models"]
+    cells = [deep[m]["2000"] for m in seeded[:2]]
+    assert all(c["seeds"] == 1 and c["lr"] == [mup["best_lr"]] for c in cells)
+    assert all(c["best_baseline"] == "pre-LN depth-muP" and c["vs_best"] > 0 for c in cells)
+    claim += [64, *(f"{100 * c['vs_best']:.1f}" for c in cells)]
+    return claim, [*scale, 0, min(ran), max(ran), 64, 2000, mup["best_lr"]]
 
 
 FINDINGS = {
