@@ -38,11 +38,13 @@ def test_committed_report_is_regenerated_from_the_committed_runs(report, runs, t
     assert (STUDY / "figures" / "loss_vs_horizon.png").exists()
 
 
-def test_every_ablation_run_is_stored_and_is_a_variant(report, runs):
+def test_every_ablation_run_is_stored_and_is_a_variant_or_a_baseline(report, runs):
     ablation, _ = runs
     assert len(ablation) >= 2
-    assert {r["model_name"] for r in ablation} <= set(report.VARIANTS)
+    assert {r["model_name"] for r in ablation} <= {*report.VARIANTS, *report.BASELINES}
     for r in ablation:
+        if r["model_name"] not in report.VARIANTS:  # a baseline trained on a variant's recipe
+            continue
         gamma = {16: 0.15, 64: 0.05}[r["depth"]]  # advise's at each depth (long-horizon study)
         if r["model_name"] == "shaped g=0.1, slopes+attn+tau":  # (j): depth 64's d gamma^2
             gamma = 0.1
@@ -111,6 +113,7 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
         "model_name": "shaped advise, gelu", "depth": 16, "lr": 0.01, "k": 0, "seed": 0,
         "schedule": "wsd",
         "model_config": {"config.width": 64, "config.gamma": 0.15, "config.tau0": 0.25},
+        "train_config": {"train.cooldown_fraction": 0.2},
         "horizons": {"1000": {"val_loss": 1.5, "diverged": False},
                      "2000": {"val_loss": None, "diverged": True, "diverged_step": 1234,
                               "max_logit": {"curve": {"step": [0, 1200],
@@ -131,6 +134,20 @@ def test_a_diverged_horizon_is_reported_as_diverged(report):
          "logit_last": 7.0e4, "logit_last_step": 1200}
     ]  # fmt: skip
     assert "| (c) GELU MLP | 0.01 | 1234 | 3.5 -> 7e+04 (1200) |" in report.markdown(summary)
+    assert "Every run's WSD cooldown is the last 20% of its horizon." in report.markdown(summary)
+
+
+def test_the_report_names_each_model_whose_cooldown_is_not_the_recipes(report):
+    """The cooldown's share is read from each run's train config: the models that ran another
+    share than most are named with it."""
+    fractions = {"shaped advise, gelu": 0.2, "shaped advise, relu": 0.2, report.COOLDOWN_40: 0.4}
+    (line,) = report._cooldown_fractions(fractions)
+    assert line == (
+        f"Every run's WSD cooldown is the last 20% of its horizon, but the last 40% for "
+        f"{report.COOLDOWN_40}."
+    )
+    summary = json.loads((STUDY / "results.json").read_text())
+    assert summary["cooldown_fractions"]["shaped advise, relu"] == 0.2
 
 
 def test_each_checked_model_is_its_preset_as_trained(report, runs):
@@ -232,6 +249,22 @@ def test_the_cooldown_table_reads_each_best_run_at_the_cooldowns_first_step(repo
     assert at["cooldown"][baseline]["vs_best_after"] == 0.0
     line = "| (f) (e) + trainable temperature | 0.01 | 1.300 (4000) | 1.150 | -0.150 | +4.0%, +4.5%"
     assert line in report.markdown(report.summarise(runs[:3], runs[3:]))
+    # a model with a longer cooldown is set against the baseline with the same one, even
+    # where that baseline is not the best at the horizon
+    longer = {"train.schedule": "wsd", "train.cooldown_fraction": 0.4}
+    late = {"step": [0, 2000, 3000, 5000], "loss": [5.0, 2.0, 1.35, 1.13]}
+    q = "shaped advise, slopes+attn+tau, biases, vectors lr/3, cooldown 40%"
+    runs += [
+        {**run(q, 0.01, 0, 0, 0), "train_config": longer, "horizons": {"5000": {
+            "val_loss": 1.13, "diverged": False, "val_curve": late}}},
+        {**run(report.COOLDOWN_40, 0.01, 0, 0, 0), "train_config": longer, "horizons": {"5000": {
+            "val_loss": 1.125, "diverged": False,
+            "val_curve": {**late, "loss": [5, 2, 1.3, 1.125]}}}},
+    ]  # fmt: skip
+    at = report.summarise(runs[:3] + runs[4:], runs[3:4])["depths"]["16"]
+    assert at["cooldown"][q]["step"] == 3000 and at["cooldown"][q]["baseline"] == report.COOLDOWN_40
+    assert at["cooldown"][q]["vs_best_before"] == pytest.approx(1.35 / 1.3 - 1)
+    assert at["cooldown"][variant]["baseline"] == baseline
 
 
 def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report):
@@ -245,6 +278,7 @@ def test_the_goal_table_judges_three_seeds_each_against_the_best_baseline(report
             "model_name": model, "depth": 16, "lr": 0.01, "k": 0, "seed": seed,
             "schedule": "wsd",
             "model_config": config or shaped,
+            "train_config": {"train.cooldown_fraction": 0.2},
             "horizons": {"5000": {"val_loss": loss, "diverged": False}},
         }  # fmt: skip
 

@@ -574,10 +574,11 @@ def _ablation_goal() -> tuple[list, list]:
     assert half == [False, True, True, True]
     scale += [lo3, hi3, lo1, hi1]
     # "the N other variants the 5,000-step stage added (seed 0, M of them no longer shaped at
-    # initialisation) end between A and B": the goal table's rows after (f), all one seed
+    # initialisation) end between A and B": the goal table's rows after (f), all one seed,
+    # on the recipe's 20% cooldown (a longer cooldown is another recipe, not another model)
     order = list(goal)
     after = order[order.index(SHAPED_FREE) + 1 :]
-    after = [m for m in after if m not in seeded[:2]]
+    after = [m for m in after if m not in seeded[:2] and d["cooldown_fractions"][m] == 0.2]
     assert all(goal[m]["seeds"] == 1 and goal[m]["ratio"] > 0.01 for m in after)
     ends = [models[m][h]["mean"] for m in after]
     leave = sum(not goal[m]["sde_at_init"] for m in after)

@@ -55,14 +55,19 @@ VARIANTS: dict[str, str] = {
     "shaped advise, softmax attention, slopes, biases": "(o) (l) with softmax attention "
     "(not shaped)",
     "shaped advise, attn+tau, GELU, biases": "(p) (l) with a GELU MLP (not shaped)",
+    "shaped advise, slopes+attn+tau, biases, vectors lr/3, cooldown 40%": "(q) (m) with a 40% "
+    "cooldown",
 }
 """The ablation's variants: one part of the shaped model changed (``study.py --ablation``)."""
 _LAST = list(VARIANTS.values())[-1].split()[0]
 """The last variant's letter, as "(n)"."""
 GPT2 = "pre-LN (GPT-2)"
-BASELINES = (GPT2, "pre-LN depth-muP", "SAS-P")
-"""The baselines a ratio is taken against: GPT-2's pre-LN, and the best of these three
-measured at a horizon (pre-LN with depth-muP where the long-horizon study has it)."""
+COOLDOWN_40 = "pre-LN depth-muP, cooldown 40%"
+"""Depth-muP pre-LN with (q)'s 40% cooldown: (q)'s change to the recipe given to the baseline
+too (this folder's ``long/`` store)."""
+BASELINES = (GPT2, "pre-LN depth-muP", COOLDOWN_40, "SAS-P")
+"""The baselines a ratio is taken against: GPT-2's pre-LN, and the best of these measured at
+a horizon (pre-LN with depth-muP where the long-horizon study has it)."""
 SHOWN = (SHAPED, *BASELINES, "SAS-P no norm")
 GOAL_MARGIN = 0.01
 GOAL_SEEDS = 3
@@ -144,6 +149,12 @@ def summarise(ablation: list[dict[str, Any]], long_horizon: list[dict[str, Any]]
         "depths": {str(d): at_depth(ablation, long_horizon, d) for d in depths},
         "runs": stored,
         "repeated_max_diff": repeated,
+        # model -> its WSD cooldown's share of each horizon
+        "cooldown_fractions": {
+            r["model_name"]: r["train_config"]["train.cooldown_fraction"]
+            for r in long_horizon + ablation
+            if r["depth"] in depths and r["schedule"] == "wsd"
+        },
         # (model, depth) whose grid has half steps (``study.py --refine``)
         "refined": [
             list(md)  # as JSON reads it back
@@ -216,8 +227,9 @@ def at_depth(
 def cooldown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
     """Where the gap to the best baseline opens at the longest horizon: per model, its seed-0
     run at its best lr, the validation loss at the end of the constant-lr phase (the WSD
-    cooldown's first step) and after the cooldown, each against the best baseline's seed-0
-    run at its best lr; only models whose run records its validation curve."""
+    cooldown's first step) and after the cooldown, each against the seed-0 run at its best
+    lr of the best baseline (lowest mean) whose cooldown starts at the same step; only
+    models whose run records its validation curve."""
     horizon = str(max(summary["horizons"]))
     best = {m: rows[horizon] for m, rows in summary["models"].items() if horizon in rows}
     out: dict[str, Any] = {}
@@ -244,9 +256,11 @@ def cooldown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, A
             "before": curve["loss"][curve["step"].index(start)],
             "after": _loss(run, int(horizon)),
         }
-    baseline = {row.get("best_baseline") for row in best.values()} - {None}
-    if len(baseline) == 1 and (ref := out.get(baseline.pop())) is not None:
-        for entry in out.values():
+    for entry in out.values():  # the best baseline whose cooldown starts at the same step
+        same = [b for b in BASELINES if b in out and out[b]["step"] == entry["step"]]
+        if same:
+            ref = out[min(same, key=lambda b: best[b]["mean"])]
+            entry["baseline"] = next(b for b in same if out[b] is ref)
             entry["vs_best_before"] = entry["before"] / ref["before"] - 1
             entry["vs_best_after"] = entry["after"] / ref["after"] - 1
     return out
@@ -413,6 +427,19 @@ def _absent_baselines(at: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cooldown_fractions(fractions: dict[str, float]) -> list[str]:
+    """The report's sentence on the WSD cooldowns: the share most models ran, and the others."""
+    shares = sorted(set(fractions.values()), key=list(fractions.values()).count, reverse=True)
+    if len(shares) < 2:
+        return [f"Every run's WSD cooldown is the last {shares[0]:.0%} of its horizon."]
+    others = "; ".join(
+        f"the last {share:.0%} for "
+        + "; ".join(_label(m) for m, f in fractions.items() if f == share)
+        for share in shares[1:]
+    )
+    return [f"Every run's WSD cooldown is the last {shares[0]:.0%} of its horizon, but {others}."]
+
+
 def _repeated(diff: float | None) -> list[str]:
     if diff is None:
         return []
@@ -437,13 +464,14 @@ def markdown(summary: dict[str, Any]) -> str:
         "loss (nats per byte) at each horizon's own WSD cooldown, at its best lr. The shaped",
         "model is changed in one part at a time, at `advise`'s gamma and tau0 for the depth;",
         f"(j)-{_LAST}, questions the 5,000-step stage raised, ran at depth 16 without a screen.",
+        *_cooldown_fractions(summary["cooldown_fractions"]),
         f"Ablation runs so far: {summary['runs']}.",
         *_repeated(summary["repeated_max_diff"]),
         "",
         "How to read the tables. Loss: ± is the sd over seeds at the best lr where several ran;",
         "† marks a best lr at an edge of the grid run so far (no worse lr measured on one side):",
         "not yet tuned. Ratios: to GPT-2's pre-LN and to the best baseline measured at that",
-        "depth and horizon (the lowest of " + ", ".join(BASELINES) + " present), and the",
+        "depth and horizon (the lowest of " + "; ".join(BASELINES) + " present), and the",
         "difference from (a) in nats (negative: the change helps). Shape: the MLP's kernel",
         "nonlinearity kappa = (s+ - s-)^2 / (2 (s+^2 + s-^2)) (0: linear, 1/2: a plain ReLU;",
         "docs/theory.md#kernel-map), mean over blocks, at initialisation and at the end of",
@@ -536,7 +564,7 @@ def _depth_tables(at: dict[str, Any]) -> list[str]:
     else:
         lines += [
             "| model | lr | loss at the cooldown's start (step) | after it | the cooldown's gain "
-            "| vs best baseline: before, after |",
+            "| vs the best baseline with that cooldown: before, after |",
             "|---|---|---|---|---|---|",
         ]
     for m, e in at["cooldown"].items():
@@ -606,7 +634,8 @@ def figure(summary: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     depths = summary["depths"]
-    colours = dict(zip((*SHOWN, *VARIANTS), plt.get_cmap("tab20").colors, strict=False))
+    palette = (*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors)
+    colours = dict(zip((*SHOWN, *VARIANTS), palette, strict=False))
     fig, axes = plt.subplots(1, len(depths), figsize=(7 * len(depths), 4.5), squeeze=False)
     for ax, (depth, at) in zip(axes[0], depths.items(), strict=True):
         for m, rows in at["models"].items():
